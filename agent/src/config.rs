@@ -1,0 +1,192 @@
+//! The command line (`Cli`, as typed) and the validated configuration (`Config`, as used).
+//!
+//! Every flag also reads `HUGEPAGE_AGENT_<FLAG>` from the environment. Validation happens before
+//! any program is loaded or file is read, and names the flag at fault.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::{logging::LogFormat, sysfs::HostFs};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hugepage-agent",
+    version,
+    about = "Per-NUMA hugepage verification for Kubernetes nodes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<CliCommand>,
+    /// Prefix for /sys and /proc (the DaemonSet mounts the host at /host).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_HOST_ROOT",
+        default_value = "/",
+        global = true
+    )]
+    pub host_root: PathBuf,
+    /// Load the eBPF probes: auto (fall back to sysfs when refused), on (refusal is fatal), off.
+    #[arg(long, env = "HUGEPAGE_AGENT_EBPF", value_enum, default_value_t = EbpfMode::Auto, global = true)]
+    pub ebpf: EbpfMode,
+    /// Which processes' faults the probe inspects: those of cgroups that can use hugepages, or all.
+    #[arg(long, env = "HUGEPAGE_AGENT_FAULT_SCOPE", value_enum, default_value_t = FaultScope::HugetlbCgroups, global = true)]
+    pub fault_scope: FaultScope,
+    /// How often sysfs and the cgroup tree are re-read in full (e.g. 10s, 500ms, 1m).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_RECONCILE_INTERVAL",
+        default_value = "10s",
+        global = true
+    )]
+    pub reconcile_interval: String,
+    #[arg(long, env = "HUGEPAGE_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CliCommand {
+    /// The agent: probes, the hugepage map, logs of faults and cgroup events (the default).
+    Run,
+    /// Print the per-NUMA hugepage table of this host.
+    Status {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EbpfMode {
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FaultScope {
+    HugetlbCgroups,
+    All,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Run,
+    Status { json: bool },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("--host-root {0}: not a directory")]
+    HostRoot(PathBuf),
+    #[error("--reconcile-interval {value:?}: {reason}")]
+    Interval { value: String, reason: String },
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub command: Command,
+    pub host: HostFs,
+    pub ebpf: EbpfMode,
+    pub fault_scope: FaultScope,
+    pub reconcile_interval: Duration,
+    pub log_format: LogFormat,
+}
+
+impl TryFrom<Cli> for Config {
+    type Error = ConfigError;
+
+    fn try_from(cli: Cli) -> Result<Config, ConfigError> {
+        if !cli.host_root.is_dir() {
+            return Err(ConfigError::HostRoot(cli.host_root));
+        }
+        let reconcile_interval = parse_duration(&cli.reconcile_interval)
+            .and_then(|d| {
+                if d.is_zero() {
+                    Err("must be above zero".to_owned())
+                } else {
+                    Ok(d)
+                }
+            })
+            .map_err(|reason| ConfigError::Interval {
+                value: cli.reconcile_interval.clone(),
+                reason,
+            })?;
+        Ok(Config {
+            command: match cli.command {
+                None | Some(CliCommand::Run) => Command::Run,
+                Some(CliCommand::Status { json }) => Command::Status { json },
+            },
+            host: HostFs::new(cli.host_root),
+            ebpf: cli.ebpf,
+            fault_scope: cli.fault_scope,
+            reconcile_interval,
+            log_format: cli.log_format,
+        })
+    }
+}
+
+/// Parses `<number><unit>` with unit `ms`, `s`, `m` or `h` (`30s`, `500ms`, `1.5m`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| "needs a unit: ms, s, m or h".to_owned())?;
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{number:?} is not a number"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("unknown unit {other:?}; use ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("hugepage-agent").chain(args.iter().copied()))
+            .expect("parse")
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("10").unwrap_err().contains("needs a unit"));
+        assert!(
+            parse_duration("10d")
+                .unwrap_err()
+                .contains("unknown unit \"d\"")
+        );
+        assert!(parse_duration("s").unwrap_err().contains("not a number"));
+    }
+
+    #[test]
+    fn no_subcommand_means_run_and_flags_work_on_either_side() {
+        let config = Config::try_from(cli(&["--ebpf", "off"])).expect("valid");
+        assert_eq!((config.command, config.ebpf), (Command::Run, EbpfMode::Off));
+        let config =
+            Config::try_from(cli(&["status", "--json", "--host-root", "/"])).expect("valid");
+        assert_eq!(config.command, Command::Status { json: true });
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let err = Config::try_from(cli(&["--host-root", "/no/such/dir"])).unwrap_err();
+        assert_eq!(err.to_string(), "--host-root /no/such/dir: not a directory");
+        let err = Config::try_from(cli(&["--reconcile-interval", "0s"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--reconcile-interval \"0s\": must be above zero"
+        );
+        assert!(Cli::try_parse_from(["hugepage-agent", "--ebpf", "maybe"]).is_err());
+    }
+}

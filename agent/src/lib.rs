@@ -1,0 +1,15 @@
+//! hugepage-agent: a Kubernetes node agent that knows, per NUMA node, how many hugepages the kernel
+//! really has free, and who took the rest.
+//!
+//! Modules, from the kernel outwards: [`sysfs`] is the only reader of `/sys` and `/proc`;
+//! [`probes`] owns the eBPF programs and turns their records into events; [`numa`] holds the
+//! hugepage pools; [`run`] is the agent's event loop and [`status`] the one-shot table.
+
+pub mod config;
+pub mod logging;
+pub mod numa;
+pub mod probes;
+pub mod quantity;
+pub mod run;
+pub mod status;
+pub mod sysfs;

@@ -1,0 +1,33 @@
+//! The `hugepage-agent` binary: parse and validate the command line, set up logging, run the
+//! command, and map its outcome to an exit code (0 done, 1 failed, 2 bad input).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use hugepage_agent::{
+    config::{Cli, Command, Config},
+    logging, run, status,
+};
+
+fn main() -> ExitCode {
+    let config = match Config::try_from(Cli::parse()) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("hugepage-agent: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    logging::init(config.log_format);
+    let outcome = match config.command {
+        Command::Run => run::run(&config).map_err(|e| e.to_string()),
+        Command::Status { json } => status::print(&config.host, json).map_err(|e| e.to_string()),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err}");
+            eprintln!("hugepage-agent: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Ring-buffer records decoded into typed events.
+//!
+//! A record whose size does not match its type, or whose fields are out of range, is an error
+//! rather than a guess: it means the agent and the kernel object disagree about the layout.
+
+use std::time::Duration;
+
+use hugepage_agent_common::{
+    cgroup::{CgroupEvent, FLAG_TRUNCATED, PATH_LEN, kind},
+    page_fault_user::HugetlbFault,
+};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("{record} record of {found} bytes, expected {expected}")]
+    Size {
+        record: &'static str,
+        found: usize,
+        expected: usize,
+    },
+    #[error("cgroup record of unknown kind {0}")]
+    Kind(u32),
+    #[error("cgroup record with path length {0}, more than {PATH_LEN}")]
+    PathLen(u32),
+}
+
+/// A fault in a hugetlb VMA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultEvent {
+    /// CLOCK_MONOTONIC time of the fault.
+    pub at: Duration,
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    pub pid: u32,
+    pub comm: String,
+    pub address: u64,
+    /// Huge page size of the VMA; `None` when the kernel's BTF could not tell.
+    pub page_size: Option<u64>,
+    pub write: bool,
+    pub error_code: u64,
+    pub cpu: u32,
+    pub numa_node: u32,
+}
+
+impl FaultEvent {
+    /// The first byte of the huge page the fault hit (2 MiB assumed when the size is unknown).
+    pub fn page_address(&self) -> u64 {
+        let size = self.page_size.unwrap_or(2 << 20);
+        self.address & !(size - 1)
+    }
+}
+
+/// What happened to a cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupChange {
+    Mkdir,
+    Rmdir,
+    AttachTask { pid: u32 },
+    Release,
+}
+
+/// A cgroup lifecycle event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupEventInfo {
+    pub at: Duration,
+    pub change: CgroupChange,
+    pub cgroup_id: u64,
+    /// Hierarchy id; 0 is cgroup v2.
+    pub hierarchy: i32,
+    pub level: i32,
+    /// Path relative to the hierarchy's mount point.
+    pub path: String,
+    pub truncated: bool,
+}
+
+impl CgroupEventInfo {
+    /// Whether the event is about the cgroup v2 hierarchy (the one fault cgroup ids refer to).
+    pub fn is_v2(&self) -> bool {
+        self.hierarchy == 0
+    }
+}
+
+/// Any event from the probes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeEvent {
+    Fault(FaultEvent),
+    Cgroup(CgroupEventInfo),
+}
+
+fn read_record<T: Copy>(bytes: &[u8], record: &'static str) -> Result<T, DecodeError> {
+    let expected = size_of::<T>();
+    if bytes.len() != expected {
+        return Err(DecodeError::Size {
+            record,
+            found: bytes.len(),
+            expected,
+        });
+    }
+    // SAFETY: the length matches and `T` is a plain `#[repr(C)]` struct valid for any bytes.
+    Ok(unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
+}
+
+fn c_string(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// Decodes one record of the `HUGETLB_FAULTS` ring buffer.
+pub fn decode_fault(bytes: &[u8]) -> Result<FaultEvent, DecodeError> {
+    let raw: HugetlbFault = read_record(bytes, "hugetlb fault")?;
+    Ok(FaultEvent {
+        at: Duration::from_nanos(raw.timestamp_ns),
+        cgroup_id: raw.cgroup_id,
+        tgid: raw.tgid,
+        pid: raw.pid,
+        comm: c_string(&raw.comm),
+        address: raw.address,
+        page_size: Some(raw.page_size).filter(|&s| s.is_power_of_two()),
+        write: raw.error_code & 2 != 0,
+        error_code: raw.error_code,
+        cpu: raw.cpu,
+        numa_node: raw.numa_node,
+    })
+}
+
+/// Decodes one record of the `CGROUP_EVENTS` ring buffer.
+pub fn decode_cgroup(bytes: &[u8]) -> Result<CgroupEventInfo, DecodeError> {
+    let raw: CgroupEvent = read_record(bytes, "cgroup")?;
+    let change = match raw.kind {
+        kind::MKDIR => CgroupChange::Mkdir,
+        kind::RMDIR => CgroupChange::Rmdir,
+        kind::ATTACH_TASK => CgroupChange::AttachTask { pid: raw.pid },
+        kind::RELEASE => CgroupChange::Release,
+        other => return Err(DecodeError::Kind(other)),
+    };
+    let len = raw.path_len as usize;
+    if len > PATH_LEN {
+        return Err(DecodeError::PathLen(raw.path_len));
+    }
+    Ok(CgroupEventInfo {
+        at: Duration::from_nanos(raw.timestamp_ns),
+        change,
+        cgroup_id: raw.cgroup_id,
+        hierarchy: raw.hierarchy,
+        level: raw.level,
+        path: c_string(&raw.path[..len]),
+        truncated: raw.flags & FLAG_TRUNCATED != 0,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,114 @@
+use super::*;
+
+fn bytes_of<T>(value: &T) -> Vec<u8> {
+    // SAFETY: reading the bytes of a plain `#[repr(C)]` value without padding.
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+}
+
+fn fault() -> HugetlbFault {
+    let mut comm = [0u8; 16];
+    comm[..7].copy_from_slice(b"toucher");
+    HugetlbFault {
+        timestamp_ns: 1_500_000_000,
+        cgroup_id: 4242,
+        address: 0x7f00_0020_1234,
+        page_size: 2 << 20,
+        error_code: 6,
+        tgid: 100,
+        pid: 101,
+        cpu: 1,
+        numa_node: 0,
+        comm,
+    }
+}
+
+fn cgroup_event(kind: u32, path: &str) -> CgroupEvent {
+    let mut buf = [0u8; PATH_LEN];
+    buf[..path.len()].copy_from_slice(path.as_bytes());
+    CgroupEvent {
+        timestamp_ns: 7,
+        cgroup_id: 99,
+        kind,
+        hierarchy: 0,
+        level: 2,
+        pid: 0,
+        path_len: path.len() as u32,
+        flags: 0,
+        path: buf,
+    }
+}
+
+#[test]
+fn fault_record_decodes_every_field() {
+    let event = decode_fault(&bytes_of(&fault())).expect("decode");
+    assert_eq!(event.at, Duration::from_millis(1500));
+    assert_eq!((event.cgroup_id, event.tgid, event.pid), (4242, 100, 101));
+    assert_eq!(event.comm, "toucher");
+    assert_eq!(event.page_size, Some(2 << 20));
+    assert!(event.write);
+    assert_eq!(event.page_address(), 0x7f00_0020_0000);
+}
+
+#[test]
+fn fault_with_unknown_page_size_has_none() {
+    let mut raw = fault();
+    raw.page_size = 0;
+    assert_eq!(
+        decode_fault(&bytes_of(&raw)).expect("decode").page_size,
+        None
+    );
+}
+
+#[test]
+fn short_or_long_records_are_errors() {
+    let bytes = bytes_of(&fault());
+    let expected = bytes.len();
+    assert_eq!(
+        decode_fault(&bytes[..expected - 1]),
+        Err(DecodeError::Size {
+            record: "hugetlb fault",
+            found: expected - 1,
+            expected
+        })
+    );
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(decode_fault(&long).is_err());
+    assert!(decode_cgroup(&bytes).is_err());
+}
+
+#[test]
+fn cgroup_records_decode_kind_and_path() {
+    let event =
+        decode_cgroup(&bytes_of(&cgroup_event(kind::MKDIR, "/kubepods/pod1"))).expect("decode");
+    assert_eq!(event.change, CgroupChange::Mkdir);
+    assert_eq!(event.path, "/kubepods/pod1");
+    assert!(event.is_v2() && !event.truncated);
+    let mut attach = cgroup_event(kind::ATTACH_TASK, "/x");
+    attach.pid = 77;
+    attach.hierarchy = 4;
+    let event = decode_cgroup(&bytes_of(&attach)).expect("decode");
+    assert_eq!(event.change, CgroupChange::AttachTask { pid: 77 });
+    assert!(!event.is_v2());
+}
+
+#[test]
+fn bad_kind_and_path_length_are_rejected() {
+    assert_eq!(
+        decode_cgroup(&bytes_of(&cgroup_event(9, "/"))),
+        Err(DecodeError::Kind(9))
+    );
+    let mut raw = cgroup_event(kind::RMDIR, "/");
+    raw.path_len = PATH_LEN as u32 + 1;
+    assert_eq!(
+        decode_cgroup(&bytes_of(&raw)),
+        Err(DecodeError::PathLen(PATH_LEN as u32 + 1))
+    );
+}
+
+#[test]
+fn truncation_flag_is_carried() {
+    let mut raw = cgroup_event(kind::RELEASE, "/long");
+    raw.flags = FLAG_TRUNCATED;
+    assert!(decode_cgroup(&bytes_of(&raw)).expect("decode").truncated);
+}

@@ -1,0 +1,351 @@
+//! Sole owner of the loaded eBPF object: loads the embedded programs with kernel offsets from BTF,
+//! attaches each to its tracepoint, hands out the ring buffers, and keeps the filter maps.
+//!
+//! Dropping [`Probes`] detaches every program. What the agent does with events lives elsewhere
+//! ([`events`] decodes them; the run loop consumes them).
+
+pub mod btf;
+mod errno;
+pub mod events;
+pub mod offsets;
+pub mod retries;
+pub mod stream;
+mod tracefs;
+pub mod watch;
+
+use std::collections::BTreeSet;
+
+use aya::{
+    Ebpf, EbpfError, EbpfLoader, Endianness,
+    maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{ProgramError, TracePoint, trace_point::TracePointLinkId},
+};
+use hugepage_agent_common::{
+    cgroup, counters::Counter, offsets::GLOBAL as OFFSETS_GLOBAL, page_fault_user,
+};
+
+use crate::sysfs::{HostFs, SysfsError};
+pub use errno::errno_name;
+
+/// The kernel object built from `ebpf/` (empty when built with `AYA_BUILD_SKIP=1`).
+static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hugepage-agent-probes"));
+
+const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
+
+/// The fault program: name in the object, tracepoint category, tracepoint name.
+pub const FAULT_PROGRAM: (&str, &str, &str) = ("page_fault_user", "exceptions", "page_fault_user");
+/// The cgroup programs, in the same form.
+pub const CGROUP_PROGRAMS: [(&str, &str, &str); 4] = [
+    ("cgroup_mkdir", "cgroup", "cgroup_mkdir"),
+    ("cgroup_rmdir", "cgroup", "cgroup_rmdir"),
+    ("cgroup_attach_task", "cgroup", "cgroup_attach_task"),
+    ("cgroup_release", "cgroup", "cgroup_release"),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("this binary carries no eBPF object (it was built with AYA_BUILD_SKIP=1)")]
+    NotBuilt,
+    #[error("reading the kernel's BTF: {0}")]
+    BtfRead(#[source] SysfsError),
+    #[error("kernel BTF {BTF_PATH}: {0}")]
+    Btf(#[source] btf::BtfError),
+    #[error("kernel BTF {BTF_PATH} (aya): {0}")]
+    AyaBtf(#[source] aya::BtfError),
+    #[error(transparent)]
+    Tracefs(#[from] tracefs::TracefsError),
+    #[error("loading the eBPF object: {0}")]
+    Object(#[source] EbpfError),
+    #[error("eBPF program {program} refused by the kernel: {source}")]
+    ProgramLoad {
+        program: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("attaching eBPF program {program} to tracepoint {category}/{tracepoint}: {source}")]
+    Attach {
+        program: &'static str,
+        category: &'static str,
+        tracepoint: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("detaching eBPF program {program}: {source}")]
+    Detach {
+        program: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("the eBPF object has no {kind} named {name}")]
+    Missing {
+        kind: &'static str,
+        name: &'static str,
+    },
+    #[error("eBPF map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
+}
+
+impl ProbeError {
+    /// The errno behind the error, when a system call failed.
+    pub fn errno(&self) -> Option<i32> {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(err) = source {
+            if let Some(io) = err.downcast_ref::<std::io::Error>()
+                && let Some(code) = io.raw_os_error()
+            {
+                return Some(code);
+            }
+            source = err.source();
+        }
+        None
+    }
+
+    /// One line for an operator: the error, its causes, and the errno by name.
+    pub fn explain(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(err) = source {
+            let cause = err.to_string();
+            if !text.contains(&cause) {
+                text.push_str(": ");
+                text.push_str(&cause);
+            }
+            source = err.source();
+        }
+        if let Some(code) = self.errno() {
+            text.push_str(&format!(" [{}]", errno_name(code)));
+        }
+        text
+    }
+}
+
+/// The two ring buffers, to be read by the event loop.
+pub struct EventStreams {
+    pub faults: RingBuf<MapData>,
+    pub cgroups: RingBuf<MapData>,
+}
+
+/// Per-CPU counters summed over CPUs, indexed by [`Counter`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters([u64; Counter::COUNT as usize]);
+
+impl Counters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0[counter as usize]
+    }
+}
+
+/// The loaded and attached programs and the maps the agent writes.
+pub struct Probes {
+    ebpf: Ebpf,
+    watched: HashMap<MapData, u64, u8>,
+    watched_ids: BTreeSet<u64>,
+    settings: Array<MapData, u32>,
+    counters: PerCpuArray<MapData, u64>,
+    fault_link: Option<TracePointLinkId>,
+    /// Why faults carry page size 0, when the kernel's BTF lacks the hugetlbfs layout.
+    pub page_size_unavailable: Option<btf::BtfError>,
+    /// Reads aya-log records of the programs; `None` when the object has no log map.
+    pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl Probes {
+    /// Loads the object, attaches every program, and returns the ring buffers. Nothing is left
+    /// attached when this fails.
+    pub fn load(host: &HostFs) -> Result<(Probes, EventStreams), ProbeError> {
+        if OBJECT.is_empty() {
+            return Err(ProbeError::NotBuilt);
+        }
+        let btf_bytes = host.read_bytes(BTF_PATH).map_err(ProbeError::BtfRead)?;
+        let kernel_btf = btf::Btf::parse(&btf_bytes).map_err(ProbeError::Btf)?;
+        let resolved = offsets::resolve(&kernel_btf, base_page_size()).map_err(ProbeError::Btf)?;
+        let aya_btf =
+            aya::Btf::parse(&btf_bytes, Endianness::default()).map_err(ProbeError::AyaBtf)?;
+        tracefs::ensure_mounted()?;
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&aya_btf))
+            .override_global(OFFSETS_GLOBAL, &resolved.offsets, true)
+            .load(OBJECT)
+            .map_err(ProbeError::Object)?;
+        let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
+        for (program, category, tracepoint) in CGROUP_PROGRAMS {
+            attach(&mut ebpf, program, category, tracepoint)?;
+        }
+        let (program, category, tracepoint) = FAULT_PROGRAM;
+        let fault_link = Some(attach(&mut ebpf, program, category, tracepoint)?);
+        let streams = EventStreams {
+            faults: RingBuf::try_from(take_map(&mut ebpf, page_fault_user::EVENTS_MAP)?)
+                .map_err(map_err(page_fault_user::EVENTS_MAP))?,
+            cgroups: RingBuf::try_from(take_map(&mut ebpf, cgroup::EVENTS_MAP)?)
+                .map_err(map_err(cgroup::EVENTS_MAP))?,
+        };
+        let probes = Probes {
+            watched: HashMap::try_from(take_map(&mut ebpf, page_fault_user::WATCHED_CGROUPS_MAP)?)
+                .map_err(map_err(page_fault_user::WATCHED_CGROUPS_MAP))?,
+            settings: Array::try_from(take_map(&mut ebpf, page_fault_user::SETTINGS_MAP)?)
+                .map_err(map_err(page_fault_user::SETTINGS_MAP))?,
+            counters: PerCpuArray::try_from(take_map(
+                &mut ebpf,
+                hugepage_agent_common::counters::MAP,
+            )?)
+            .map_err(map_err(hugepage_agent_common::counters::MAP))?,
+            ebpf,
+            watched_ids: BTreeSet::new(),
+            fault_link,
+            page_size_unavailable: resolved.page_size_unavailable,
+            logger,
+        };
+        Ok((probes, streams))
+    }
+
+    /// Inspect the faults of every process (`true`) or only of watched cgroups (`false`).
+    pub fn set_watch_all(&mut self, all: bool) -> Result<(), ProbeError> {
+        let flags = if all {
+            page_fault_user::settings::WATCH_ALL
+        } else {
+            0
+        };
+        self.settings
+            .set(0, flags, 0)
+            .map_err(map_err(page_fault_user::SETTINGS_MAP))
+    }
+
+    /// Makes the watched set equal to `ids`, changing only what differs.
+    pub fn sync_watched(&mut self, ids: &BTreeSet<u64>) -> Result<(), ProbeError> {
+        let stale: Vec<u64> = self.watched_ids.difference(ids).copied().collect();
+        for id in stale {
+            self.unwatch(id)?;
+        }
+        let new: Vec<u64> = ids.difference(&self.watched_ids).copied().collect();
+        for id in new {
+            self.watch(id)?;
+        }
+        Ok(())
+    }
+
+    pub fn watch(&mut self, cgroup_id: u64) -> Result<(), ProbeError> {
+        if self.watched_ids.contains(&cgroup_id) {
+            return Ok(());
+        }
+        self.watched
+            .insert(cgroup_id, page_fault_user::WATCHED, 0)
+            .map_err(map_err(page_fault_user::WATCHED_CGROUPS_MAP))?;
+        self.watched_ids.insert(cgroup_id);
+        Ok(())
+    }
+
+    pub fn unwatch(&mut self, cgroup_id: u64) -> Result<(), ProbeError> {
+        if !self.watched_ids.remove(&cgroup_id) {
+            return Ok(());
+        }
+        match self.watched.remove(&cgroup_id) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(ProbeError::Map {
+                name: page_fault_user::WATCHED_CGROUPS_MAP,
+                source,
+            }),
+        }
+    }
+
+    /// The cgroup ids currently in the kernel's watch map.
+    pub fn watched(&self) -> &BTreeSet<u64> {
+        &self.watched_ids
+    }
+
+    /// Detaches the fault program (the cgroup programs stay); for measuring its cost.
+    pub fn detach_faults(&mut self) -> Result<(), ProbeError> {
+        let (program, _, _) = FAULT_PROGRAM;
+        if let Some(link) = self.fault_link.take() {
+            tracepoint(&mut self.ebpf, program)?
+                .detach(link)
+                .map_err(|source| ProbeError::Detach { program, source })?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the fault program again after [`Probes::detach_faults`].
+    pub fn attach_faults(&mut self) -> Result<(), ProbeError> {
+        if self.fault_link.is_none() {
+            let (program, category, tracepoint) = FAULT_PROGRAM;
+            let prog = self::tracepoint(&mut self.ebpf, program)?;
+            let link = prog
+                .attach(category, tracepoint)
+                .map_err(|source| ProbeError::Attach {
+                    program,
+                    category,
+                    tracepoint,
+                    source,
+                })?;
+            self.fault_link = Some(link);
+        }
+        Ok(())
+    }
+
+    /// Sums the per-CPU counters.
+    pub fn counters(&self) -> Result<Counters, ProbeError> {
+        let mut sums = Counters::default();
+        for counter in Counter::ALL {
+            let per_cpu = self
+                .counters
+                .get(&(counter as u32), 0)
+                .map_err(map_err(hugepage_agent_common::counters::MAP))?;
+            sums.0[counter as usize] = per_cpu.iter().sum();
+        }
+        Ok(sums)
+    }
+}
+
+fn tracepoint<'a>(
+    ebpf: &'a mut Ebpf,
+    program: &'static str,
+) -> Result<&'a mut TracePoint, ProbeError> {
+    ebpf.program_mut(program)
+        .ok_or(ProbeError::Missing {
+            kind: "program",
+            name: program,
+        })?
+        .try_into()
+        .map_err(|source| ProbeError::ProgramLoad { program, source })
+}
+
+fn attach(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    category: &'static str,
+    tracepoint: &'static str,
+) -> Result<TracePointLinkId, ProbeError> {
+    let prog = self::tracepoint(ebpf, program)?;
+    prog.load()
+        .map_err(|source| ProbeError::ProgramLoad { program, source })?;
+    prog.attach(category, tracepoint)
+        .map_err(|source| ProbeError::Attach {
+            program,
+            category,
+            tracepoint,
+            source,
+        })
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, ProbeError> {
+    ebpf.take_map(name)
+        .ok_or(ProbeError::Missing { kind: "map", name })
+}
+
+fn map_err(name: &'static str) -> impl Fn(MapError) -> ProbeError {
+    move |source| ProbeError::Map { name, source }
+}
+
+/// The system page size in bytes.
+fn base_page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size)
+        .ok()
+        .filter(|s| s.is_power_of_two())
+        .unwrap_or(4096)
+}

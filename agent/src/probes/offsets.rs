@@ -1,0 +1,138 @@
+//! Resolves [`KernelOffsets`] from the running kernel's BTF.
+//!
+//! Required: `vm_area_struct.vm_flags` and the tracepoint context layouts
+//! (`trace_event_raw_exceptions` or, before 6.x, `trace_event_raw_x86_exceptions`, `trace_event_raw_cgroup`, `trace_event_raw_cgroup_migrate`).
+//! Optional: the `vm_file -> f_inode -> i_sb -> s_fs_info -> hstate -> order` chain that gives a
+//! hugetlb VMA's page size; without it faults are reported with page size 0 (unknown).
+
+use hugepage_agent_common::offsets::KernelOffsets;
+
+use super::btf::{Btf, BtfError};
+
+/// `VM_HUGETLB` is bit 22 of `vm_flags` on every kernel since 2.6; newer kernels also name the bit
+/// in an enum, which wins when present.
+const VM_HUGETLB_BIT_FALLBACK: i64 = 22;
+
+/// The context struct of `exceptions/page_fault_user`: its event class was renamed from
+/// `x86_exceptions` to `exceptions`; either is accepted.
+const PAGE_FAULT_CLASS: [&str; 2] = [
+    "trace_event_raw_exceptions",
+    "trace_event_raw_x86_exceptions",
+];
+
+/// The offsets, and why the page size is unknown when it is.
+#[derive(Debug)]
+pub struct Resolved {
+    pub offsets: KernelOffsets,
+    pub page_size_unavailable: Option<BtfError>,
+}
+
+/// Looks every field up in `btf`. `base_page_size` is the system page size in bytes.
+pub fn resolve(btf: &Btf, base_page_size: u64) -> Result<Resolved, BtfError> {
+    let hugetlb_bit = btf
+        .enumerator("VMA_HUGETLB_BIT")
+        .unwrap_or(VM_HUGETLB_BIT_FALLBACK);
+    let mut offsets = KernelOffsets {
+        vma_vm_flags: btf.member_offset("vm_area_struct", "vm_flags")?,
+        vm_hugetlb: 1u64 << hugetlb_bit,
+        base_page_shift: u64::from(base_page_size.trailing_zeros()),
+        page_fault_address: first_of(btf, &PAGE_FAULT_CLASS, "address")?,
+        page_fault_error_code: first_of(btf, &PAGE_FAULT_CLASS, "error_code")?,
+        cgroup_root: btf.member_offset("trace_event_raw_cgroup", "root")?,
+        cgroup_level: btf.member_offset("trace_event_raw_cgroup", "level")?,
+        cgroup_id: btf.member_offset("trace_event_raw_cgroup", "id")?,
+        cgroup_path: btf.member_offset("trace_event_raw_cgroup", "__data_loc_path")?,
+        migrate_dst_root: btf.member_offset("trace_event_raw_cgroup_migrate", "dst_root")?,
+        migrate_dst_level: btf.member_offset("trace_event_raw_cgroup_migrate", "dst_level")?,
+        migrate_dst_id: btf.member_offset("trace_event_raw_cgroup_migrate", "dst_id")?,
+        migrate_pid: btf.member_offset("trace_event_raw_cgroup_migrate", "pid")?,
+        migrate_dst_path: btf
+            .member_offset("trace_event_raw_cgroup_migrate", "__data_loc_dst_path")?,
+        ..KernelOffsets::ZERO
+    };
+    let page_size_unavailable = match page_size_chain(btf) {
+        Ok([vm_file, f_inode, i_sb, s_fs_info, hstate, order]) => {
+            offsets.vma_vm_file = vm_file;
+            offsets.file_f_inode = f_inode;
+            offsets.inode_i_sb = i_sb;
+            offsets.super_block_s_fs_info = s_fs_info;
+            offsets.hugetlbfs_sb_info_hstate = hstate;
+            offsets.hstate_order = order;
+            offsets.page_size_known = 1;
+            None
+        }
+        Err(err) => Some(err),
+    };
+    Ok(Resolved {
+        offsets,
+        page_size_unavailable,
+    })
+}
+
+/// `member`'s offset in the first of `types` that the kernel has.
+fn first_of(btf: &Btf, types: &[&str], member: &str) -> Result<u64, BtfError> {
+    let mut last = BtfError::NoSuchStruct(types.join(" or "));
+    for ty in types {
+        match btf.member_offset(ty, member) {
+            Err(BtfError::NoSuchStruct(_)) => continue,
+            Err(err) => last = err,
+            Ok(offset) => return Ok(offset),
+        }
+    }
+    Err(last)
+}
+
+fn page_size_chain(btf: &Btf) -> Result<[u64; 6], BtfError> {
+    Ok([
+        btf.member_offset("vm_area_struct", "vm_file")?,
+        btf.member_offset("file", "f_inode")?,
+        btf.member_offset("inode", "i_sb")?,
+        btf.member_offset("super_block", "s_fs_info")?,
+        btf.member_offset("hugetlbfs_sb_info", "hstate")?,
+        btf.member_offset("hstate", "order")?,
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sysfs::HostFs;
+
+    #[test]
+    fn resolves_every_offset_on_this_kernel() {
+        let bytes = HostFs::new("/")
+            .read_bytes("/sys/kernel/btf/vmlinux")
+            .expect("this kernel has BTF");
+        let btf = Btf::parse(&bytes).expect("parse vmlinux BTF");
+        let resolved = resolve(&btf, 4096).expect("resolve");
+        assert!(
+            resolved.page_size_unavailable.is_none(),
+            "{:?}",
+            resolved.page_size_unavailable
+        );
+        let o = resolved.offsets;
+        // Tracepoint contexts start with the 8-byte `struct trace_entry`.
+        assert_eq!(o.page_fault_address, 8);
+        assert_eq!(o.page_fault_error_code, 24);
+        assert_eq!((o.cgroup_root, o.cgroup_level, o.cgroup_id), (8, 12, 16));
+        assert_eq!(o.vm_hugetlb, 0x0040_0000);
+        assert_eq!(o.base_page_shift, 12);
+        assert!(o.vma_vm_flags > 0 && o.vma_vm_flags % 8 == 0);
+        assert_ne!(o.vma_vm_flags, o.vma_vm_file);
+    }
+
+    #[test]
+    fn a_kernel_without_the_hugetlbfs_layout_still_resolves_without_page_sizes() {
+        let bytes = HostFs::new("/")
+            .read_bytes("/sys/kernel/btf/vmlinux")
+            .expect("this kernel has BTF");
+        let mut btf = Btf::parse(&bytes).expect("parse");
+        btf.forget_struct("hugetlbfs_sb_info");
+        let resolved = resolve(&btf, 4096).expect("resolve");
+        assert_eq!(resolved.offsets.page_size_known, 0);
+        assert_eq!(
+            resolved.page_size_unavailable,
+            Some(BtfError::NoSuchStruct("hugetlbfs_sb_info".into()))
+        );
+    }
+}

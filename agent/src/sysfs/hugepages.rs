@@ -1,0 +1,81 @@
+//! Reads the hugepage pools: per NUMA node from
+//! `/sys/devices/system/node/node<N>/hugepages/hugepages-<kB>kB/{nr,free,surplus}_hugepages`, and
+//! globally from `/sys/kernel/mm/hugepages/hugepages-<kB>kB/` (which alone has `resv_hugepages`).
+//!
+//! A size directory present on some nodes only is read where it exists; a machine without
+//! `/sys/devices/system/node` has no per-node rows. A file that is missing inside a size directory
+//! that exists, or that does not hold a number, is an error naming it.
+
+use super::{HostFs, SysfsError};
+use crate::numa::{GlobalPool, HugepageTable, NodePool, NumaNode, PageSize};
+
+const NODES: &str = "/sys/devices/system/node";
+const GLOBAL: &str = "/sys/kernel/mm/hugepages";
+
+/// Online NUMA nodes, from the `node<N>` directories.
+pub fn numa_nodes(host: &HostFs) -> Result<Vec<NumaNode>, SysfsError> {
+    if !host.exists(NODES) {
+        return Ok(Vec::new());
+    }
+    let mut nodes: Vec<NumaNode> = host
+        .list(NODES)?
+        .iter()
+        .filter_map(|name| name.strip_prefix("node")?.parse().ok().map(NumaNode))
+        .collect();
+    nodes.sort();
+    Ok(nodes)
+}
+
+/// Page sizes that have a `hugepages-<kB>kB` directory under `dir`.
+fn page_sizes(host: &HostFs, dir: &str) -> Result<Vec<PageSize>, SysfsError> {
+    if !host.exists(dir) {
+        return Ok(Vec::new());
+    }
+    let mut sizes = Vec::new();
+    for name in host.list(dir)? {
+        if !name.starts_with("hugepages-") {
+            continue;
+        }
+        let size = PageSize::from_dir_name(&name).ok_or_else(|| SysfsError::Malformed {
+            path: host.path(format!("{dir}/{name}")),
+            expected: "a directory named hugepages-<kB>kB",
+            found: name.clone(),
+        })?;
+        sizes.push(size);
+    }
+    sizes.sort();
+    Ok(sizes)
+}
+
+/// Reads every pool of every node and size, and the global pools.
+pub fn read_table(host: &HostFs) -> Result<HugepageTable, SysfsError> {
+    let mut nodes = Vec::new();
+    for node in numa_nodes(host)? {
+        let dir = format!("{NODES}/node{}/hugepages", node.0);
+        for size in page_sizes(host, &dir)? {
+            let d = format!("{dir}/{}", size.dir_name());
+            nodes.push(NodePool {
+                node,
+                size,
+                total: host.read_u64(format!("{d}/nr_hugepages"))?,
+                free: host.read_u64(format!("{d}/free_hugepages"))?,
+                surplus: host.read_u64(format!("{d}/surplus_hugepages"))?,
+            });
+        }
+    }
+    let mut global = Vec::new();
+    for size in page_sizes(host, GLOBAL)? {
+        let d = format!("{GLOBAL}/{}", size.dir_name());
+        global.push(GlobalPool {
+            size,
+            total: host.read_u64(format!("{d}/nr_hugepages"))?,
+            free: host.read_u64(format!("{d}/free_hugepages"))?,
+            reserved: host.read_u64(format!("{d}/resv_hugepages"))?,
+            surplus: host.read_u64(format!("{d}/surplus_hugepages"))?,
+        });
+    }
+    Ok(HugepageTable { nodes, global })
+}
+
+#[cfg(test)]
+mod tests;

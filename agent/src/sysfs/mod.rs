@@ -1,0 +1,84 @@
+//! The one seam through which the agent reads `/sys` and `/proc`: every path is taken relative to
+//! `--host-root`, so the DaemonSet reads the host under `/host` and unit tests read a fake tree.
+//!
+//! Errors always name the file. Parsing of what is read lives in the submodules.
+
+pub mod hugepages;
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SysfsError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path}: expected {expected}, found {found:?}")]
+    Malformed {
+        path: PathBuf,
+        expected: &'static str,
+        found: String,
+    },
+}
+
+/// The host's file systems, rooted at `--host-root`.
+#[derive(Debug, Clone)]
+pub struct HostFs {
+    root: PathBuf,
+}
+
+impl HostFs {
+    pub fn new(root: impl Into<PathBuf>) -> HostFs {
+        HostFs { root: root.into() }
+    }
+
+    /// The host path `abs` (written as on the host, e.g. `/sys/kernel/btf/vmlinux`) under the root.
+    pub fn path(&self, abs: impl AsRef<Path>) -> PathBuf {
+        let abs = abs.as_ref();
+        self.root.join(abs.strip_prefix("/").unwrap_or(abs))
+    }
+
+    pub fn read_bytes(&self, abs: impl AsRef<Path>) -> Result<Vec<u8>, SysfsError> {
+        let path = self.path(abs);
+        fs::read(&path).map_err(|source| SysfsError::Read { path, source })
+    }
+
+    pub fn read_string(&self, abs: impl AsRef<Path>) -> Result<String, SysfsError> {
+        let path = self.path(abs);
+        fs::read_to_string(&path).map_err(|source| SysfsError::Read { path, source })
+    }
+
+    /// A file holding one unsigned decimal number, such as `free_hugepages`.
+    pub fn read_u64(&self, abs: impl AsRef<Path>) -> Result<u64, SysfsError> {
+        let abs = abs.as_ref();
+        let text = self.read_string(abs)?;
+        text.trim().parse().map_err(|_| SysfsError::Malformed {
+            path: self.path(abs),
+            expected: "an unsigned integer",
+            found: text,
+        })
+    }
+
+    /// Whether the host path exists (a missing optional directory is not an error).
+    pub fn exists(&self, abs: impl AsRef<Path>) -> bool {
+        self.path(abs).exists()
+    }
+
+    /// Names of the entries of a host directory, sorted.
+    pub fn list(&self, abs: impl AsRef<Path>) -> Result<Vec<String>, SysfsError> {
+        let path = self.path(abs);
+        let read = |path: &Path| -> io::Result<Vec<String>> {
+            let mut names = fs::read_dir(path)?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<io::Result<Vec<_>>>()?;
+            names.sort();
+            Ok(names)
+        };
+        read(&path).map_err(|source| SysfsError::Read { path, source })
+    }
+}

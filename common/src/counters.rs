@@ -1,0 +1,60 @@
+//! The per-CPU counter map every program increments: what was seen, filtered out, and lost.
+
+/// Per-CPU array of `u64`, indexed by [`Counter`].
+pub const MAP: &str = "COUNTERS";
+
+/// One slot of the counter map.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Every user page fault the tracepoint saw.
+    FaultsSeen = 0,
+    /// Faults skipped before `bpf_find_vma` because their cgroup is not watched.
+    FaultsFiltered = 1,
+    /// Faults inspected whose VMA is not hugetlb.
+    FaultsNotHugetlb = 2,
+    /// `bpf_find_vma` gave up because the mmap lock was held (-EBUSY): possibly a missed fault.
+    FindVmaBusy = 3,
+    /// `bpf_find_vma` failed otherwise (no VMA at the address, for instance).
+    FindVmaFailed = 4,
+    /// Hugetlb faults written to the ring buffer.
+    HugetlbFaults = 5,
+    /// Hugetlb faults lost because the ring buffer was full.
+    HugetlbFaultsLost = 6,
+    /// Cgroup events written to the ring buffer.
+    CgroupEvents = 7,
+    /// Cgroup events lost because the ring buffer was full.
+    CgroupEventsLost = 8,
+}
+
+impl Counter {
+    /// Every counter, in slot order.
+    pub const ALL: [Counter; 9] = [
+        Counter::FaultsSeen,
+        Counter::FaultsFiltered,
+        Counter::FaultsNotHugetlb,
+        Counter::FindVmaBusy,
+        Counter::FindVmaFailed,
+        Counter::HugetlbFaults,
+        Counter::HugetlbFaultsLost,
+        Counter::CgroupEvents,
+        Counter::CgroupEventsLost,
+    ];
+    /// Number of slots in the map.
+    pub const COUNT: u32 = Self::ALL.len() as u32;
+
+    /// Stable snake_case name, used in logs and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::FaultsSeen => "faults_seen",
+            Counter::FaultsFiltered => "faults_filtered",
+            Counter::FaultsNotHugetlb => "faults_not_hugetlb",
+            Counter::FindVmaBusy => "find_vma_busy",
+            Counter::FindVmaFailed => "find_vma_failed",
+            Counter::HugetlbFaults => "hugetlb_faults",
+            Counter::HugetlbFaultsLost => "hugetlb_faults_lost",
+            Counter::CgroupEvents => "cgroup_events",
+            Counter::CgroupEventsLost => "cgroup_events_lost",
+        }
+    }
+}

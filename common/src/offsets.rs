@@ -1,0 +1,85 @@
+//! Kernel-version-dependent layout that the agent reads from BTF and hands to the programs.
+//!
+//! The programs read [`KernelOffsets`] from a `.rodata` global that the loader overrides before
+//! the object is loaded; the kernel freezes that map, so the verifier sees each field as a
+//! constant and accepts `vma + offset` loads. All values are byte offsets unless named otherwise.
+
+/// Symbol name of the global in the kernel object.
+pub const GLOBAL: &str = "KERNEL_OFFSETS";
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    /// `vm_area_struct.vm_flags`.
+    pub vma_vm_flags: u64,
+    /// The `VM_HUGETLB` bit of `vm_flags`.
+    pub vm_hugetlb: u64,
+    /// `vm_area_struct.vm_file`.
+    pub vma_vm_file: u64,
+    /// `file.f_inode`.
+    pub file_f_inode: u64,
+    /// `inode.i_sb`.
+    pub inode_i_sb: u64,
+    /// `super_block.s_fs_info`.
+    pub super_block_s_fs_info: u64,
+    /// `hugetlbfs_sb_info.hstate`.
+    pub hugetlbfs_sb_info_hstate: u64,
+    /// `hstate.order`.
+    pub hstate_order: u64,
+    /// 1 when the page-size chain above is known; 0 makes the program report page size 0.
+    pub page_size_known: u64,
+    /// log2 of the base page size (12 on x86-64).
+    pub base_page_shift: u64,
+    /// `trace_event_raw_x86_exceptions.address`.
+    pub page_fault_address: u64,
+    /// `trace_event_raw_x86_exceptions.error_code`.
+    pub page_fault_error_code: u64,
+    /// `trace_event_raw_cgroup.root`.
+    pub cgroup_root: u64,
+    /// `trace_event_raw_cgroup.level`.
+    pub cgroup_level: u64,
+    /// `trace_event_raw_cgroup.id`.
+    pub cgroup_id: u64,
+    /// `trace_event_raw_cgroup.__data_loc_path`.
+    pub cgroup_path: u64,
+    /// `trace_event_raw_cgroup_migrate.dst_root`.
+    pub migrate_dst_root: u64,
+    /// `trace_event_raw_cgroup_migrate.dst_level`.
+    pub migrate_dst_level: u64,
+    /// `trace_event_raw_cgroup_migrate.dst_id`.
+    pub migrate_dst_id: u64,
+    /// `trace_event_raw_cgroup_migrate.pid`.
+    pub migrate_pid: u64,
+    /// `trace_event_raw_cgroup_migrate.__data_loc_dst_path`.
+    pub migrate_dst_path: u64,
+}
+
+impl KernelOffsets {
+    /// All zero: the value compiled into the object before the loader overrides it.
+    pub const ZERO: KernelOffsets = KernelOffsets {
+        vma_vm_flags: 0,
+        vm_hugetlb: 0,
+        vma_vm_file: 0,
+        file_f_inode: 0,
+        inode_i_sb: 0,
+        super_block_s_fs_info: 0,
+        hugetlbfs_sb_info_hstate: 0,
+        hstate_order: 0,
+        page_size_known: 0,
+        base_page_shift: 0,
+        page_fault_address: 0,
+        page_fault_error_code: 0,
+        cgroup_root: 0,
+        cgroup_level: 0,
+        cgroup_id: 0,
+        cgroup_path: 0,
+        migrate_dst_root: 0,
+        migrate_dst_level: 0,
+        migrate_dst_id: 0,
+        migrate_pid: 0,
+        migrate_dst_path: 0,
+    };
+}
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for KernelOffsets {}

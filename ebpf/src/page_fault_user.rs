@@ -1,0 +1,173 @@
+//! `exceptions/page_fault_user`: report user faults that land in hugetlb VMAs.
+//!
+//! Cheap for ordinary faults: unless watch-all is set, a fault whose cgroup is not in
+//! `WATCHED_CGROUPS` costs one array and one hash lookup and stops there. Only watched faults pay
+//! for `bpf_find_vma`, which may give up with -EBUSY when the mmap lock is held; that is counted,
+//! never guessed. The page size comes from the VMA's hugetlbfs superblock (`hstate.order`).
+
+use aya_ebpf::{
+    cty::{c_long, c_void},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_get_numa_node_id, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::{bpf_find_vma, bpf_get_current_task_btf},
+    },
+    macros::{map, tracepoint},
+    maps::{Array, HashMap, RingBuf},
+    programs::TracePointContext,
+};
+use hugepage_agent_common::{
+    counters::Counter,
+    page_fault_user::{EVENTS_BYTES, HugetlbFault, WATCHED_CGROUPS_MAX, settings},
+};
+
+use crate::shared::{count, offset};
+
+const EBUSY: c_long = 16;
+
+#[map(name = "HUGETLB_FAULTS")]
+static HUGETLB_FAULTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+#[map(name = "WATCHED_CGROUPS")]
+static WATCHED_CGROUPS: HashMap<u64, u8> = HashMap::with_max_entries(WATCHED_CGROUPS_MAX, 0);
+
+#[map(name = "FAULT_SETTINGS")]
+static FAULT_SETTINGS: Array<u32> = Array::with_max_entries(1, 0);
+
+/// What the `bpf_find_vma` callback learned about the VMA.
+#[repr(C)]
+struct VmaInfo {
+    hugetlb: u64,
+    page_size: u64,
+}
+
+#[tracepoint]
+pub fn page_fault_user(ctx: TracePointContext) -> u32 {
+    match try_page_fault_user(&ctx) {
+        Ok(ret) | Err(ret) => ret,
+    }
+}
+
+fn try_page_fault_user(ctx: &TracePointContext) -> Result<u32, u32> {
+    count(Counter::FaultsSeen);
+    // SAFETY: helper without preconditions.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    if !watched(cgroup_id) {
+        count(Counter::FaultsFiltered);
+        return Ok(0);
+    }
+    // SAFETY: the offset comes from the tracepoint's BTF layout.
+    let address: u64 =
+        unsafe { ctx.read_at(offset!(page_fault_address) as usize) }.map_err(|_| 0u32)?;
+    let mut vma = VmaInfo {
+        hugetlb: 0,
+        page_size: 0,
+    };
+    // SAFETY: the task pointer is trusted BTF; the callback only reads the VMA it is given.
+    let ret = unsafe {
+        bpf_find_vma(
+            bpf_get_current_task_btf(),
+            address,
+            inspect_vma as *mut c_void,
+            (&raw mut vma).cast(),
+            0,
+        )
+    };
+    if ret == -EBUSY {
+        count(Counter::FindVmaBusy);
+        return Ok(0);
+    }
+    if ret != 0 {
+        count(Counter::FindVmaFailed);
+        return Ok(0);
+    }
+    if vma.hugetlb == 0 {
+        count(Counter::FaultsNotHugetlb);
+        return Ok(0);
+    }
+    // SAFETY: as above.
+    let error_code: u64 =
+        unsafe { ctx.read_at(offset!(page_fault_error_code) as usize) }.unwrap_or(0);
+    let Some(mut entry) = HUGETLB_FAULTS.reserve::<HugetlbFault>(0) else {
+        count(Counter::HugetlbFaultsLost);
+        return Ok(0);
+    };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    entry.write(HugetlbFault {
+        // SAFETY: helpers without preconditions.
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        cgroup_id,
+        address,
+        page_size: vma.page_size,
+        error_code,
+        tgid: (pid_tgid >> 32) as u32,
+        pid: pid_tgid as u32,
+        // SAFETY: helpers without preconditions.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        // SAFETY: helper without preconditions.
+        numa_node: unsafe { bpf_get_numa_node_id() } as u32,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    });
+    entry.submit(0);
+    count(Counter::HugetlbFaults);
+    Ok(0)
+}
+
+#[inline(always)]
+fn watched(cgroup_id: u64) -> bool {
+    if let Some(flags) = FAULT_SETTINGS.get(0)
+        && flags & settings::WATCH_ALL != 0
+    {
+        return true;
+    }
+    // SAFETY: the value is a plain u8 that is only read.
+    unsafe { WATCHED_CGROUPS.get(&cgroup_id) }.is_some()
+}
+
+/// `bpf_find_vma` callback: is the VMA hugetlb, and of which page size?
+extern "C" fn inspect_vma(_task: *mut c_void, vma: *mut c_void, data: *mut c_void) -> c_long {
+    let info = data.cast::<VmaInfo>();
+    let vma = vma.cast::<u8>();
+    // SAFETY: `vma` is a BTF pointer to the VMA; the offset of `vm_flags` comes from BTF and is a
+    // verifier-known constant.
+    let flags =
+        unsafe { core::ptr::read_volatile(vma.add(offset!(vma_vm_flags) as usize).cast::<u64>()) };
+    if flags & offset!(vm_hugetlb) == 0 {
+        return 0;
+    }
+    // SAFETY: `data` points at the caller's `VmaInfo` on its stack.
+    unsafe {
+        (*info).hugetlb = 1;
+        (*info).page_size = hugetlb_page_size(vma);
+    }
+    0
+}
+
+/// `PAGE_SIZE << vma->vm_file->f_inode->i_sb->s_fs_info->hstate->order`, or 0 when unknown.
+#[inline(always)]
+fn hugetlb_page_size(vma: *const u8) -> u64 {
+    if offset!(page_size_known) == 0 {
+        return 0;
+    }
+    let order = (|| -> Result<u32, i32> {
+        let file = follow(vma, offset!(vma_vm_file))?;
+        let inode = follow(file, offset!(file_f_inode))?;
+        let sb = follow(inode, offset!(inode_i_sb))?;
+        let sbinfo = follow(sb, offset!(super_block_s_fs_info))?;
+        let hstate = follow(sbinfo, offset!(hugetlbfs_sb_info_hstate))?;
+        // SAFETY: probe reads tolerate any address.
+        unsafe { bpf_probe_read_kernel(hstate.add(offset!(hstate_order) as usize).cast::<u32>()) }
+    })();
+    match order {
+        Ok(order) if order < 32 => 1u64 << (offset!(base_page_shift) + u64::from(order)),
+        _ => 0,
+    }
+}
+
+/// Reads the pointer stored at `base + offset`.
+#[inline(always)]
+fn follow(base: *const u8, offset: u64) -> Result<*const u8, i32> {
+    // SAFETY: probe reads tolerate any address; a null result ends the chain.
+    let next = unsafe { bpf_probe_read_kernel(base.add(offset as usize).cast::<*const u8>()) }?;
+    if next.is_null() { Err(0) } else { Ok(next) }
+}

@@ -1,0 +1,80 @@
+//! Test helper: joins a cgroup, faults huge and ordinary pages, reports, and holds them.
+//!
+//! `toucher [--cgroup DIR] [--huge K] [--small N] [--hold]`: writes its pid to `DIR/cgroup.procs`,
+//! maps K 2 MiB pages with `MAP_HUGETLB` and N 4 KiB pages, writes one byte in each, prints
+//! `touched <pid> <first huge address>` and, with `--hold`, keeps the memory until stdin closes.
+
+use std::io::{BufRead, Write};
+
+fn main() {
+    if let Err(err) = run() {
+        eprintln!("toucher: {err}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let mut args = std::env::args().skip(1);
+    let (mut cgroup, mut huge, mut small, mut hold) = (None, 0usize, 0usize, false);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--cgroup" => cgroup = args.next(),
+            "--huge" => huge = number(args.next())?,
+            "--small" => small = number(args.next())?,
+            "--hold" => hold = true,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if let Some(dir) = cgroup {
+        std::fs::write(
+            format!("{dir}/cgroup.procs"),
+            std::process::id().to_string(),
+        )
+        .map_err(|e| format!("joining {dir}: {e}"))?;
+    }
+    let huge_addr = touch(huge, 2 << 20, libc::MAP_HUGETLB)?;
+    touch(small, 4096, 0)?;
+    println!("touched {} {:#x}", std::process::id(), huge_addr);
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    if hold {
+        let _ = std::io::stdin().lock().lines().count();
+    }
+    Ok(())
+}
+
+fn number(arg: Option<String>) -> Result<usize, String> {
+    arg.ok_or("missing number")?
+        .parse()
+        .map_err(|e| format!("{e}"))
+}
+
+/// Maps `count` pages of `page` bytes and writes one byte in each; returns the mapping address.
+fn touch(count: usize, page: usize, flags: i32) -> Result<usize, String> {
+    if count == 0 {
+        return Ok(0);
+    }
+    let len = count * page;
+    // SAFETY: anonymous private mapping; no file, no fixed address.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+            -1,
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(format!(
+            "mmap of {count} pages of {page} bytes: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let base = addr.cast::<u8>();
+    for i in 0..count {
+        // SAFETY: inside the mapping just created.
+        unsafe { base.add(i * page).write_volatile(1) };
+    }
+    Ok(addr as usize)
+}

@@ -1,0 +1,211 @@
+//! The eBPF probes on the real kernel: real programs, real hugepages, real cgroups.
+//!
+//! Each test takes the host lock, so tests that change the host never overlap, and restores what
+//! it changed (hugepage pool, cgroups, controllers) through guards, also when it fails.
+
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
+
+use hugepage_agent::{
+    probes::{
+        Counters, EventStreams, Probes,
+        events::{CgroupChange, FaultEvent, ProbeEvent},
+        retries::{DEFAULT_WINDOW, RetryFilter},
+        stream,
+    },
+    sysfs::HostFs,
+};
+use hugepage_agent_common::counters::Counter;
+use hugepage_agent_tests::{HugepagePool, HugetlbController, TestCgroup, Toucher, host_lock, v2};
+use tokio::sync::mpsc::Receiver;
+
+const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
+
+fn load() -> (Probes, EventStreams) {
+    match Probes::load(&HostFs::new("/")) {
+        Ok(loaded) => loaded,
+        Err(err) => panic!("loading the probes on this kernel: {}", err.explain()),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Events received until `deadline` from now.
+async fn collect(rx: &mut Receiver<ProbeEvent>, within: Duration) -> Vec<ProbeEvent> {
+    let deadline = Instant::now() + within;
+    let mut events = Vec::new();
+    while let Ok(Some(event)) = tokio::time::timeout_at(deadline.into(), rx.recv()).await {
+        events.push(event);
+    }
+    events
+}
+
+fn faults_of(events: &[ProbeEvent], tgid: u32) -> Vec<FaultEvent> {
+    let mut retries = RetryFilter::new(DEFAULT_WINDOW);
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ProbeEvent::Fault(f) if f.tgid == tgid && retries.admit(f) => Some(f.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn delta(before: &Counters, after: &Counters, counter: Counter) -> u64 {
+    after.get(counter) - before.get(counter)
+}
+
+#[test]
+fn each_touched_huge_page_in_a_watched_cgroup_is_one_event_with_pid_cgroup_and_size() {
+    const K: usize = 8;
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 16);
+    let cgroup = TestCgroup::create(&lock, "faults");
+    runtime().block_on(async {
+        let (mut probes, streams) = load();
+        let scan = v2().scan(&HostFs::new("/")).expect("scan cgroups");
+        assert!(scan.watched.contains(&cgroup.id), "a cgroup without hugetlb limits can use hugepages");
+        probes.sync_watched(&scan.watched).expect("watch");
+        let mut rx = stream::spawn(streams, 4096).expect("readers");
+        let before = probes.counters().expect("counters");
+        let toucher = Toucher::run(TOUCHER, Some(&cgroup.dir), K, 64);
+        let events = collect(&mut rx, Duration::from_secs(1)).await;
+        let faults = faults_of(&events, toucher.pid);
+        assert_eq!(faults.len(), K, "one event per touched huge page: {faults:#?}");
+        let pages: BTreeSet<u64> = faults.iter().map(FaultEvent::page_address).collect();
+        assert_eq!(pages.len(), K, "K distinct huge pages");
+        for f in &faults {
+            assert_eq!((f.pid, f.cgroup_id, f.page_size), (toucher.pid, cgroup.id, Some(2 << 20)), "{f:?}");
+            assert_eq!(f.comm, "toucher");
+            assert!(f.write);
+        }
+        let after = probes.counters().expect("counters");
+        assert!(delta(&before, &after, Counter::HugetlbFaults) >= K as u64);
+        assert_eq!(delta(&before, &after, Counter::HugetlbFaultsLost), 0);
+        let attached = events.iter().any(|e| matches!(e, ProbeEvent::Cgroup(c)
+            if c.cgroup_id == cgroup.id && c.change == CgroupChange::AttachTask { pid: toucher.pid }));
+        assert!(attached, "the toucher's move into the cgroup is an attach_task event");
+    });
+}
+
+#[test]
+fn ordinary_faults_are_inspected_but_produce_no_events() {
+    const SMALL: usize = 4096;
+    let lock = host_lock();
+    let cgroup = TestCgroup::create(&lock, "small");
+    runtime().block_on(async {
+        let (mut probes, streams) = load();
+        probes.watch(cgroup.id).expect("watch");
+        let mut rx = stream::spawn(streams, 4096).expect("readers");
+        let before = probes.counters().expect("counters");
+        let toucher = Toucher::run(TOUCHER, Some(&cgroup.dir), 0, SMALL);
+        let events = collect(&mut rx, Duration::from_secs(1)).await;
+        assert!(
+            faults_of(&events, toucher.pid).is_empty(),
+            "4 KiB faults are not hugetlb faults"
+        );
+        let after = probes.counters().expect("counters");
+        assert!(
+            delta(&before, &after, Counter::FaultsNotHugetlb) >= SMALL as u64,
+            "{before:?} -> {after:?}"
+        );
+    });
+}
+
+#[test]
+fn a_cgroup_whose_hugetlb_limit_is_zero_is_filtered_before_find_vma() {
+    const SMALL: usize = 2048;
+    let lock = host_lock();
+    let _controller = HugetlbController::enable(&lock);
+    let zero = TestCgroup::create(&lock, "zero");
+    zero.set("hugetlb.2MB.max", "0");
+    zero.set("hugetlb.1GB.max", "0");
+    let limited = TestCgroup::create(&lock, "limited");
+    limited.set("hugetlb.2MB.max", &(4u64 << 20).to_string());
+    runtime().block_on(async {
+        let (mut probes, _streams) = load();
+        let scan = v2().scan(&HostFs::new("/")).expect("scan cgroups");
+        assert!(
+            !scan.watched.contains(&zero.id),
+            "limit 0 for every size: cannot use hugepages"
+        );
+        assert!(
+            scan.watched.contains(&limited.id),
+            "a 2 MiB limit above zero: can"
+        );
+        probes.sync_watched(&scan.watched).expect("watch");
+        let before = probes.counters().expect("counters");
+        drop(Toucher::run(TOUCHER, Some(&zero.dir), 0, SMALL));
+        let after = probes.counters().expect("counters");
+        assert!(
+            delta(&before, &after, Counter::FaultsFiltered) >= SMALL as u64,
+            "{before:?} -> {after:?}"
+        );
+    });
+}
+
+#[test]
+fn watch_all_mode_inspects_faults_of_unwatched_cgroups() {
+    const K: usize = 2;
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 4);
+    let _controller = HugetlbController::enable(&lock);
+    let zero = TestCgroup::create(&lock, "all");
+    zero.set("hugetlb.2MB.max", "0");
+    zero.set("hugetlb.1GB.max", "0");
+    runtime().block_on(async {
+        let (mut probes, streams) = load();
+        probes.set_watch_all(true).expect("watch all");
+        let mut rx = stream::spawn(streams, 4096).expect("readers");
+        let before = probes.counters().expect("counters");
+        // The zero limit refuses hugetlb pages at mmap time; 4 KiB faults must still be inspected.
+        let toucher = Toucher::run(TOUCHER, Some(&zero.dir), 0, 512);
+        let events = collect(&mut rx, Duration::from_millis(300)).await;
+        assert!(faults_of(&events, toucher.pid).is_empty());
+        let after = probes.counters().expect("counters");
+        assert!(
+            delta(&before, &after, Counter::FaultsNotHugetlb) >= 512,
+            "{before:?} -> {after:?}"
+        );
+        drop(toucher);
+        let outside = Toucher::run(TOUCHER, None, K, 0);
+        let events = collect(&mut rx, Duration::from_secs(1)).await;
+        assert_eq!(faults_of(&events, outside.pid).len(), K);
+    });
+}
+
+#[test]
+fn creating_and_removing_a_cgroup_produces_mkdir_and_rmdir_events_with_its_path() {
+    let lock = host_lock();
+    runtime().block_on(async {
+        let (_probes, streams) = load();
+        let mut rx = stream::spawn(streams, 4096).expect("readers");
+        let cgroup = TestCgroup::create(&lock, "lifecycle");
+        let (id, rel) = (cgroup.id, cgroup.rel.clone());
+        drop(cgroup);
+        let events = collect(&mut rx, Duration::from_secs(1)).await;
+        let mine: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                ProbeEvent::Cgroup(c) if c.cgroup_id == id => Some(c),
+                _ => None,
+            })
+            .collect();
+        let changes: Vec<_> = mine.iter().map(|c| c.change).collect();
+        assert!(
+            changes.starts_with(&[CgroupChange::Mkdir, CgroupChange::Rmdir]),
+            "{mine:#?}"
+        );
+        for c in &mine {
+            assert_eq!(c.path, rel);
+            assert!(c.is_v2() && c.level == 1 && !c.truncated, "{c:?}");
+        }
+    });
+}
