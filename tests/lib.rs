@@ -4,10 +4,12 @@
 
 use std::{
     fs,
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Read},
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
-    process::{Child, ChildStdin, Command, Stdio},
+    process::{Child, ChildStdin, Command, ExitStatus, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
 };
 
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
@@ -25,8 +27,11 @@ pub fn require_root() {
     );
 }
 
-/// Held while a test changes the host; tests in other processes wait for it.
-pub struct HostLock(fs::File);
+/// Held while a test changes the host; tests in other processes wait for it. The lock is the
+/// open file's `flock`, released when the file closes.
+pub struct HostLock {
+    _file: fs::File,
+}
 
 pub fn host_lock() -> HostLock {
     require_root();
@@ -39,7 +44,7 @@ pub fn host_lock() -> HostLock {
     // SAFETY: valid descriptor; blocks until the lock is free.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
     assert_eq!(rc, 0, "flock {LOCK}: {}", std::io::Error::last_os_error());
-    HostLock(file)
+    HostLock { _file: file }
 }
 
 /// Sets the 2 MiB pool to at least `pages` and restores the previous size when dropped.
@@ -159,6 +164,8 @@ pub struct Toucher {
     child: Child,
     stdin: Option<ChildStdin>,
     pub pid: u32,
+    /// CPU time the child spent touching its small pages, faults included.
+    pub small_cpu_ns: u64,
 }
 
 impl Toucher {
@@ -195,9 +202,19 @@ impl Toucher {
             line.starts_with("touched "),
             "toucher failed ({status:?}): {line:?}"
         );
+        let small_cpu_ns = line
+            .split_whitespace()
+            .nth(3)
+            .and_then(|n| n.parse().ok())
+            .expect("toucher reports CPU time");
         let stdin = child.stdin.take();
         let pid = child.id();
-        Toucher { child, stdin, pid }
+        Toucher {
+            child,
+            stdin,
+            pid,
+            small_cpu_ns,
+        }
     }
 }
 
@@ -208,4 +225,158 @@ impl Drop for Toucher {
             let _ = self.child.kill();
         }
     }
+}
+
+/// The `hugepage-agent` binary: `HUGEPAGE_AGENT_BIN`, else the one cargo built beside the tests.
+pub fn agent_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("HUGEPAGE_AGENT_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("hugepage-agent"))
+        .expect("target directory");
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (cargo build -p hugepage-agent), or run cargo xtask test",
+        path.display()
+    );
+    path
+}
+
+/// A running agent whose JSON log lines (stderr) are collected as they come.
+pub struct Agent {
+    child: Child,
+    lines: mpsc::Receiver<serde_json::Value>,
+    /// Every line received so far.
+    pub seen: Vec<serde_json::Value>,
+}
+
+impl Agent {
+    /// Starts `cmd` (an agent command line) with JSON logs.
+    pub fn start(mut cmd: Command) -> Agent {
+        cmd.args(["--log-format", "json"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn the agent");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let value = serde_json::from_str(&line).unwrap_or(serde_json::Value::String(line));
+                if tx.send(value).is_err() {
+                    return;
+                }
+            }
+        });
+        Agent {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits until a log line with `message` satisfies `pred`; panics with the log after `within`.
+    pub fn wait_for(
+        &mut self,
+        message: &str,
+        within: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        if let Some(found) = self
+            .seen
+            .iter()
+            .find(|v| v["message"] == message && pred(v))
+        {
+            return found.clone();
+        }
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line["message"] == message && pred(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!(
+            "no log line {message:?} within {within:?}; the agent logged:\n{:#?}",
+            self.seen
+        );
+    }
+
+    /// Log lines with `message` seen so far (after draining what has arrived).
+    pub fn lines_with(&mut self, message: &str) -> Vec<serde_json::Value> {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        self.seen
+            .iter()
+            .filter(|v| v["message"] == message)
+            .cloned()
+            .collect()
+    }
+
+    /// Sends SIGTERM and returns the exit status and the remaining log.
+    pub fn terminate(mut self) -> (ExitStatus, Vec<serde_json::Value>) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = wait_timeout(&mut self.child, Duration::from_secs(10));
+        self.seen.extend(self.lines.try_iter());
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            self.seen.push(line);
+        }
+        (status, std::mem::take(&mut self.seen))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for `child`, killing it after `within`.
+pub fn wait_timeout(child: &mut Child, within: Duration) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process {} did not exit within {within:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs a command to completion: (status, stdout, stderr).
+pub fn output(mut cmd: Command) -> (ExitStatus, String, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = String::new();
+    let mut err = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("read stdout");
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    (wait_timeout(&mut child, Duration::from_secs(30)), out, err)
 }

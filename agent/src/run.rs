@@ -7,7 +7,11 @@
 
 use std::time::Duration;
 
-use tokio::{sync::mpsc, time::Instant};
+use tokio::{
+    signal::unix::{Signal, SignalKind, signal},
+    sync::mpsc,
+    time::Instant,
+};
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -53,6 +57,8 @@ pub fn run(config: &Config) -> Result<(), RunError> {
 }
 
 async fn run_async(config: &Config) -> Result<(), RunError> {
+    // Installed first: a signal that arrives once the agent says it runs must stop it cleanly.
+    let shutdown = Shutdown::install()?;
     let table = hugepages::read_table(&config.host)?;
     log_table(&table);
     let mut agent = Agent {
@@ -74,14 +80,14 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
             mpsc::channel(1).1
         }
     };
-    let shutdown = shutdown_signal();
+    let shutdown = shutdown.wait();
     tokio::pin!(shutdown);
     let mut reconcile = tokio::time::interval(config.reconcile_interval);
     let mut refresh_at: Option<Instant> = None;
     loop {
         tokio::select! {
             signal = &mut shutdown => {
-                info!(signal = signal?, "shutting down");
+                info!(signal, "shutting down");
                 break;
             }
             Some(event) = events.recv() => {
@@ -126,11 +132,26 @@ fn start_probes(config: &Config) -> Result<Option<(Probes, EventStreams)>, RunEr
     }
 }
 
-async fn shutdown_signal() -> std::io::Result<&'static str> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        ctrl_c = tokio::signal::ctrl_c() => ctrl_c.map(|()| "SIGINT"),
-        _ = term.recv() => Ok("SIGTERM"),
+/// SIGINT and SIGTERM, caught from the moment [`Shutdown::install`] returns.
+struct Shutdown {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Shutdown {
+    fn install() -> std::io::Result<Shutdown> {
+        Ok(Shutdown {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// The name of the first signal received.
+    async fn wait(mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
     }
 }
 
@@ -230,10 +251,11 @@ impl Agent {
             CgroupChange::AttachTask { pid } => Some(pid),
             _ => None,
         };
-        info!(change, cgroup_id = c.cgroup_id, hierarchy = c.hierarchy, level = c.level, path = %c.path, pid, truncated = c.truncated, "cgroup event");
+        // The watch map is updated before the event is logged: a logged mkdir is a watched cgroup.
         if c.is_v2() {
             self.update_watch(c);
         }
+        info!(change, cgroup_id = c.cgroup_id, hierarchy = c.hierarchy, level = c.level, path = %c.path, pid, truncated = c.truncated, "cgroup event");
     }
 
     /// Keeps the watched set current: a new or newly entered cgroup is evaluated, a removed one

@@ -121,7 +121,7 @@ fn watched(cgroup_id: u64) -> bool {
         return true;
     }
     // SAFETY: the value is a plain u8 that is only read.
-    unsafe { WATCHED_CGROUPS.get(&cgroup_id) }.is_some()
+    unsafe { WATCHED_CGROUPS.get(cgroup_id) }.is_some()
 }
 
 /// `bpf_find_vma` callback: is the VMA hugetlb, and of which page size?

@@ -2,7 +2,8 @@
 //!
 //! `toucher [--cgroup DIR] [--huge K] [--small N] [--hold]`: writes its pid to `DIR/cgroup.procs`,
 //! maps K 2 MiB pages with `MAP_HUGETLB` and N 4 KiB pages, writes one byte in each, prints
-//! `touched <pid> <first huge address>` and, with `--hold`, keeps the memory until stdin closes.
+//! `touched <pid> <first huge address> <ns of CPU time spent touching the small pages>` and, with
+//! `--hold`, keeps the memory until stdin closes.
 
 use std::io::{BufRead, Write};
 
@@ -33,8 +34,10 @@ fn run() -> Result<(), String> {
         .map_err(|e| format!("joining {dir}: {e}"))?;
     }
     let huge_addr = touch(huge, 2 << 20, libc::MAP_HUGETLB)?;
+    let start = cpu_time_ns();
     touch(small, 4096, 0)?;
-    println!("touched {} {:#x}", std::process::id(), huge_addr);
+    let small_ns = cpu_time_ns() - start;
+    println!("touched {} {:#x} {small_ns}", std::process::id(), huge_addr);
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     if hold {
         let _ = std::io::stdin().lock().lines().count();
@@ -77,4 +80,15 @@ fn touch(count: usize, page: usize, flags: i32) -> Result<usize, String> {
         unsafe { base.add(i * page).write_volatile(1) };
     }
     Ok(addr as usize)
+}
+
+/// CPU time of this thread (user and system, faults included) in nanoseconds.
+fn cpu_time_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -56,12 +56,12 @@ pub enum ProbeError {
     #[error(transparent)]
     Tracefs(#[from] tracefs::TracefsError),
     #[error("loading the eBPF object: {0}")]
-    Object(#[source] EbpfError),
+    Object(#[source] Box<EbpfError>),
     #[error("eBPF program {program} refused by the kernel: {source}")]
     ProgramLoad {
         program: &'static str,
         #[source]
-        source: ProgramError,
+        source: Box<ProgramError>,
     },
     #[error("attaching eBPF program {program} to tracepoint {category}/{tracepoint}: {source}")]
     Attach {
@@ -69,13 +69,13 @@ pub enum ProbeError {
         category: &'static str,
         tracepoint: &'static str,
         #[source]
-        source: ProgramError,
+        source: Box<ProgramError>,
     },
     #[error("detaching eBPF program {program}: {source}")]
     Detach {
         program: &'static str,
         #[source]
-        source: ProgramError,
+        source: Box<ProgramError>,
     },
     #[error("the eBPF object has no {kind} named {name}")]
     Missing {
@@ -86,7 +86,7 @@ pub enum ProbeError {
     Map {
         name: &'static str,
         #[source]
-        source: MapError,
+        source: Box<MapError>,
     },
 }
 
@@ -166,13 +166,22 @@ impl Probes {
         let resolved = offsets::resolve(&kernel_btf, base_page_size()).map_err(ProbeError::Btf)?;
         let aya_btf =
             aya::Btf::parse(&btf_bytes, Endianness::default()).map_err(ProbeError::AyaBtf)?;
-        tracefs::ensure_mounted()?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&aya_btf))
             .override_global(OFFSETS_GLOBAL, &resolved.offsets, true)
             .load(OBJECT)
-            .map_err(ProbeError::Object)?;
+            .map_err(|e| ProbeError::Object(Box::new(e)))?;
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
+        // The verifier judges every program before anything is attached.
+        for (program, _, _) in CGROUP_PROGRAMS.iter().chain([&FAULT_PROGRAM]) {
+            self::tracepoint(&mut ebpf, program)?
+                .load()
+                .map_err(|source| ProbeError::ProgramLoad {
+                    program,
+                    source: Box::new(source),
+                })?;
+        }
+        tracefs::ensure_mounted()?;
         for (program, category, tracepoint) in CGROUP_PROGRAMS {
             attach(&mut ebpf, program, category, tracepoint)?;
         }
@@ -245,10 +254,7 @@ impl Probes {
         }
         match self.watched.remove(&cgroup_id) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(source) => Err(ProbeError::Map {
-                name: page_fault_user::WATCHED_CGROUPS_MAP,
-                source,
-            }),
+            Err(source) => Err(map_err(page_fault_user::WATCHED_CGROUPS_MAP)(source)),
         }
     }
 
@@ -263,7 +269,10 @@ impl Probes {
         if let Some(link) = self.fault_link.take() {
             tracepoint(&mut self.ebpf, program)?
                 .detach(link)
-                .map_err(|source| ProbeError::Detach { program, source })?;
+                .map_err(|source| ProbeError::Detach {
+                    program,
+                    source: Box::new(source),
+                })?;
         }
         Ok(())
     }
@@ -272,16 +281,7 @@ impl Probes {
     pub fn attach_faults(&mut self) -> Result<(), ProbeError> {
         if self.fault_link.is_none() {
             let (program, category, tracepoint) = FAULT_PROGRAM;
-            let prog = self::tracepoint(&mut self.ebpf, program)?;
-            let link = prog
-                .attach(category, tracepoint)
-                .map_err(|source| ProbeError::Attach {
-                    program,
-                    category,
-                    tracepoint,
-                    source,
-                })?;
-            self.fault_link = Some(link);
+            self.fault_link = Some(attach(&mut self.ebpf, program, category, tracepoint)?);
         }
         Ok(())
     }
@@ -310,7 +310,10 @@ fn tracepoint<'a>(
             name: program,
         })?
         .try_into()
-        .map_err(|source| ProbeError::ProgramLoad { program, source })
+        .map_err(|source| ProbeError::ProgramLoad {
+            program,
+            source: Box::new(source),
+        })
 }
 
 fn attach(
@@ -319,15 +322,13 @@ fn attach(
     category: &'static str,
     tracepoint: &'static str,
 ) -> Result<TracePointLinkId, ProbeError> {
-    let prog = self::tracepoint(ebpf, program)?;
-    prog.load()
-        .map_err(|source| ProbeError::ProgramLoad { program, source })?;
-    prog.attach(category, tracepoint)
+    self::tracepoint(ebpf, program)?
+        .attach(category, tracepoint)
         .map_err(|source| ProbeError::Attach {
             program,
             category,
             tracepoint,
-            source,
+            source: Box::new(source),
         })
 }
 
@@ -337,7 +338,10 @@ fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, Probe
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> ProbeError {
-    move |source| ProbeError::Map { name, source }
+    move |source| ProbeError::Map {
+        name,
+        source: Box::new(source),
+    }
 }
 
 /// The system page size in bytes.

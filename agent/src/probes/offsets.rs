@@ -117,7 +117,7 @@ mod tests {
         assert_eq!((o.cgroup_root, o.cgroup_level, o.cgroup_id), (8, 12, 16));
         assert_eq!(o.vm_hugetlb, 0x0040_0000);
         assert_eq!(o.base_page_shift, 12);
-        assert!(o.vma_vm_flags > 0 && o.vma_vm_flags % 8 == 0);
+        assert!(o.vma_vm_flags > 0 && o.vma_vm_flags.is_multiple_of(8));
         assert_ne!(o.vma_vm_flags, o.vma_vm_file);
     }
 

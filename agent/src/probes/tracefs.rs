@@ -11,25 +11,36 @@ const TRACEFS: &str = "/sys/kernel/tracing";
 const DEBUG_TRACEFS: &str = "/sys/kernel/debug/tracing";
 
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "tracefs is not mounted at {TRACEFS} or {DEBUG_TRACEFS}, and mounting it at {TRACEFS} failed: {source}"
-)]
-pub struct TracefsError {
-    #[source]
-    source: io::Error,
-}
-
-fn populated(dir: &str) -> bool {
-    Path::new(dir)
-        .read_dir()
-        .map(|mut entries| entries.next().is_some())
-        .unwrap_or(false)
+pub enum TracefsError {
+    #[error("tracefs at {path} is not readable: {source}")]
+    Unreadable {
+        path: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "tracefs is not mounted at {TRACEFS} or {DEBUG_TRACEFS}, and mounting it at {TRACEFS} failed: {source}"
+    )]
+    Mount {
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Mounts tracefs unless one of aya's locations already has it.
 pub fn ensure_mounted() -> Result<(), TracefsError> {
-    if populated(TRACEFS) || populated(DEBUG_TRACEFS) {
-        return Ok(());
+    for path in [TRACEFS, DEBUG_TRACEFS] {
+        match Path::new(path).read_dir() {
+            Ok(mut entries) => {
+                if entries.next().is_some() {
+                    return Ok(());
+                }
+            }
+            Err(source) if source.kind() == io::ErrorKind::PermissionDenied => {
+                return Err(TracefsError::Unreadable { path, source });
+            }
+            Err(_) => {}
+        }
     }
     // SAFETY: NUL-terminated literals; no data argument.
     let rc = unsafe {
@@ -42,7 +53,7 @@ pub fn ensure_mounted() -> Result<(), TracefsError> {
         )
     };
     if rc != 0 {
-        return Err(TracefsError {
+        return Err(TracefsError::Mount {
             source: io::Error::last_os_error(),
         });
     }

@@ -1,0 +1,212 @@
+//! The `hugepage-agent` binary as an operator runs it: `status`, and `run` with eBPF on, off, and
+//! refused by the kernel. Runs the real binary on the real kernel.
+
+use std::{fs, process::Command, time::Duration};
+
+use hugepage_agent::{probes::Probes, sysfs::HostFs};
+use hugepage_agent_tests::{
+    Agent, HugepagePool, TestCgroup, Toucher, agent_bin, host_lock, output, read_u64,
+};
+
+const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
+const NODE0_2M: &str = "/sys/devices/system/node/node0/hugepages/hugepages-2048kB";
+
+fn agent(args: &[&str]) -> Command {
+    let mut cmd = Command::new(agent_bin());
+    cmd.args(args);
+    cmd
+}
+
+/// The agent as user `nobody` holding CAP_BPF only: maps can be created, but the kernel refuses
+/// tracing programs (they need CAP_PERFMON too).
+fn agent_with_cap_bpf_only(args: &[&str]) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all,+bpf",
+        "--ambient-caps=+bpf",
+        "--",
+    ])
+    .arg(agent_bin())
+    .args(args);
+    cmd
+}
+
+/// Mounts tracefs if needed (by loading the probes once as root), so that what the unprivileged
+/// agent meets first is the kernel's verdict on its programs.
+fn tracefs_ready() {
+    drop(
+        Probes::load(&HostFs::new("/"))
+            .unwrap_or_else(|e| panic!("loading the probes as root: {}", e.explain())),
+    );
+}
+
+#[test]
+fn status_prints_this_hosts_pools_as_table_and_json() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 6);
+    let total = read_u64(&format!("{NODE0_2M}/nr_hugepages"));
+    let free = read_u64(&format!("{NODE0_2M}/free_hugepages"));
+
+    let (status, json, err) = output(agent(&["status", "--json"]));
+    assert!(status.success(), "{err}");
+    let value: serde_json::Value = serde_json::from_str(&json).expect("status --json is JSON");
+    let row = value["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|r| r["node"] == 0 && r["pageSizeBytes"] == 2 << 20)
+        .expect("node 0, 2 MiB");
+    assert_eq!(
+        (row["total"].as_u64(), row["free"].as_u64()),
+        (Some(total), Some(free))
+    );
+    let global = &value["global"].as_array().expect("global")[0];
+    assert_eq!(
+        global["reserved"].as_u64(),
+        Some(read_u64(
+            "/sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages"
+        ))
+    );
+
+    let (status, text, _) = output(agent(&["status"]));
+    assert!(status.success());
+    let row: Vec<&str> = text
+        .lines()
+        .find(|l| l.starts_with("0 ") && l.contains("2Mi"))
+        .expect("node 0 row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[2..4], [total.to_string(), free.to_string()]);
+}
+
+#[test]
+fn status_with_a_broken_host_root_names_the_file() {
+    let root = std::env::temp_dir().join(format!("hugepage-agent-broken-{}", std::process::id()));
+    let dir = root.join("sys/kernel/mm/hugepages/hugepages-2048kB");
+    fs::create_dir_all(&dir).expect("mkdir");
+    fs::write(dir.join("nr_hugepages"), "x\n").expect("write");
+    let (status, _, err) = output(agent(&[
+        "status",
+        "--host-root",
+        root.to_str().expect("utf-8"),
+    ]));
+    let _ = fs::remove_dir_all(&root);
+    assert_eq!(status.code(), Some(1));
+    assert!(
+        err.contains("hugepages-2048kB/nr_hugepages: expected an unsigned integer"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ebpf_off_runs_on_sysfs_and_stops_cleanly_on_sigterm() {
+    let mut agent = Agent::start(agent(&["run", "--ebpf", "off"]));
+    agent.wait_for("agent running", Duration::from_secs(10), |l| {
+        l["source"] == "sysfs"
+    });
+    let (status, log) = agent.terminate();
+    assert!(status.success(), "{status:?}: {log:#?}");
+    assert!(log.iter().any(|l| {
+        l["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("eBPF disabled (--ebpf off)"))
+    }));
+    assert!(
+        log.iter()
+            .all(|l| l["level"] != "WARN" && l["level"] != "ERROR"),
+        "{log:#?}"
+    );
+}
+
+#[test]
+fn a_program_the_kernel_refuses_degrades_to_sysfs_with_one_warning_naming_it() {
+    let _lock = host_lock();
+    tracefs_ready();
+    let mut agent = Agent::start(agent_with_cap_bpf_only(&["run", "--ebpf", "auto"]));
+    agent.wait_for("agent running", Duration::from_secs(10), |l| {
+        l["source"] == "sysfs"
+    });
+    let (status, log) = agent.terminate();
+    assert!(status.success(), "{status:?}: {log:#?}");
+    let warnings: Vec<&str> = log
+        .iter()
+        .filter(|l| l["level"] == "WARN")
+        .filter_map(|l| l["message"].as_str())
+        .collect();
+    assert_eq!(warnings.len(), 1, "exactly one warning: {warnings:#?}");
+    assert!(warnings[0].starts_with("eBPF unavailable, running on sysfs only: eBPF program cgroup_mkdir refused by the kernel"), "{}", warnings[0]);
+    assert!(warnings[0].ends_with("[EPERM]"), "{}", warnings[0]);
+}
+
+#[test]
+fn with_ebpf_on_a_refused_program_is_a_startup_error() {
+    let _lock = host_lock();
+    tracefs_ready();
+    let (status, _, err) = output(agent_with_cap_bpf_only(&["run", "--ebpf", "on"]));
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("hugepage-agent: eBPF probes required (--ebpf on) but unavailable: eBPF program cgroup_mkdir refused by the kernel"), "{err}");
+    assert!(err.contains("[EPERM]"), "{err}");
+}
+
+#[test]
+fn bad_flags_are_exit_code_2_and_name_the_flag() {
+    let (status, _, err) = output(agent(&["run", "--reconcile-interval", "soon"]));
+    assert_eq!(status.code(), Some(2));
+    assert!(err.contains("--reconcile-interval \"soon\""), "{err}");
+    let (status, _, err) = output(agent(&["run", "--ebpf", "sometimes"]));
+    assert_eq!(status.code(), Some(2));
+    assert!(err.contains("--ebpf"), "{err}");
+}
+
+#[test]
+fn run_logs_each_hugetlb_fault_and_cgroup_event_rereads_sysfs_and_detaches() {
+    const K: usize = 4;
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 8);
+    let mut agent = Agent::start(agent(&["run", "--ebpf", "on"]));
+    agent.wait_for("agent running", Duration::from_secs(20), |l| {
+        l["source"] == "ebpf+sysfs"
+    });
+
+    let cgroup = TestCgroup::create(&lock, "cli");
+    let rel = cgroup.rel.clone();
+    agent.wait_for("cgroup event", Duration::from_secs(2), |l| {
+        l["change"] == "mkdir" && l["path"] == rel.as_str()
+    });
+    let toucher = Toucher::run(TOUCHER, Some(&cgroup.dir), K, 0);
+    let pid = toucher.pid;
+    agent.wait_for("cgroup event", Duration::from_secs(2), |l| {
+        l["change"] == "attach_task" && l["pid"] == pid
+    });
+    agent.wait_for("hugepage pool changed", Duration::from_secs(2), |l| {
+        l["size"] == "2Mi"
+    });
+    let faults: Vec<_> = agent
+        .lines_with("hugetlb fault")
+        .into_iter()
+        .filter(|l| l["tgid"] == pid)
+        .collect();
+    assert_eq!(faults.len(), K, "{faults:#?}");
+    for f in &faults {
+        assert_eq!(
+            (f["cgroup_id"].as_u64(), f["page_size"].as_u64()),
+            (Some(cgroup.id), Some(2 << 20)),
+            "{f}"
+        );
+        assert_eq!(f["comm"], "toucher");
+    }
+    drop(toucher);
+    drop(cgroup);
+    agent.wait_for("cgroup event", Duration::from_secs(2), |l| {
+        l["change"] == "rmdir" && l["path"] == rel.as_str()
+    });
+    let (status, log) = agent.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        log.iter().any(|l| l["message"] == "eBPF programs detached"),
+        "{log:#?}"
+    );
+}

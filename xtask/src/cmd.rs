@@ -1,0 +1,105 @@
+//! Running commands: cargo with the eBPF toolchain on `PATH`, and plain processes.
+
+use std::{
+    ffi::OsString,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+
+/// What the build needs in its environment.
+pub struct Env {
+    /// Directory holding the `bpf-linker` built for the current nightly.
+    pub linker_bin: PathBuf,
+}
+
+impl Env {
+    fn path(&self) -> OsString {
+        let mut path = OsString::from(&self.linker_bin);
+        if let Some(rest) = std::env::var_os("PATH") {
+            path.push(":");
+            path.push(rest);
+        }
+        path
+    }
+}
+
+/// The workspace root (this crate's parent).
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+pub fn step(what: &str) {
+    eprintln!("==> {what}");
+}
+
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+fn cargo_command(env: &Env, args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(args)
+        .current_dir(workspace())
+        .env("PATH", env.path());
+    cmd
+}
+
+/// Runs cargo with bpf-linker on `PATH`.
+pub fn cargo(env: &Env, args: &[&str]) -> Result<()> {
+    run(cargo_command(env, args))
+}
+
+/// Runs cargo with the eBPF build skipped and without bpf-linker on `PATH`.
+pub fn cargo_without_ebpf(env: &Env, args: &[&str]) -> Result<()> {
+    let mut cmd = cargo_command(env, args);
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    cmd.env("PATH", path).env("AYA_BUILD_SKIP", "1");
+    run(cmd)
+}
+
+/// Runs `cmd` and fails unless it succeeds.
+pub fn run(mut cmd: Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+/// Output of a command that must succeed.
+pub fn output(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("starting {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Replaces this process with `program` (so signals reach it directly).
+pub fn exec(env: &Env, program: &Path, args: &[String]) -> Result<()> {
+    let err = Command::new(program)
+        .args(args)
+        .env("PATH", env.path())
+        .exec();
+    Err(err).with_context(|| format!("running {}", program.display()))
+}

@@ -1,0 +1,165 @@
+//! Build prerequisites, installed idempotently: the nightly toolchain's `rust-src`, `bpf-linker`
+//! built against that nightly's own libLLVM (no system LLVM), and the Debian packages tests use.
+//!
+//! bpf-linker lives in `~/.cache/hugepage-agent/bpf-linker-<nightly commit>`: a new nightly gets a
+//! new linker, and the check is "does that binary run", not "does the directory exist".
+
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::cmd::{self, Env};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Debian packages the tests need: `setpriv` (util-linux) runs the agent without privileges.
+const DEBIAN_PACKAGES: [&str; 1] = ["util-linux"];
+
+/// Makes sure everything is installed; returns the build environment.
+pub fn ensure() -> Result<Env> {
+    let sysroot = PathBuf::from(cmd::output("rustc", &["+nightly", "--print", "sysroot"]).context(
+        "the nightly toolchain builds the eBPF programs; install it with `rustup toolchain install nightly`",
+    )?.trim());
+    ensure_rust_src(&sysroot)?;
+    ensure_components()?;
+    let linker_bin = ensure_bpf_linker(&sysroot)?;
+    ensure_debian_packages()?;
+    Ok(Env { linker_bin })
+}
+
+fn ensure_rust_src(sysroot: &Path) -> Result<()> {
+    if sysroot.join("lib/rustlib/src/rust/library/core").is_dir() {
+        return Ok(());
+    }
+    cmd::step("installing rust-src for the nightly toolchain");
+    cmd::run(command(
+        "rustup",
+        &["component", "add", "rust-src", "--toolchain", "nightly"],
+    ))
+}
+
+fn ensure_components() -> Result<()> {
+    for (component, probe) in [
+        ("clippy", ["clippy", "--version"]),
+        ("rustfmt", ["fmt", "--version"]),
+    ] {
+        let present = Command::new("cargo")
+            .args(probe)
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !present {
+            cmd::step(&format!("installing {component}"));
+            cmd::run(command("rustup", &["component", "add", component]))?;
+        }
+    }
+    Ok(())
+}
+
+fn ensure_bpf_linker(sysroot: &Path) -> Result<PathBuf> {
+    let verbose = cmd::output("rustc", &["+nightly", "-vV"])?;
+    let field = |name: &str| {
+        verbose
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .with_context(|| format!("`rustc +nightly -vV` printed no {name}"))
+    };
+    let commit = field("commit-hash:")?;
+    let llvm_major = field("LLVM version:")?
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    let prefix = PathBuf::from(home)
+        .join(".cache/hugepage-agent")
+        .join(format!("bpf-linker-{}", &commit[..commit.len().min(12)]));
+    let bin = prefix.join("bin");
+    let works = Command::new(bin.join("bpf-linker"))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if works {
+        return Ok(bin);
+    }
+    cmd::step(&format!(
+        "building bpf-linker {BPF_LINKER_VERSION} against the nightly's LLVM {llvm_major} (a few minutes, once)"
+    ));
+    let lib = fs::read_dir(sysroot.join("lib"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libLLVM.so."))
+        })
+        .with_context(|| format!("no libLLVM.so.* in {}/lib", sysroot.display()))?;
+    let llvm = prefix.join("llvm");
+    let llvm_lib = llvm.join("lib");
+    fs::create_dir_all(&llvm_lib)?;
+    // One link for `-lLLVM` at link time, one under the real name for the rpath at run time.
+    for name in [
+        PathBuf::from("libLLVM.so"),
+        PathBuf::from(lib.file_name().unwrap_or_default()),
+    ] {
+        let link = llvm_lib.join(name);
+        let _ = fs::remove_file(&link);
+        symlink(&lib, &link).with_context(|| format!("linking {}", link.display()))?;
+    }
+    let mut install = command(
+        "cargo",
+        &[
+            "install",
+            "bpf-linker",
+            "--locked",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+            "--force",
+        ],
+    );
+    install
+        .args(["--features", &format!("llvm-{llvm_major}"), "--root"])
+        .arg(&prefix)
+        .env("LLVM_PREFIX", &llvm);
+    cmd::run(install)?;
+    Ok(bin)
+}
+
+fn ensure_debian_packages() -> Result<()> {
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .map(|o| !String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+                .unwrap_or(true)
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !cmd::is_root() {
+        bail!(
+            "Debian packages {missing:?} are needed: run as root, or `apt-get install {}`",
+            missing.join(" ")
+        );
+    }
+    cmd::step(&format!("installing Debian packages {missing:?}"));
+    cmd::run(command("apt-get", &["update"]))?;
+    let mut install = command("apt-get", &["install", "-y", "--no-install-recommends"]);
+    install
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive");
+    cmd::run(install)
+}
+
+fn command(program: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    cmd
+}
