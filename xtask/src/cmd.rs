@@ -2,9 +2,10 @@
 
 use std::{
     ffi::OsString,
+    io::{BufRead, BufReader},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use anyhow::{Context, Result, bail};
@@ -62,6 +63,41 @@ pub fn cargo(env: &Env, args: &[&str]) -> Result<()> {
     run(cargo_command(env, args))
 }
 
+/// Runs `cargo test`, passing its output through, and returns (passed, failed) summed over every
+/// test binary.
+pub fn cargo_test(env: &Env, args: &[&str]) -> Result<(u64, u64)> {
+    let mut cmd = cargo_command(env, args);
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    let stdout = child.stdout.take().context("cargo test stdout")?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(summary) = line.strip_prefix("test result: ") {
+            passed += count(summary, " passed");
+            failed += count(summary, " failed");
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok((passed, failed))
+}
+
+/// The number before `label` in a libtest summary (`ok. 5 passed; 0 failed; …`).
+fn count(summary: &str, label: &str) -> u64 {
+    summary
+        .split(';')
+        .find_map(|part| part.trim().strip_suffix(label.trim_start()))
+        .and_then(|n| n.trim().rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Runs cargo with the eBPF build skipped and without bpf-linker on `PATH`.
 pub fn cargo_without_ebpf(env: &Env, args: &[&str]) -> Result<()> {
     let mut cmd = cargo_command(env, args);
@@ -102,4 +138,17 @@ pub fn exec(env: &Env, program: &Path, args: &[String]) -> Result<()> {
         .env("PATH", env.path())
         .exec();
     Err(err).with_context(|| format!("running {}", program.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count;
+
+    #[test]
+    fn counts_come_from_libtest_summaries() {
+        let line =
+            "ok. 37 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.09s";
+        assert_eq!((count(line, " passed"), count(line, " failed")), (37, 2));
+        assert_eq!(count("FAILED. 4 passed; 1 failed; 0 ignored", " failed"), 1);
+    }
 }

@@ -97,7 +97,9 @@ fn test(env: &cmd::Env) -> Result<()> {
     cmd::step("the agent binary the tests run");
     cmd::cargo(env, &["build", "--package", "hugepage-agent"])?;
     cmd::step("every test");
-    cmd::cargo(env, &["test", "--workspace"])
+    let (passed, failed) = cmd::cargo_test(env, &["test", "--workspace"])?;
+    println!("{passed} passed, {failed} failed");
+    Ok(())
 }
 
 fn require_root(what: &str) -> Result<()> {
