@@ -4,7 +4,7 @@
 
 use std::{
     fs,
-    io::{BufRead, BufReader, Read},
+    io::{BufRead, BufReader, Read, Write},
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, ExitStatus, Stdio},
@@ -172,10 +172,65 @@ impl Toucher {
     /// Starts `exe` (the `toucher` binary) in `cgroup`, faulting `huge` 2 MiB and `small` 4 KiB
     /// pages, and waits until it has touched them all. The pages stay mapped until drop.
     pub fn run(exe: &str, cgroup: Option<&Path>, huge: usize, small: usize) -> Toucher {
+        Self::run_with(exe, cgroup, huge, small, &[])
+    }
+
+    /// Starts a toucher pinned to `cpu` that faults 4 KiB pages without pause, runs `meanwhile`,
+    /// then lets it touch `huge` pages; returns once it has.
+    pub fn spin_then_touch(
+        exe: &str,
+        cgroup: &Path,
+        cpu: usize,
+        huge: usize,
+        meanwhile: impl FnOnce(),
+    ) -> Toucher {
+        let mut child = Command::new(exe)
+            .arg("--cgroup")
+            .arg(cgroup)
+            .args([
+                "--cpu",
+                &cpu.to_string(),
+                "--huge",
+                &huge.to_string(),
+                "--spin",
+                "--hold",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn toucher");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read toucher");
+        assert_eq!(line.trim(), "spinning", "toucher did not start spinning");
+        meanwhile();
+        let mut stdin = child.stdin.take().expect("stdin");
+        writeln!(stdin, "go").expect("tell the toucher to go");
+        line.clear();
+        stdout.read_line(&mut line).expect("read toucher");
+        assert!(line.starts_with("touched "), "toucher failed: {line:?}");
+        let pid = child.id();
+        Toucher {
+            child,
+            stdin: Some(stdin),
+            pid,
+            small_cpu_ns: 0,
+        }
+    }
+
+    /// [`Toucher::run`] with extra arguments, such as `--cpu 1`.
+    pub fn run_with(
+        exe: &str,
+        cgroup: Option<&Path>,
+        huge: usize,
+        small: usize,
+        extra: &[&str],
+    ) -> Toucher {
         let mut cmd = Command::new(exe);
         if let Some(dir) = cgroup {
             cmd.arg("--cgroup").arg(dir);
         }
+        cmd.args(extra);
         cmd.args([
             "--huge",
             &huge.to_string(),
@@ -379,4 +434,20 @@ pub fn output(mut cmd: Command) -> (ExitStatus, String, String) {
         .read_to_string(&mut err)
         .expect("read stderr");
     (wait_timeout(&mut child, Duration::from_secs(30)), out, err)
+}
+
+/// Runs the calling thread on `cpu` only.
+pub fn pin_this_thread(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays within it for cpu < 1024.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(
+        rc,
+        0,
+        "pinning to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
 }

@@ -18,7 +18,9 @@ use hugepage_agent::{
     sysfs::HostFs,
 };
 use hugepage_agent_common::counters::Counter;
-use hugepage_agent_tests::{HugepagePool, HugetlbController, TestCgroup, Toucher, host_lock, v2};
+use hugepage_agent_tests::{
+    HugepagePool, HugetlbController, TestCgroup, Toucher, host_lock, pin_this_thread, v2,
+};
 use tokio::sync::mpsc::Receiver;
 
 const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
@@ -207,5 +209,68 @@ fn creating_and_removing_a_cgroup_produces_mkdir_and_rmdir_events_with_its_path(
             assert_eq!(c.path, rel);
             assert!(c.is_v2() && c.level == 1 && !c.truncated, "{c:?}");
         }
+    });
+}
+
+#[test]
+fn a_cgroup_watched_while_its_faults_are_being_filtered_is_seen_at_once() {
+    // Pins the per-CPU verdict cache: a process keeps faulting on CPU 1, so "not watched" stays
+    // cached there; the watch-map change must still take effect for its very next fault.
+    const K: usize = 3;
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 4);
+    let cgroup = TestCgroup::create(&lock, "verdict");
+    pin_this_thread(0);
+    runtime().block_on(async {
+        let (mut probes, streams) = load();
+        let mut rx = stream::spawn(streams, 4096).expect("readers");
+        let before = probes.counters().expect("counters");
+        let toucher = Toucher::spin_then_touch(TOUCHER, &cgroup.dir, 1, K, || {
+            let spun = probes.counters().expect("counters");
+            assert!(
+                delta(&before, &spun, Counter::FaultsFiltered) >= 4096,
+                "unwatched: filtered"
+            );
+            probes.watch(cgroup.id).expect("watch");
+        });
+        let events = collect(&mut rx, Duration::from_secs(1)).await;
+        assert_eq!(
+            faults_of(&events, toucher.pid).len(),
+            K,
+            "watched now: every huge page seen"
+        );
+        drop(toucher);
+
+        let toucher = Toucher::spin_then_touch(TOUCHER, &cgroup.dir, 1, K, || {
+            probes.unwatch(cgroup.id).expect("unwatch");
+        });
+        let events = collect(&mut rx, Duration::from_millis(500)).await;
+        assert!(
+            faults_of(&events, toucher.pid).is_empty(),
+            "unwatched again: filtered"
+        );
+    });
+}
+
+#[test]
+fn a_paused_fault_program_reports_and_counts_nothing() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 4);
+    let cgroup = TestCgroup::create(&lock, "paused");
+    runtime().block_on(async {
+        let (mut probes, streams) = load();
+        probes.watch(cgroup.id).expect("watch");
+        probes.set_paused(true).expect("pause");
+        let mut rx = stream::spawn(streams, 4096).expect("readers");
+        let before = probes.counters().expect("counters");
+        let toucher = Toucher::run(TOUCHER, Some(&cgroup.dir), 2, 64);
+        let events = collect(&mut rx, Duration::from_millis(500)).await;
+        let after = probes.counters().expect("counters");
+        assert!(faults_of(&events, toucher.pid).is_empty());
+        assert_eq!(
+            before.faults_seen(),
+            after.faults_seen(),
+            "{before:?} -> {after:?}"
+        );
     });
 }

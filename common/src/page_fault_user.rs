@@ -4,8 +4,11 @@
 pub const EVENTS_MAP: &str = "HUGETLB_FAULTS";
 /// Hash map `cgroup v2 id -> WATCHED`: the cgroups whose faults are inspected.
 pub const WATCHED_CGROUPS_MAP: &str = "WATCHED_CGROUPS";
-/// Array of one `u32` of [`settings`] flags.
+/// Array of one [`FaultSettings`].
 pub const SETTINGS_MAP: &str = "FAULT_SETTINGS";
+/// Per-CPU array of one [`CgroupVerdict`]: the last cgroup seen on this CPU and whether it is
+/// watched, so that consecutive faults of one cgroup skip the hash lookup.
+pub const VERDICT_CACHE_MAP: &str = "WATCH_VERDICT_CACHE";
 /// Capacity of [`WATCHED_CGROUPS_MAP`].
 pub const WATCHED_CGROUPS_MAX: u32 = 16_384;
 /// Value stored for a watched cgroup.
@@ -13,10 +16,37 @@ pub const WATCHED: u8 = 1;
 /// Size of the ring buffer in bytes (a power of two, a multiple of the page size).
 pub const EVENTS_BYTES: u32 = 256 * 1024;
 
-/// Bits of the single [`SETTINGS_MAP`] value.
+/// Bits of [`FaultSettings::flags`].
 pub mod settings {
     /// Inspect the faults of every process, not only those of watched cgroups.
     pub const WATCH_ALL: u32 = 1;
+    /// Return at once, counting nothing: what remains is the kernel's cost of running any program
+    /// on this tracepoint (the benchmark's floor).
+    pub const PAUSE: u32 = 2;
+}
+
+/// The one value of [`SETTINGS_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultSettings {
+    /// Bits of [`settings`].
+    pub flags: u32,
+    /// Bumped by the agent after every change of [`WATCHED_CGROUPS_MAP`]; a cached verdict of an
+    /// older generation is not trusted.
+    pub generation: u32,
+}
+
+/// The one per-CPU value of [`VERDICT_CACHE_MAP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupVerdict {
+    pub cgroup_id: u64,
+    pub generation: u32,
+    /// 1 when the cgroup was in [`WATCHED_CGROUPS_MAP`].
+    pub watched: u32,
+    /// Faults this CPU skipped because their cgroup is not watched. Kept here, in the slot the
+    /// filter reads anyway, so that a filtered fault costs no second map lookup.
+    pub filtered: u64,
 }
 
 /// One fault in a hugetlb VMA, as the kernel program saw it.
@@ -44,3 +74,7 @@ pub struct HugetlbFault {
 
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for HugetlbFault {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for FaultSettings {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for CgroupVerdict {}

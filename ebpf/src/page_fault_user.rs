@@ -12,13 +12,15 @@ use aya_ebpf::{
         bpf_get_numa_node_id, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{bpf_find_vma, bpf_get_current_task_btf},
     },
-    macros::{map, tracepoint},
-    maps::{Array, HashMap, RingBuf},
-    programs::TracePointContext,
+    macros::{map, raw_tracepoint},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    programs::RawTracePointContext,
 };
 use hugepage_agent_common::{
     counters::Counter,
-    page_fault_user::{EVENTS_BYTES, HugetlbFault, WATCHED_CGROUPS_MAX, settings},
+    page_fault_user::{
+        CgroupVerdict, EVENTS_BYTES, FaultSettings, HugetlbFault, WATCHED_CGROUPS_MAX, settings,
+    },
 };
 
 use crate::shared::{count, offset};
@@ -32,7 +34,10 @@ static HUGETLB_FAULTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 static WATCHED_CGROUPS: HashMap<u64, u8> = HashMap::with_max_entries(WATCHED_CGROUPS_MAX, 0);
 
 #[map(name = "FAULT_SETTINGS")]
-static FAULT_SETTINGS: Array<u32> = Array::with_max_entries(1, 0);
+static FAULT_SETTINGS: Array<FaultSettings> = Array::with_max_entries(1, 0);
+
+#[map(name = "WATCH_VERDICT_CACHE")]
+static WATCH_VERDICT_CACHE: PerCpuArray<CgroupVerdict> = PerCpuArray::with_max_entries(1, 0);
 
 /// What the `bpf_find_vma` callback learned about the VMA.
 #[repr(C)]
@@ -41,24 +46,30 @@ struct VmaInfo {
     page_size: u64,
 }
 
-#[tracepoint]
-pub fn page_fault_user(ctx: TracePointContext) -> u32 {
+/// `TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code)`.
+const ARG_ADDRESS: usize = 0;
+const ARG_ERROR_CODE: usize = 2;
+
+#[raw_tracepoint(tracepoint = "page_fault_user")]
+pub fn page_fault_user(ctx: RawTracePointContext) -> i32 {
     match try_page_fault_user(&ctx) {
         Ok(ret) | Err(ret) => ret,
     }
 }
 
-fn try_page_fault_user(ctx: &TracePointContext) -> Result<u32, u32> {
-    count(Counter::FaultsSeen);
-    // SAFETY: helper without preconditions.
-    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    if !watched(cgroup_id) {
-        count(Counter::FaultsFiltered);
+fn try_page_fault_user(ctx: &RawTracePointContext) -> Result<i32, i32> {
+    let Some(&settings) = FAULT_SETTINGS.get(0) else {
+        return Ok(0);
+    };
+    if settings.flags & settings::PAUSE != 0 {
         return Ok(0);
     }
-    // SAFETY: the offset comes from the tracepoint's BTF layout.
-    let address: u64 =
-        unsafe { ctx.read_at(offset!(page_fault_address) as usize) }.map_err(|_| 0u32)?;
+    // SAFETY: helper without preconditions.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    if !watched(settings, cgroup_id) {
+        return Ok(0);
+    }
+    let address: u64 = ctx.arg(ARG_ADDRESS);
     let mut vma = VmaInfo {
         hugetlb: 0,
         page_size: 0,
@@ -85,9 +96,7 @@ fn try_page_fault_user(ctx: &TracePointContext) -> Result<u32, u32> {
         count(Counter::FaultsNotHugetlb);
         return Ok(0);
     }
-    // SAFETY: as above.
-    let error_code: u64 =
-        unsafe { ctx.read_at(offset!(page_fault_error_code) as usize) }.unwrap_or(0);
+    let error_code: u64 = ctx.arg(ARG_ERROR_CODE);
     let Some(mut entry) = HUGETLB_FAULTS.reserve::<HugetlbFault>(0) else {
         count(Counter::HugetlbFaultsLost);
         return Ok(0);
@@ -113,13 +122,37 @@ fn try_page_fault_user(ctx: &TracePointContext) -> Result<u32, u32> {
     Ok(0)
 }
 
+/// Whether the faults of `cgroup_id` are inspected; a fault that is not is counted as filtered.
+/// The per-CPU verdict cache answers without a hash lookup while the cgroup and the watch map's
+/// generation stay the same.
 #[inline(always)]
-fn watched(cgroup_id: u64) -> bool {
-    if let Some(flags) = FAULT_SETTINGS.get(0)
-        && flags & settings::WATCH_ALL != 0
-    {
+fn watched(settings: FaultSettings, cgroup_id: u64) -> bool {
+    if settings.flags & settings::WATCH_ALL != 0 {
         return true;
     }
+    let Some(cache) = WATCH_VERDICT_CACHE.get_ptr_mut(0) else {
+        let watched = lookup(cgroup_id);
+        if !watched {
+            count(Counter::FaultsFiltered);
+        }
+        return watched;
+    };
+    // SAFETY: this CPU's slot; the program runs with migration disabled and does not nest.
+    let cache = unsafe { &mut *cache };
+    if cache.cgroup_id != cgroup_id || cache.generation != settings.generation {
+        cache.cgroup_id = cgroup_id;
+        cache.generation = settings.generation;
+        cache.watched = u32::from(lookup(cgroup_id));
+    }
+    if cache.watched == 0 {
+        cache.filtered += 1;
+        return false;
+    }
+    true
+}
+
+#[inline(always)]
+fn lookup(cgroup_id: u64) -> bool {
     // SAFETY: the value is a plain u8 that is only read.
     unsafe { WATCHED_CGROUPS.get(cgroup_id) }.is_some()
 }

@@ -1,9 +1,14 @@
 //! Test helper: joins a cgroup, faults huge and ordinary pages, reports, and holds them.
 //!
-//! `toucher [--cgroup DIR] [--huge K] [--small N] [--hold]`: writes its pid to `DIR/cgroup.procs`,
-//! maps K 2 MiB pages with `MAP_HUGETLB` and N 4 KiB pages, writes one byte in each, prints
+//! `toucher [--cgroup DIR] [--cpu C] [--huge K] [--small N] [--hold]`: writes its pid to
+//! `DIR/cgroup.procs`, pins itself to CPU C, maps K 2 MiB pages with `MAP_HUGETLB` and N 4 KiB
+//! pages (transparent hugepages refused, so each is its own fault), writes one byte in each, prints
 //! `touched <pid> <first huge address> <ns of CPU time spent touching the small pages>` and, with
 //! `--hold`, keeps the memory until stdin closes.
+//!
+//! `--spin`: before the huge pages, print `spinning` and keep faulting 4 KiB pages (the same
+//! 16 MiB, discarded and touched again) until a line arrives on stdin, so that this process's
+//! faults never stop on its CPU while the test changes something.
 
 use std::io::{BufRead, Write};
 
@@ -16,13 +21,16 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
-    let (mut cgroup, mut huge, mut small, mut hold) = (None, 0usize, 0usize, false);
+    let (mut cgroup, mut cpu, mut huge, mut small) = (None, None, 0usize, 0usize);
+    let (mut hold, mut spin) = (false, false);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--cgroup" => cgroup = args.next(),
+            "--cpu" => cpu = Some(number(args.next())?),
             "--huge" => huge = number(args.next())?,
             "--small" => small = number(args.next())?,
             "--hold" => hold = true,
+            "--spin" => spin = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -32,6 +40,12 @@ fn run() -> Result<(), String> {
             std::process::id().to_string(),
         )
         .map_err(|e| format!("joining {dir}: {e}"))?;
+    }
+    if let Some(cpu) = cpu {
+        pin(cpu)?;
+    }
+    if spin {
+        spin_until_stdin()?;
     }
     let huge_addr = touch(huge, 2 << 20, libc::MAP_HUGETLB)?;
     let start = cpu_time_ns();
@@ -74,6 +88,10 @@ fn touch(count: usize, page: usize, flags: i32) -> Result<usize, String> {
             std::io::Error::last_os_error()
         ));
     }
+    if flags & libc::MAP_HUGETLB == 0 {
+        // SAFETY: the mapping just created; advice only.
+        unsafe { libc::madvise(addr, len, libc::MADV_NOHUGEPAGE) };
+    }
     let base = addr.cast::<u8>();
     for i in 0..count {
         // SAFETY: inside the mapping just created.
@@ -91,4 +109,50 @@ fn cpu_time_ns() -> u64 {
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Runs this process on `cpu` only.
+fn pin(cpu: usize) -> Result<(), String> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays within it for cpu < 1024.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(format!(
+            "pinning to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Faults 4 KiB pages without pause until stdin has a line.
+fn spin_until_stdin() -> Result<(), String> {
+    const PAGES: usize = 4096;
+    let addr = touch(PAGES, 4096, 0)?;
+    println!("spinning");
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    let mut stdin = libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd, no wait.
+        if unsafe { libc::poll(&mut stdin, 1, 0) } > 0 {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .map_err(|e| e.to_string())?;
+            return Ok(());
+        }
+        // SAFETY: the region mapped above; discarding makes the next touches fault again.
+        unsafe { libc::madvise(addr as *mut libc::c_void, PAGES * 4096, libc::MADV_DONTNEED) };
+        for i in 0..PAGES {
+            // SAFETY: inside the mapping.
+            unsafe { (addr as *mut u8).add(i * 4096).write_volatile(1) };
+        }
+    }
 }
