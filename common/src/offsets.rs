@@ -30,10 +30,6 @@ pub struct KernelOffsets {
     pub page_size_known: u64,
     /// log2 of the base page size (12 on x86-64).
     pub base_page_shift: u64,
-    /// `trace_event_raw_x86_exceptions.address`.
-    pub page_fault_address: u64,
-    /// `trace_event_raw_x86_exceptions.error_code`.
-    pub page_fault_error_code: u64,
     /// `trace_event_raw_cgroup.root`.
     pub cgroup_root: u64,
     /// `trace_event_raw_cgroup.level`.
@@ -67,8 +63,6 @@ impl KernelOffsets {
         hstate_order: 0,
         page_size_known: 0,
         base_page_shift: 0,
-        page_fault_address: 0,
-        page_fault_error_code: 0,
         cgroup_root: 0,
         cgroup_level: 0,
         cgroup_id: 0,

@@ -12,10 +12,12 @@ const MAGIC: u16 = 0xeb9f;
 const HEADER_LEN: usize = 24;
 
 const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
 const KIND_ARRAY: u32 = 3;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
@@ -46,6 +48,22 @@ pub enum BtfError {
     Bitfield { ty: String, member: String },
     #[error("no enumerator named `{0}` in BTF")]
     NoSuchEnumerator(String),
+    #[error("no typedef `{0}` of a function pointer in BTF")]
+    NoSuchFunctionType(String),
+    #[error("`{name}` takes {found:?}, expected {expected:?}")]
+    Prototype {
+        name: String,
+        found: Vec<Shape>,
+        expected: Vec<Shape>,
+    },
+}
+
+/// What a function parameter is, as far as a raw tracepoint's arguments are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Pointer,
+    Integer { bytes: u32 },
+    Other,
 }
 
 /// One member of a struct or union.
@@ -69,6 +87,12 @@ pub struct Btf {
     aliases: HashMap<u32, u32>,
     /// enumerator name -> value.
     enumerators: HashMap<String, i64>,
+    /// type id -> (kind, size or referenced type), for every type.
+    kinds: HashMap<u32, (u32, u32)>,
+    /// typedef name -> type id of the typedef.
+    typedefs: HashMap<String, u32>,
+    /// type id -> parameter type ids, for function prototypes.
+    params: HashMap<u32, Vec<u32>>,
 }
 
 impl Btf {
@@ -130,9 +154,21 @@ impl Btf {
                 // typedef, volatile, const, restrict, type_tag: follow them through anonymous members.
                 8..=11 | 18 => {
                     self.aliases.insert(id, size_or_type);
+                    if kind == KIND_TYPEDEF && name != 0 {
+                        let name = self.string(name)?.to_owned();
+                        self.typedefs.entry(name).or_insert(id);
+                    }
+                }
+                KIND_FUNC_PROTO => {
+                    let params = body
+                        .chunks_exact(8)
+                        .map(|p| read_u32(p, 4, "parameter"))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    self.params.insert(id, params);
                 }
                 _ => {}
             }
+            self.kinds.insert(id, (kind, size_or_type));
             pos += extra;
             id += 1;
         }
@@ -250,6 +286,28 @@ impl Btf {
     #[cfg(test)]
     pub fn forget_struct(&mut self, ty: &str) {
         self.composites.remove(ty);
+    }
+
+    /// The parameters of the function type behind the typedef `name` (a function pointer, as the
+    /// kernel's `btf_trace_<tracepoint>` typedefs are).
+    pub fn function_params(&self, name: &str) -> Result<Vec<Shape>, BtfError> {
+        let not_found = || BtfError::NoSuchFunctionType(name.to_owned());
+        let typedef = *self.typedefs.get(name).ok_or_else(not_found)?;
+        let target = self.resolve(typedef);
+        let proto = match self.kinds.get(&target) {
+            Some(&(KIND_PTR, pointee)) => self.resolve(pointee),
+            _ => target,
+        };
+        let params = self.params.get(&proto).ok_or_else(not_found)?;
+        Ok(params.iter().map(|&p| self.shape(p)).collect())
+    }
+
+    fn shape(&self, id: u32) -> Shape {
+        match self.kinds.get(&self.resolve(id)) {
+            Some(&(KIND_PTR, _)) => Shape::Pointer,
+            Some(&(KIND_INT, bytes)) => Shape::Integer { bytes },
+            _ => Shape::Other,
+        }
     }
 
     /// Value of the enumerator `name` (from any enum).

@@ -1,23 +1,27 @@
 //! Resolves [`KernelOffsets`] from the running kernel's BTF.
 //!
-//! Required: `vm_area_struct.vm_flags` and the tracepoint context layouts
-//! (`trace_event_raw_exceptions` or, before 6.x, `trace_event_raw_x86_exceptions`, `trace_event_raw_cgroup`, `trace_event_raw_cgroup_migrate`).
-//! Optional: the `vm_file -> f_inode -> i_sb -> s_fs_info -> hstate -> order` chain that gives a
+//! Required: `vm_area_struct.vm_flags`, the context layouts of the cgroup tracepoints
+//! (`trace_event_raw_cgroup`, `trace_event_raw_cgroup_migrate`), and the prototype of the
+//! `page_fault_user` raw tracepoint (`btf_trace_page_fault_user`), whose argument positions the
+//! fault program relies on. Optional: the `vm_file -> f_inode -> i_sb -> s_fs_info -> hstate -> order` chain that gives a
 //! hugetlb VMA's page size; without it faults are reported with page size 0 (unknown).
 
 use hugepage_agent_common::offsets::KernelOffsets;
 
-use super::btf::{Btf, BtfError};
+use super::btf::{Btf, BtfError, Shape};
 
 /// `VM_HUGETLB` is bit 22 of `vm_flags` on every kernel since 2.6; newer kernels also name the bit
 /// in an enum, which wins when present.
 const VM_HUGETLB_BIT_FALLBACK: i64 = 22;
 
-/// The context struct of `exceptions/page_fault_user`: its event class was renamed from
-/// `x86_exceptions` to `exceptions`; either is accepted.
-const PAGE_FAULT_CLASS: [&str; 2] = [
-    "trace_event_raw_exceptions",
-    "trace_event_raw_x86_exceptions",
+/// The raw tracepoint the fault program reads its arguments from, and the prototype it expects:
+/// `(void *ctx, unsigned long address, struct pt_regs *regs, unsigned long error_code)`.
+const PAGE_FAULT_TRACEPOINT: &str = "btf_trace_page_fault_user";
+const PAGE_FAULT_ARGS: [Shape; 4] = [
+    Shape::Pointer,
+    Shape::Integer { bytes: 8 },
+    Shape::Pointer,
+    Shape::Integer { bytes: 8 },
 ];
 
 /// The offsets, and why the page size is unknown when it is.
@@ -29,6 +33,7 @@ pub struct Resolved {
 
 /// Looks every field up in `btf`. `base_page_size` is the system page size in bytes.
 pub fn resolve(btf: &Btf, base_page_size: u64) -> Result<Resolved, BtfError> {
+    check_page_fault_args(btf)?;
     let hugetlb_bit = btf
         .enumerator("VMA_HUGETLB_BIT")
         .unwrap_or(VM_HUGETLB_BIT_FALLBACK);
@@ -36,8 +41,6 @@ pub fn resolve(btf: &Btf, base_page_size: u64) -> Result<Resolved, BtfError> {
         vma_vm_flags: btf.member_offset("vm_area_struct", "vm_flags")?,
         vm_hugetlb: 1u64 << hugetlb_bit,
         base_page_shift: u64::from(base_page_size.trailing_zeros()),
-        page_fault_address: first_of(btf, &PAGE_FAULT_CLASS, "address")?,
-        page_fault_error_code: first_of(btf, &PAGE_FAULT_CLASS, "error_code")?,
         cgroup_root: btf.member_offset("trace_event_raw_cgroup", "root")?,
         cgroup_level: btf.member_offset("trace_event_raw_cgroup", "level")?,
         cgroup_id: btf.member_offset("trace_event_raw_cgroup", "id")?,
@@ -69,17 +72,19 @@ pub fn resolve(btf: &Btf, base_page_size: u64) -> Result<Resolved, BtfError> {
     })
 }
 
-/// `member`'s offset in the first of `types` that the kernel has.
-fn first_of(btf: &Btf, types: &[&str], member: &str) -> Result<u64, BtfError> {
-    let mut last = BtfError::NoSuchStruct(types.join(" or "));
-    for ty in types {
-        match btf.member_offset(ty, member) {
-            Err(BtfError::NoSuchStruct(_)) => continue,
-            Err(err) => last = err,
-            Ok(offset) => return Ok(offset),
-        }
+/// The fault program takes the address and error code from raw tracepoint arguments 0 and 2
+/// (after the context pointer the kernel passes first); a kernel whose prototype differs is refused
+/// rather than misread.
+fn check_page_fault_args(btf: &Btf) -> Result<(), BtfError> {
+    let found = btf.function_params(PAGE_FAULT_TRACEPOINT)?;
+    if found != PAGE_FAULT_ARGS {
+        return Err(BtfError::Prototype {
+            name: PAGE_FAULT_TRACEPOINT.to_owned(),
+            found,
+            expected: PAGE_FAULT_ARGS.to_vec(),
+        });
     }
-    Err(last)
+    Ok(())
 }
 
 fn page_size_chain(btf: &Btf) -> Result<[u64; 6], BtfError> {
@@ -112,9 +117,8 @@ mod tests {
         );
         let o = resolved.offsets;
         // Tracepoint contexts start with the 8-byte `struct trace_entry`.
-        assert_eq!(o.page_fault_address, 8);
-        assert_eq!(o.page_fault_error_code, 24);
         assert_eq!((o.cgroup_root, o.cgroup_level, o.cgroup_id), (8, 12, 16));
+        assert_eq!(o.migrate_dst_root, 8);
         assert_eq!(o.vm_hugetlb, 0x0040_0000);
         assert_eq!(o.base_page_shift, 12);
         assert!(o.vma_vm_flags > 0 && o.vma_vm_flags.is_multiple_of(8));

@@ -61,6 +61,17 @@ impl Builder {
             self.types.extend_from_slice(&v.to_le_bytes());
         }
     }
+    /// A function prototype returning void with parameters of the given type ids.
+    fn func_proto(&mut self, params: &[u32]) {
+        self.head("", KIND_FUNC_PROTO, params.len() as u32, false, 0);
+        for &ty in params {
+            self.types.extend_from_slice(&0u32.to_le_bytes());
+            self.types.extend_from_slice(&ty.to_le_bytes());
+        }
+    }
+    fn pointer(&mut self, to: u32) {
+        self.head("", KIND_PTR, 0, false, to);
+    }
     fn finish(self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&MAGIC.to_le_bytes());
@@ -185,5 +196,45 @@ fn unknown_kind_is_rejected() {
     assert_eq!(
         Btf::parse(&b.finish()).unwrap_err(),
         BtfError::UnknownKind { id: 1, kind: 31 }
+    );
+}
+
+/// `typedef void (*btf_trace_page_fault_user)(void *, unsigned long, struct pt_regs *, unsigned long)`
+fn raw_tracepoint_typedef(third: Option<u32>) -> Vec<u8> {
+    let mut b = Builder::new();
+    b.int("long unsigned int", 8); // 1
+    b.composite(KIND_STRUCT, "pt_regs", 168, &[]); // 2
+    b.pointer(0); // 3: void *
+    b.pointer(2); // 4: struct pt_regs *
+    b.typedef("ulong", 1); // 5
+    b.func_proto(&[3, 5, third.unwrap_or(4), 1]); // 6
+    b.pointer(6); // 7
+    b.typedef("btf_trace_page_fault_user", 7); // 8
+    b.finish()
+}
+
+#[test]
+fn raw_tracepoint_prototypes_are_read_through_typedefs_and_pointers() {
+    let btf = Btf::parse(&raw_tracepoint_typedef(None)).expect("parse");
+    let params = btf
+        .function_params("btf_trace_page_fault_user")
+        .expect("prototype");
+    assert_eq!(
+        params,
+        [
+            Shape::Pointer,
+            Shape::Integer { bytes: 8 },
+            Shape::Pointer,
+            Shape::Integer { bytes: 8 }
+        ]
+    );
+    let changed = Btf::parse(&raw_tracepoint_typedef(Some(1))).expect("parse");
+    let params = changed
+        .function_params("btf_trace_page_fault_user")
+        .expect("prototype");
+    assert_eq!(params[2], Shape::Integer { bytes: 8 });
+    assert_eq!(
+        btf.function_params("btf_trace_nope"),
+        Err(BtfError::NoSuchFunctionType("btf_trace_nope".into()))
     );
 }
