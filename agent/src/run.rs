@@ -102,6 +102,7 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
             _ = reconcile.tick() => agent.reconcile(),
         }
     }
+    agent.log_totals();
     if agent.probes.take().is_some() {
         info!("eBPF programs detached");
     }
@@ -286,7 +287,7 @@ impl Agent {
     /// The safety net: full cgroup rescan and sysfs re-read; a missed fault (-EBUSY) shows here.
     fn reconcile(&mut self) {
         if let (Some(probes), Some(v2)) = (self.probes.as_mut(), self.v2.as_ref())
-            && !probes.watched().is_empty()
+            && !probes.watches_all()
         {
             match v2.scan(&self.host) {
                 Ok(scan) => {
@@ -308,19 +309,35 @@ impl Agent {
                             "faults missed while the mmap lock was held; sysfs re-read covers them"
                         );
                     }
-                    for counter in Counter::ALL {
-                        debug!(
-                            counter = counter.name(),
-                            value = now.get(counter),
-                            "probe counter"
-                        );
-                    }
                     self.last_counters = Some(now);
                 }
                 Err(err) => warn!("reading probe counters: {}", err.explain()),
             }
         }
         self.refresh_table();
+    }
+
+    /// What the probes saw over the agent's life: every counter, and the retries folded here.
+    fn log_totals(&self) {
+        let Some(probes) = &self.probes else {
+            return;
+        };
+        match probes.counters() {
+            Ok(c) => info!(
+                faults_seen = c.faults_seen(),
+                faults_filtered = c.get(Counter::FaultsFiltered),
+                faults_not_hugetlb = c.get(Counter::FaultsNotHugetlb),
+                find_vma_busy = c.get(Counter::FindVmaBusy),
+                find_vma_failed = c.get(Counter::FindVmaFailed),
+                hugetlb_faults = c.get(Counter::HugetlbFaults),
+                hugetlb_faults_lost = c.get(Counter::HugetlbFaultsLost),
+                hugetlb_fault_retries_folded = self.retries.retries(),
+                cgroup_events = c.get(Counter::CgroupEvents),
+                cgroup_events_lost = c.get(Counter::CgroupEventsLost),
+                "probe totals"
+            ),
+            Err(err) => warn!("reading probe counters: {}", err.explain()),
+        }
     }
 
     /// Re-reads sysfs and logs every pool whose counts changed.

@@ -39,19 +39,18 @@ impl Counter {
         Counter::HugetlbFaultsLost,
     ];
 
-    /// Every counter, in slot order.
-    pub const ALL: [Counter; 8] = [
-        Counter::FaultsFiltered,
-        Counter::FaultsNotHugetlb,
-        Counter::FindVmaBusy,
-        Counter::FindVmaFailed,
-        Counter::HugetlbFaults,
-        Counter::HugetlbFaultsLost,
-        Counter::CgroupEvents,
-        Counter::CgroupEventsLost,
-    ];
+    /// The outcomes of one run of a cgroup program.
+    pub const CGROUP_OUTCOMES: [Counter; 2] = [Counter::CgroupEvents, Counter::CgroupEventsLost];
+
     /// Number of slots in the map.
-    pub const COUNT: u32 = Self::ALL.len() as u32;
+    pub const COUNT: u32 = (Self::FAULT_OUTCOMES.len() + Self::CGROUP_OUTCOMES.len()) as u32;
+
+    /// Every counter, in slot order.
+    pub fn all() -> impl Iterator<Item = Counter> {
+        Self::FAULT_OUTCOMES
+            .into_iter()
+            .chain(Self::CGROUP_OUTCOMES)
+    }
 
     /// Stable snake_case name, used in logs and metrics.
     pub const fn name(self) -> &'static str {
@@ -65,5 +64,18 @@ impl Counter {
             Counter::CgroupEvents => "cgroup_events",
             Counter::CgroupEventsLost => "cgroup_events_lost",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Counter;
+
+    #[test]
+    fn every_slot_appears_once_in_slot_order() {
+        for (slot, counter) in Counter::all().enumerate() {
+            assert_eq!(counter as usize, slot, "{}", counter.name());
+        }
+        assert_eq!(Counter::all().count(), Counter::COUNT as usize);
     }
 }

@@ -236,6 +236,11 @@ impl Probes {
         self.set_flag(page_fault_user::settings::WATCH_ALL, all)
     }
 
+    /// Whether faults of every process are inspected (no cgroup filter).
+    pub fn watches_all(&self) -> bool {
+        self.current.flags & page_fault_user::settings::WATCH_ALL != 0
+    }
+
     /// Make the fault program return at once (`true`), for measuring the attach cost alone.
     pub fn set_paused(&mut self, paused: bool) -> Result<(), ProbeError> {
         self.set_flag(page_fault_user::settings::PAUSE, paused)
@@ -316,11 +321,6 @@ impl Probes {
             .map_err(map_err(page_fault_user::SETTINGS_MAP))
     }
 
-    /// The cgroup ids currently in the kernel's watch map.
-    pub fn watched(&self) -> &BTreeSet<u64> {
-        &self.watched_ids
-    }
-
     /// Detaches the fault program (the cgroup programs stay); for measuring its cost.
     pub fn detach_faults(&mut self) -> Result<(), ProbeError> {
         let (program, _, _) = FAULT_PROGRAM;
@@ -347,7 +347,7 @@ impl Probes {
     /// slot the filter already holds) and added here.
     pub fn counters(&self) -> Result<Counters, ProbeError> {
         let mut sums = Counters::default();
-        for counter in Counter::ALL {
+        for counter in Counter::all() {
             let per_cpu = self
                 .counters
                 .get(&(counter as u32), 0)
