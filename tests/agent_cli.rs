@@ -210,3 +210,87 @@ fn run_logs_each_hugetlb_fault_and_cgroup_event_rereads_sysfs_and_detaches() {
         "{log:#?}"
     );
 }
+
+/// `check` on this host for `request` with extra flags: (exit code, stdout, stderr).
+fn check(request: &str, extra: &[&str]) -> (Option<i32>, String, String) {
+    let mut args = vec!["check", "--request", request];
+    args.extend_from_slice(extra);
+    let (status, out, err) = output(agent(&args));
+    (status.code(), out, err)
+}
+
+#[test]
+fn check_rejects_what_a_child_holds_with_the_exact_message_and_admits_once_it_exits() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 16);
+    let total = read_u64(&format!("{NODE0_2M}/nr_hugepages"));
+    let held = 10;
+    let child = Toucher::run(TOUCHER, None, held, 0);
+    let free = read_u64(&format!("{NODE0_2M}/free_hugepages"));
+    assert_eq!(
+        free,
+        total - held as u64,
+        "the child's pages are no longer free"
+    );
+    let want = free + 2;
+    let request = format!("hugepages-2Mi={}Mi", want * 2);
+    let (code, _, err) = check(&request, &["--numa", "0"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(
+        err.trim(),
+        format!(
+            "insufficient hugepages-2Mi on NUMA node(s) [0]: requested {}, available {}",
+            fmt_mi(want),
+            fmt_mi(free)
+        )
+    );
+    drop(child);
+    let (code, out, err) = check(&request, &["--numa", "0"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.ends_with("admitted\n"), "{out}");
+}
+
+#[test]
+fn strict_catches_a_reserved_untouched_mapping_that_kep_admits() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 16);
+    let reserver = Toucher::run_with(TOUCHER, None, 0, 0, &["--reserve", "6"]);
+    let free = read_u64(&format!("{NODE0_2M}/free_hugepages"));
+    let resv = read_u64("/sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages");
+    assert!(
+        resv >= 6,
+        "the mapping reserved its pages: resv_hugepages = {resv}"
+    );
+    let request = format!("hugepages-2Mi={}Mi", free * 2);
+    let (code, _, err) = check(&request, &["--verification-mode", "kep"]);
+    assert_eq!(code, Some(0), "kep counts reserved pages as free: {err}");
+    let (code, _, err) = check(&request, &["--verification-mode", "strict", "--json"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        err.trim(),
+        format!(
+            "insufficient hugepages-2Mi on NUMA node(s) [0]: requested {}, available {}",
+            fmt_mi(free),
+            fmt_mi(free - resv)
+        )
+    );
+    drop(reserver);
+}
+
+#[test]
+fn check_bad_input_is_exit_code_2_naming_the_flag() {
+    let (code, _, err) = check("hugepages-2Mi=1G", &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--request \"hugepages-2Mi=1G\": 1000000000 is not a whole multiple of the page size 2Mi"), "{err}");
+    let (code, _, err) = check("hugepages-2Mi=2Mi", &["--numa", "7"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("NUMA node 7 does not exist on this host"),
+        "{err}"
+    );
+}
+
+/// `n` 2 MiB pages as Kubernetes prints the bytes.
+fn fmt_mi(pages: u64) -> String {
+    hugepage_agent::quantity::format_binary(pages * (2 << 20))
+}

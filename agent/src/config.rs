@@ -7,7 +7,11 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{logging::LogFormat, sysfs::HostFs};
+use crate::{
+    admission::verify::{Mode, OnSysfsError},
+    logging::LogFormat,
+    sysfs::HostFs,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,6 +46,12 @@ pub struct Cli {
     pub reconcile_interval: String,
     #[arg(long, env = "HUGEPAGE_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// kep: available = free_hugepages; strict: minus pages reserved by mappings but not faulted.
+    #[arg(long, env = "HUGEPAGE_AGENT_VERIFICATION_MODE", value_enum, default_value_t = Mode::Kep, global = true)]
+    pub verification_mode: Mode,
+    /// When a sysfs file cannot be read during verification: admit (the KEP's choice) or reject.
+    #[arg(long, env = "HUGEPAGE_AGENT_ON_SYSFS_ERROR", value_enum, default_value_t = OnSysfsError::Admit, global = true)]
+    pub on_sysfs_error: OnSysfsError,
 }
 
 #[derive(Debug, Subcommand)]
@@ -54,6 +64,30 @@ pub enum CliCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Verify one request against this host's sysfs: exit 0 admitted, 1 rejected, 2 bad input.
+    Check {
+        /// `hugepages-<size>=<quantity>`, e.g. `hugepages-2Mi=4Gi`; repeat for several sizes.
+        #[arg(long = "request", required = true)]
+        requests: Vec<String>,
+        /// NUMA nodes to check, e.g. `0,1` (default: every node).
+        #[arg(long)]
+        numa: Option<String>,
+        /// Topology Manager policy; NUMA selection by policy comes with topology hints, until then
+        /// a check without `--numa` covers every node.
+        #[arg(long, value_enum)]
+        policy: Option<TopologyPolicy>,
+        /// The whole answer as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TopologyPolicy {
+    None,
+    BestEffort,
+    Restricted,
+    SingleNumaNode,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -72,7 +106,15 @@ pub enum FaultScope {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Run,
-    Status { json: bool },
+    Status {
+        json: bool,
+    },
+    Check {
+        requests: Vec<String>,
+        numa: Option<String>,
+        policy: Option<TopologyPolicy>,
+        json: bool,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -92,6 +134,8 @@ pub struct Config {
     pub fault_scope: FaultScope,
     pub reconcile_interval: Duration,
     pub log_format: LogFormat,
+    pub verification_mode: Mode,
+    pub on_sysfs_error: OnSysfsError,
 }
 
 impl TryFrom<Cli> for Config {
@@ -117,12 +161,25 @@ impl TryFrom<Cli> for Config {
             command: match cli.command {
                 None | Some(CliCommand::Run) => Command::Run,
                 Some(CliCommand::Status { json }) => Command::Status { json },
+                Some(CliCommand::Check {
+                    requests,
+                    numa,
+                    policy,
+                    json,
+                }) => Command::Check {
+                    requests,
+                    numa,
+                    policy,
+                    json,
+                },
             },
             host: HostFs::new(cli.host_root),
             ebpf: cli.ebpf,
             fault_scope: cli.fault_scope,
             reconcile_interval,
             log_format: cli.log_format,
+            verification_mode: cli.verification_mode,
+            on_sysfs_error: cli.on_sysfs_error,
         })
     }
 }

@@ -5,6 +5,8 @@
 //! [`probes`] owns the eBPF programs and turns their records into events; [`numa`] holds the
 //! hugepage pools; [`run`] is the agent's event loop and [`status`] the one-shot table.
 
+pub mod admission;
+pub mod check;
 pub mod config;
 pub mod logging;
 pub mod numa;

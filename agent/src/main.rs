@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use hugepage_agent::{
+    check,
     config::{Cli, Command, Config},
     logging, run, status,
 };
@@ -21,6 +22,14 @@ fn main() -> ExitCode {
     let outcome = match config.command {
         Command::Run => run::run(&config).map_err(|e| e.to_string()),
         Command::Status { json } => status::print(&config.host, json).map_err(|e| e.to_string()),
+        Command::Check {
+            ref requests,
+            ref numa,
+            json,
+            ..
+        } => {
+            return check::run(&config, requests, numa.as_deref(), json);
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

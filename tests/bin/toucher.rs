@@ -6,6 +6,8 @@
 //! `touched <pid> <first huge address> <ns of CPU time spent touching the small pages>` and, with
 //! `--hold`, keeps the memory until stdin closes.
 //!
+//! `--reserve R`: also map R 2 MiB hugetlb pages without touching them (reserved, still free).
+//!
 //! `--spin`: before the huge pages, print `spinning` and keep faulting 4 KiB pages (the same
 //! 16 MiB, discarded and touched again) until a line arrives on stdin, so that this process's
 //! faults never stop on its CPU while the test changes something.
@@ -22,7 +24,7 @@ fn main() {
 fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let (mut cgroup, mut cpu, mut huge, mut small) = (None, None, 0usize, 0usize);
-    let (mut hold, mut spin) = (false, false);
+    let (mut hold, mut spin, mut reserve) = (false, false, 0usize);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--cgroup" => cgroup = args.next(),
@@ -31,6 +33,7 @@ fn run() -> Result<(), String> {
             "--small" => small = number(args.next())?,
             "--hold" => hold = true,
             "--spin" => spin = true,
+            "--reserve" => reserve = number(args.next())?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -48,6 +51,7 @@ fn run() -> Result<(), String> {
         spin_until_stdin()?;
     }
     let huge_addr = touch(huge, 2 << 20, libc::MAP_HUGETLB)?;
+    map_only(reserve)?;
     let start = cpu_time_ns();
     touch(small, 4096, 0)?;
     let small_ns = cpu_time_ns() - start;
@@ -155,4 +159,29 @@ fn spin_until_stdin() -> Result<(), String> {
             unsafe { (addr as *mut u8).add(i * 4096).write_volatile(1) };
         }
     }
+}
+
+/// Maps `count` 2 MiB hugetlb pages and leaves them untouched: the kernel reserves them at mmap.
+fn map_only(count: usize) -> Result<(), String> {
+    if count == 0 {
+        return Ok(());
+    }
+    // SAFETY: anonymous private mapping; no file, no fixed address.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            count * (2 << 20),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+            -1,
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(format!(
+            "reserving {count} huge pages: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }

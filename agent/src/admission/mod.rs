@@ -1,0 +1,5 @@
+//! Admission: what a pod asks of hugepages ([`request`]) and whether the kernel can serve it on
+//! the selected NUMA nodes right now ([`verify`], KEP-5759's check, read fresh from sysfs).
+
+pub mod request;
+pub mod verify;

@@ -1,0 +1,233 @@
+//! What a pod asks of hugepages, per page size, from either body form of `POST /v1/admit` (and
+//! `check --request`): the short form, or a whole Kubernetes `v1.Pod`.
+//!
+//! Kubernetes' rules apply: a `hugepages-<size>` resource names any page size; hugepages cannot be
+//! overcommitted, so a request must equal its limit (a limit alone is the request); the amount is
+//! a whole multiple of the page size. The pod's need is the kubelet's: app containers and
+//! restartable init containers (sidecars) run together and add up, each ordinary init container
+//! runs alone beside the sidecars started before it, the larger of the two wins, pod overhead is
+//! added, and pod-level resources (`spec.resources`) replace the sum for the sizes they name.
+//! Errors name the field at fault, as the API reports them.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::{
+    numa::PageSize,
+    quantity::{self, QuantityError},
+};
+
+const PREFIX: &str = "hugepages-";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {detail}")]
+pub struct RequestError {
+    /// JSON path of the value at fault, e.g. `spec.containers[0].resources.limits.hugepages-2Mi`.
+    pub field: String,
+    pub detail: String,
+}
+
+fn error(field: impl Into<String>, detail: impl Into<String>) -> RequestError {
+    RequestError {
+        field: field.into(),
+        detail: detail.into(),
+    }
+}
+
+/// Bytes of hugepages per page size. Sizes requested as 0 are left out.
+pub type Hugepages = BTreeMap<PageSize, u64>;
+
+/// A quantity as JSON carries it: a string (`"4Gi"`) or a plain number of bytes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum QuantityValue {
+    Text(String),
+    Number(u64),
+}
+
+impl QuantityValue {
+    fn bytes(&self) -> Result<u64, QuantityError> {
+        match self {
+            QuantityValue::Text(text) => quantity::parse_bytes(text),
+            QuantityValue::Number(n) => Ok(*n),
+        }
+    }
+}
+
+/// A resource list: name → quantity.
+pub type ResourceList = BTreeMap<String, QuantityValue>;
+
+/// The page size named by a resource, `None` for resources that are not hugepages.
+pub fn page_size(name: &str, field: &str) -> Result<Option<PageSize>, RequestError> {
+    let Some(size) = name.strip_prefix(PREFIX) else {
+        return Ok(None);
+    };
+    let bytes = quantity::parse_bytes(size)
+        .map_err(|e| error(field, format!("{name} does not name a page size: {e}")))?;
+    if !bytes.is_power_of_two() || bytes < 4096 {
+        return Err(error(
+            field,
+            format!("{name} does not name a page size (a power of two of at least 4Ki)"),
+        ));
+    }
+    Ok(Some(PageSize(bytes)))
+}
+
+/// The hugepages of one resource list in which requests equal limits (the short form).
+pub fn from_list(list: &ResourceList, field: &str) -> Result<Hugepages, RequestError> {
+    let mut pages = Hugepages::new();
+    for (name, value) in list {
+        let at = format!("{field}.{name}");
+        if let Some(size) = page_size(name, &at)? {
+            let bytes = amount(size, value, &at)?;
+            if bytes > 0 {
+                pages.insert(size, bytes);
+            }
+        }
+    }
+    Ok(pages)
+}
+
+fn amount(size: PageSize, value: &QuantityValue, field: &str) -> Result<u64, RequestError> {
+    let bytes = value.bytes().map_err(|e| error(field, e.to_string()))?;
+    if bytes % size.0 != 0 {
+        return Err(error(
+            field,
+            format!(
+                "{} is not a whole multiple of the page size {size}",
+                quantity::format_binary(bytes)
+            ),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// `requests` and `limits` of a container or pod, as a `v1.ResourceRequirements`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Requirements {
+    #[serde(default)]
+    pub requests: ResourceList,
+    #[serde(default)]
+    pub limits: ResourceList,
+}
+
+impl Requirements {
+    /// Hugepages of these requirements: the limit (requests must equal it).
+    pub fn hugepages(&self, field: &str) -> Result<Hugepages, RequestError> {
+        let mut pages = Hugepages::new();
+        for (name, limit) in &self.limits {
+            let at = format!("{field}.limits.{name}");
+            let Some(size) = page_size(name, &at)? else {
+                continue;
+            };
+            let bytes = amount(size, limit, &at)?;
+            if let Some(request) = self.requests.get(name) {
+                let req_at = format!("{field}.requests.{name}");
+                let requested = amount(size, request, &req_at)?;
+                if requested != bytes {
+                    return Err(error(
+                        req_at,
+                        format!(
+                            "must equal the limit {} (hugepages cannot be overcommitted)",
+                            quantity::format_binary(bytes)
+                        ),
+                    ));
+                }
+            }
+            if bytes > 0 {
+                pages.insert(size, bytes);
+            }
+        }
+        for name in self.requests.keys() {
+            let at = format!("{field}.requests.{name}");
+            if page_size(name, &at)?.is_some() && !self.limits.contains_key(name) {
+                return Err(error(at, "hugepages need a limit equal to the request"));
+            }
+        }
+        Ok(pages)
+    }
+}
+
+/// A container of a `v1.Pod`: what the rules need of it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Container {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub resources: Requirements,
+    /// `Always` on an init container makes it a sidecar.
+    #[serde(default)]
+    pub restart_policy: Option<String>,
+}
+
+/// The parts of a `v1.PodSpec` the rules read.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    #[serde(default)]
+    pub containers: Vec<Container>,
+    #[serde(default)]
+    pub init_containers: Vec<Container>,
+    #[serde(default)]
+    pub overhead: ResourceList,
+    /// Pod-level resources (the `PodLevelResources` feature).
+    #[serde(default)]
+    pub resources: Option<Requirements>,
+}
+
+/// The pod's hugepage need, by the kubelet's rules (see the module documentation).
+pub fn pod_hugepages(spec: &PodSpec) -> Result<Hugepages, RequestError> {
+    let mut running = Hugepages::new();
+    for (i, c) in spec.containers.iter().enumerate() {
+        add(
+            &mut running,
+            &c.resources
+                .hugepages(&format!("spec.containers[{i}].resources"))?,
+        );
+    }
+    let mut sidecars = Hugepages::new();
+    let mut init_peak = Hugepages::new();
+    for (i, c) in spec.init_containers.iter().enumerate() {
+        let own = c
+            .resources
+            .hugepages(&format!("spec.initContainers[{i}].resources"))?;
+        let alongside = if c.restart_policy.as_deref() == Some("Always") {
+            add(&mut running, &own);
+            add(&mut sidecars, &own);
+            sidecars.clone()
+        } else {
+            let mut with_sidecars = sidecars.clone();
+            add(&mut with_sidecars, &own);
+            with_sidecars
+        };
+        max_into(&mut init_peak, &alongside);
+    }
+    max_into(&mut running, &init_peak);
+    add(&mut running, &from_list(&spec.overhead, "spec.overhead")?);
+    if let Some(pod_level) = &spec.resources {
+        for (size, bytes) in pod_level.hugepages("spec.resources")? {
+            running.insert(size, bytes);
+        }
+    }
+    running.retain(|_, bytes| *bytes > 0);
+    Ok(running)
+}
+
+fn add(into: &mut Hugepages, more: &Hugepages) {
+    for (&size, &bytes) in more {
+        let slot = into.entry(size).or_default();
+        *slot = slot.saturating_add(bytes);
+    }
+}
+
+fn max_into(into: &mut Hugepages, other: &Hugepages) {
+    for (&size, &bytes) in other {
+        let slot = into.entry(size).or_default();
+        *slot = (*slot).max(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests;

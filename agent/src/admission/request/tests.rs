@@ -1,0 +1,143 @@
+use serde_json::json;
+
+use super::*;
+
+const MI2: PageSize = PageSize(2 << 20);
+const GI1: PageSize = PageSize(1 << 30);
+
+fn spec(value: serde_json::Value) -> PodSpec {
+    serde_json::from_value(value).expect("pod spec")
+}
+
+fn limits(pairs: &[(&str, &str)]) -> serde_json::Value {
+    let map: serde_json::Map<_, _> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    json!({ "limits": map })
+}
+
+#[test]
+fn resource_names_name_any_page_size() {
+    assert_eq!(page_size("hugepages-2Mi", "f"), Ok(Some(MI2)));
+    assert_eq!(page_size("hugepages-1Gi", "f"), Ok(Some(GI1)));
+    assert_eq!(
+        page_size("hugepages-16Gi", "f"),
+        Ok(Some(PageSize(16 << 30)))
+    );
+    assert_eq!(page_size("memory", "f"), Ok(None));
+    assert!(
+        page_size("hugepages-3Mi", "f")
+            .unwrap_err()
+            .detail
+            .contains("power of two")
+    );
+    assert!(
+        page_size("hugepages-big", "f")
+            .unwrap_err()
+            .detail
+            .contains("does not name a page size")
+    );
+}
+
+#[test]
+fn app_containers_add_up_and_other_resources_are_ignored() {
+    let s = spec(json!({"containers": [
+        {"name": "a", "resources": limits(&[("hugepages-2Mi", "4Gi"), ("memory", "1Gi")])},
+        {"name": "b", "resources": limits(&[("hugepages-2Mi", "2Gi"), ("hugepages-1Gi", "1Gi")])},
+    ]}));
+    assert_eq!(
+        pod_hugepages(&s),
+        Ok(Hugepages::from([(MI2, 6 << 30), (GI1, 1 << 30)]))
+    );
+}
+
+#[test]
+fn an_init_container_larger_than_the_app_containers_sets_the_need() {
+    let s = spec(json!({
+        "initContainers": [{"name": "init", "resources": limits(&[("hugepages-2Mi", "8Gi")])}],
+        "containers": [{"name": "app", "resources": limits(&[("hugepages-2Mi", "2Gi")])}],
+    }));
+    assert_eq!(pod_hugepages(&s), Ok(Hugepages::from([(MI2, 8 << 30)])));
+}
+
+#[test]
+fn sidecars_run_with_the_app_and_beside_later_init_containers() {
+    let s = spec(json!({
+        "initContainers": [
+            {"name": "sidecar", "restartPolicy": "Always", "resources": limits(&[("hugepages-2Mi", "1Gi")])},
+            {"name": "init", "resources": limits(&[("hugepages-2Mi", "4Gi")])},
+        ],
+        "containers": [{"name": "app", "resources": limits(&[("hugepages-2Mi", "2Gi")])}],
+    }));
+    // app + sidecar = 3Gi; init beside the sidecar = 5Gi.
+    assert_eq!(pod_hugepages(&s), Ok(Hugepages::from([(MI2, 5 << 30)])));
+}
+
+#[test]
+fn pod_level_resources_and_overhead_apply() {
+    let s = spec(json!({
+        "containers": [{"name": "app", "resources": limits(&[("hugepages-2Mi", "2Gi")])}],
+        "overhead": {"hugepages-1Gi": "1Gi"},
+        "resources": limits(&[("hugepages-2Mi", "6Gi")]),
+    }));
+    assert_eq!(
+        pod_hugepages(&s),
+        Ok(Hugepages::from([(MI2, 6 << 30), (GI1, 1 << 30)]))
+    );
+}
+
+#[test]
+fn requests_must_equal_limits_and_limits_are_required() {
+    let s = spec(json!({"containers": [{"resources": {
+        "requests": {"hugepages-2Mi": "2Gi"}, "limits": {"hugepages-2Mi": "4Gi"}}}]}));
+    let err = pod_hugepages(&s).unwrap_err();
+    assert_eq!(
+        err.field,
+        "spec.containers[0].resources.requests.hugepages-2Mi"
+    );
+    assert!(err.detail.contains("must equal the limit 4Gi"), "{err}");
+    let s = spec(json!({"containers": [{"resources": {"requests": {"hugepages-2Mi": "2Gi"}}}]}));
+    assert_eq!(
+        pod_hugepages(&s).unwrap_err().detail,
+        "hugepages need a limit equal to the request"
+    );
+    let s = spec(json!({"containers": [{"resources": {
+        "requests": {"hugepages-2Mi": "2048Mi"}, "limits": {"hugepages-2Mi": "2Gi"}}}]}));
+    assert_eq!(pod_hugepages(&s), Ok(Hugepages::from([(MI2, 2 << 30)])));
+}
+
+#[test]
+fn amounts_must_be_whole_pages_and_valid_quantities() {
+    let s = spec(json!({"containers": [{"resources": limits(&[("hugepages-2Mi", "1G")])}]}));
+    let err = pod_hugepages(&s).unwrap_err();
+    assert_eq!(
+        err.field,
+        "spec.containers[0].resources.limits.hugepages-2Mi"
+    );
+    assert_eq!(
+        err.detail,
+        "1000000000 is not a whole multiple of the page size 2Mi"
+    );
+    let s = spec(json!({"containers": [{"resources": limits(&[("hugepages-2Mi", "lots")])}]}));
+    assert!(
+        pod_hugepages(&s)
+            .unwrap_err()
+            .detail
+            .contains("\"lots\" is not a quantity")
+    );
+    let s = spec(json!({"containers": [{"resources": {"limits": {"hugepages-2Mi": 4194304}}}]}));
+    assert_eq!(pod_hugepages(&s), Ok(Hugepages::from([(MI2, 4 << 20)])));
+}
+
+#[test]
+fn the_short_form_list_counts_requests_as_limits() {
+    let list: ResourceList = serde_json::from_value(
+        json!({"hugepages-2Mi": "4Gi", "memory": "1Gi", "hugepages-1Gi": "0"}),
+    )
+    .expect("list");
+    assert_eq!(
+        from_list(&list, "containers[0].resources"),
+        Ok(Hugepages::from([(MI2, 4 << 30)]))
+    );
+}

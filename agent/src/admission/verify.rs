@@ -1,0 +1,313 @@
+//! KEP-5759's verification: for each requested page size, read `free_hugepages` fresh for the
+//! selected NUMA nodes (never a cached value), sum, compare; reject with the KEP's exact message.
+//!
+//! Reads go through descriptors kept open and read with `pread` from offset 0 (sysfs regenerates
+//! the value on every read), so a check costs microseconds. A size a node does not have counts
+//! as 0 there. An unreadable file follows `--on-sysfs-error`: `admit` (the KEP's graceful
+//! degradation, noted in the answer and counted) or `reject`.
+//!
+//! `strict` mode goes further than the KEP: `free_hugepages` still counts pages reserved by a
+//! mapping that has not touched them. The kernel keeps that reservation as one system-wide count
+//! (`resv_hugepages`), and a later fault may take its pages from any node, so strict subtracts the
+//! whole of it from the selected nodes' free pages: exact on a single node, conservative on more.
+//! Every answer reports both numbers.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    io,
+    os::unix::fs::FileExt,
+    path::PathBuf,
+    sync::{
+        RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use clap::ValueEnum;
+use serde::Serialize;
+
+use super::request::Hugepages;
+use crate::{
+    numa::{NumaNode, PageSize},
+    quantity::format_binary,
+    sysfs::{HostFs, SysfsError, hugepages::numa_nodes},
+};
+
+/// The event reason of a rejection, as the kubelet records it.
+pub const REASON: &str = "FailedHugepagesVerification";
+/// The reason when sysfs could not be read and `--on-sysfs-error reject` is set.
+pub const REASON_UNREADABLE: &str = "HugepagesVerificationUnavailable";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// KEP-5759: available = free_hugepages.
+    Kep,
+    /// Also subtract pages reserved by mappings but not yet faulted.
+    Strict,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnSysfsError {
+    Admit,
+    Reject,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum VerifyError {
+    #[error("NUMA node {node} does not exist on this host (nodes: {known:?})")]
+    UnknownNode { node: u32, known: Vec<u32> },
+    #[error("no NUMA nodes selected")]
+    NoNodes,
+}
+
+/// One page size checked on the selected nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Check {
+    pub resource: String,
+    pub numa_nodes: Vec<NumaNode>,
+    pub requested_bytes: u64,
+    /// What the selected mode counts as available.
+    pub available_bytes: u64,
+    /// `free_hugepages` summed over the selected nodes (the KEP's number).
+    pub free_bytes: u64,
+    /// Free minus pages reserved but not yet faulted (the strict number).
+    pub unreserved_bytes: u64,
+    pub ok: bool,
+    /// Why this size was not verified (a sysfs file could not be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unverified: Option<String>,
+}
+
+/// The answer for a whole request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verdict {
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub numa_nodes: Vec<NumaNode>,
+    pub mode: Mode,
+    pub checks: Vec<Check>,
+}
+
+/// Reads `free_hugepages` and `resv_hugepages` fresh, through descriptors it keeps open.
+#[derive(Debug)]
+pub struct Verifier {
+    host: HostFs,
+    /// Nodes with `node<N>` directories; empty on a machine without them (then node 0 stands for
+    /// the whole machine, read from `/sys/kernel/mm/hugepages`).
+    nodes: Vec<NumaNode>,
+    files: RwLock<HashMap<PathBuf, File>>,
+    sysfs_errors: AtomicU64,
+}
+
+impl Verifier {
+    pub fn new(host: HostFs) -> Result<Verifier, SysfsError> {
+        let nodes = numa_nodes(&host)?;
+        Ok(Verifier {
+            host,
+            nodes,
+            files: RwLock::default(),
+            sysfs_errors: AtomicU64::new(0),
+        })
+    }
+
+    /// The NUMA nodes a request may name.
+    pub fn nodes(&self) -> Vec<NumaNode> {
+        if self.nodes.is_empty() {
+            vec![NumaNode(0)]
+        } else {
+            self.nodes.clone()
+        }
+    }
+
+    /// How many sysfs reads have failed during verification.
+    pub fn sysfs_errors(&self) -> u64 {
+        self.sysfs_errors.load(Ordering::Relaxed)
+    }
+
+    /// Verifies `request` on `nodes` (sorted and deduplicated here).
+    pub fn verify(
+        &self,
+        request: &Hugepages,
+        nodes: &[NumaNode],
+        mode: Mode,
+        on_error: OnSysfsError,
+    ) -> Result<Verdict, VerifyError> {
+        let mut nodes = nodes.to_vec();
+        nodes.sort();
+        nodes.dedup();
+        if nodes.is_empty() {
+            return Err(VerifyError::NoNodes);
+        }
+        let known = self.nodes();
+        if let Some(bad) = nodes.iter().find(|n| !known.contains(n)) {
+            return Err(VerifyError::UnknownNode {
+                node: bad.0,
+                known: known.iter().map(|n| n.0).collect(),
+            });
+        }
+        let mut verdict = Verdict {
+            allowed: true,
+            reason: None,
+            message: None,
+            numa_nodes: nodes.clone(),
+            mode,
+            checks: Vec::new(),
+        };
+        for (&size, &requested) in request {
+            let check = match self.available(size, &nodes) {
+                Ok((free, unreserved)) => {
+                    let available = if mode == Mode::Kep { free } else { unreserved };
+                    Check {
+                        resource: size.resource_name(),
+                        numa_nodes: nodes.clone(),
+                        requested_bytes: requested,
+                        available_bytes: available,
+                        free_bytes: free,
+                        unreserved_bytes: unreserved,
+                        ok: available >= requested,
+                        unverified: None,
+                    }
+                }
+                Err(err) => {
+                    self.sysfs_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(resource = %size.resource_name(), "hugepages not verified: {err}");
+                    let ok = on_error == OnSysfsError::Admit;
+                    if !ok && verdict.allowed {
+                        verdict.allowed = false;
+                        verdict.reason = Some(REASON_UNREADABLE);
+                        verdict.message = Some(format!(
+                            "cannot verify {} on NUMA node(s) {}: {err}",
+                            size.resource_name(),
+                            list(&nodes)
+                        ));
+                    }
+                    Check {
+                        resource: size.resource_name(),
+                        numa_nodes: nodes.clone(),
+                        requested_bytes: requested,
+                        available_bytes: 0,
+                        free_bytes: 0,
+                        unreserved_bytes: 0,
+                        ok,
+                        unverified: Some(err.to_string()),
+                    }
+                }
+            };
+            if !check.ok && verdict.allowed {
+                verdict.allowed = false;
+                verdict.reason = Some(REASON);
+                verdict.message = Some(message(&check));
+            }
+            verdict.checks.push(check);
+        }
+        Ok(verdict)
+    }
+
+    /// (free, free minus reservations) in bytes over `nodes`.
+    fn available(&self, size: PageSize, nodes: &[NumaNode]) -> Result<(u64, u64), SysfsError> {
+        let mut free_pages = 0u64;
+        for &node in nodes {
+            free_pages += self.free_pages(node, size)?;
+        }
+        let global = format!("/sys/kernel/mm/hugepages/{}", size.dir_name());
+        let reserved = if self.host.exists(&global) {
+            self.read(&format!("{global}/resv_hugepages"))?
+        } else {
+            0
+        };
+        let unreserved = free_pages - reserved.min(free_pages);
+        Ok((
+            free_pages.saturating_mul(size.0),
+            unreserved.saturating_mul(size.0),
+        ))
+    }
+
+    fn free_pages(&self, node: NumaNode, size: PageSize) -> Result<u64, SysfsError> {
+        let dir = if self.nodes.is_empty() {
+            format!("/sys/kernel/mm/hugepages/{}", size.dir_name())
+        } else {
+            format!(
+                "/sys/devices/system/node/node{}/hugepages/{}",
+                node.0,
+                size.dir_name()
+            )
+        };
+        match self.read(&format!("{dir}/free_hugepages")) {
+            // The node does not have this size at all: nothing free there.
+            Err(SysfsError::Read { source, .. })
+                if source.kind() == io::ErrorKind::NotFound && !self.host.exists(&dir) =>
+            {
+                Ok(0)
+            }
+            other => other,
+        }
+    }
+
+    /// Reads a counter with `pread` on a kept descriptor (opened on first use, dropped on error).
+    fn read(&self, abs: &str) -> Result<u64, SysfsError> {
+        let path = self.host.path(abs);
+        let mut buf = [0u8; 32];
+        let cached = self
+            .files
+            .read()
+            .ok()
+            .and_then(|files| files.get(&path).map(|f| f.read_at(&mut buf, 0)));
+        let n = match cached {
+            Some(Ok(n)) => n,
+            other => {
+                if other.is_some()
+                    && let Ok(mut files) = self.files.write()
+                {
+                    files.remove(&path);
+                }
+                let file = File::open(&path).map_err(|source| SysfsError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                let n = file
+                    .read_at(&mut buf, 0)
+                    .map_err(|source| SysfsError::Read {
+                        path: path.clone(),
+                        source,
+                    })?;
+                if let Ok(mut files) = self.files.write() {
+                    files.insert(path.clone(), file);
+                }
+                n
+            }
+        };
+        let text = String::from_utf8_lossy(&buf[..n]);
+        text.trim().parse().map_err(|_| SysfsError::Malformed {
+            path,
+            expected: "an unsigned integer",
+            found: text.into_owned(),
+        })
+    }
+}
+
+/// `[0,1]`, as the KEP prints node lists.
+fn list(nodes: &[NumaNode]) -> String {
+    let inner: Vec<String> = nodes.iter().map(|n| n.0.to_string()).collect();
+    format!("[{}]", inner.join(","))
+}
+
+/// `insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 6Gi, available 4Gi`
+pub fn message(check: &Check) -> String {
+    format!(
+        "insufficient {} on NUMA node(s) {}: requested {}, available {}",
+        check.resource,
+        list(&check.numa_nodes),
+        format_binary(check.requested_bytes),
+        format_binary(check.available_bytes)
+    )
+}
+
+#[cfg(test)]
+mod tests;
