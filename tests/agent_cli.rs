@@ -5,7 +5,8 @@ use std::{fs, process::Command, time::Duration};
 
 use hugepage_agent::{probes::Probes, sysfs::HostFs};
 use hugepage_agent_tests::{
-    Agent, HugepagePool, TestCgroup, Toucher, agent_bin, host_lock, output, read_u64,
+    Agent, HugepagePool, TestCgroup, Toucher, agent_bin, free_port, host_lock, http, output,
+    read_u64,
 };
 
 const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
@@ -145,7 +146,10 @@ fn a_program_the_kernel_refuses_degrades_to_sysfs_with_one_warning_naming_it() {
 fn with_ebpf_on_a_refused_program_is_a_startup_error() {
     let _lock = host_lock();
     tracefs_ready();
-    let (status, _, err) = output(agent_with_cap_bpf_only(&["run", "--ebpf", "on"]));
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (status, _, err) = output(agent_with_cap_bpf_only(&[
+        "run", "--ebpf", "on", "--listen", &listen,
+    ]));
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("hugepage-agent: eBPF probes required (--ebpf on) but unavailable: eBPF program cgroup_mkdir refused by the kernel"), "{err}");
     assert!(err.contains("[EPERM]"), "{err}");
@@ -293,4 +297,78 @@ fn check_bad_input_is_exit_code_2_naming_the_flag() {
 /// `n` 2 MiB pages as Kubernetes prints the bytes.
 fn fmt_mi(pages: u64) -> String {
     hugepage_agent::quantity::format_binary(pages * (2 << 20))
+}
+
+#[test]
+fn run_serves_admission_over_a_socket_from_fresh_reads_while_the_map_follows_faults() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 16);
+    let mut agent = Agent::start(agent(&[
+        "run",
+        "--ebpf",
+        "on",
+        "--reconcile-interval",
+        "1h",
+    ]));
+    agent.wait_for("agent running", Duration::from_secs(20), |l| {
+        l["source"] == "ebpf+sysfs"
+    });
+    let port = agent.port;
+    let (status, ready) = http(port, "GET", "/readyz", None, "");
+    assert_eq!(status, 200, "{ready}");
+    assert!(ready.contains("\"probes\":\"attached\""), "{ready}");
+
+    let free = read_u64(&format!("{NODE0_2M}/free_hugepages"));
+    let held = 6;
+    let child = Toucher::run(TOUCHER, None, held, 0);
+    let request = format!(
+        "{{\"containers\":[{{\"name\":\"a\",\"resources\":{{\"hugepages-2Mi\":\"{}\"}}}}],\"numaNodes\":[0]}}",
+        fmt_mi(free)
+    );
+    let (status, answer) = http(
+        port,
+        "POST",
+        "/v1/admit",
+        Some("application/json"),
+        &request,
+    );
+    assert_eq!(status, 200, "{answer}");
+    let expected = format!(
+        "insufficient hugepages-2Mi on NUMA node(s) [0]: requested {}, available {}",
+        fmt_mi(free),
+        fmt_mi(free - held as u64)
+    );
+    assert!(answer.contains(&expected), "{answer}");
+
+    // The map follows the faults, prompted by the probe (the reconcile is hourly here).
+    let line = agent.wait_for("hugepage pool changed", Duration::from_secs(2), |l| {
+        l["size"] == "2Mi" && l["free"].as_u64() == Some(free - held as u64)
+    });
+    let delay_us = line["fault_to_map_us"]
+        .as_u64()
+        .expect("fault-to-map delay measured");
+    eprintln!("fault-to-map delay: {delay_us} µs");
+    let (_, map) = http(port, "GET", "/v1/hugepages", None, "");
+    let map: serde_json::Value = serde_json::from_str(&map).expect("json");
+    assert_eq!(map["source"], "ebpf+sysfs");
+    assert_eq!(
+        map["nodes"][0]["sizes"][0]["free"].as_u64(),
+        Some(free - held as u64),
+        "{map}"
+    );
+
+    // Releasing pages faults nothing; admission reads sysfs fresh and admits at once.
+    drop(child);
+    let (_, answer) = http(
+        port,
+        "POST",
+        "/v1/admit",
+        Some("application/json"),
+        &request,
+    );
+    assert!(answer.starts_with("{\"allowed\":true"), "{answer}");
+    let (status, problem) = http(port, "POST", "/v1/admit", Some("text/plain"), &request);
+    assert_eq!(status, 415, "{problem}");
+    let (status, _) = agent.terminate();
+    assert!(status.success());
 }

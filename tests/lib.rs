@@ -304,17 +304,25 @@ pub fn agent_bin() -> PathBuf {
 /// A running agent whose JSON log lines (stderr) are collected as they come.
 pub struct Agent {
     child: Child,
+    /// The port its HTTP API listens on (127.0.0.1).
+    pub port: u16,
     lines: mpsc::Receiver<serde_json::Value>,
     /// Every line received so far.
     pub seen: Vec<serde_json::Value>,
 }
 
 impl Agent {
-    /// Starts `cmd` (an agent command line) with JSON logs.
+    /// Starts `cmd` (an agent command line) with JSON logs, listening on a free loopback port.
     pub fn start(mut cmd: Command) -> Agent {
-        cmd.args(["--log-format", "json"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        let port = free_port();
+        cmd.args([
+            "--log-format",
+            "json",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn the agent");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, lines) = mpsc::channel();
@@ -328,6 +336,7 @@ impl Agent {
         });
         Agent {
             child,
+            port,
             lines,
             seen: Vec::new(),
         }
@@ -450,4 +459,46 @@ pub fn pin_this_thread(cpu: usize) {
         "pinning to CPU {cpu}: {}",
         std::io::Error::last_os_error()
     );
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// One HTTP/1.1 request over a real socket to 127.0.0.1:`port`: (status, body).
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: &str,
+) -> (u16, String) {
+    use std::net::TcpStream;
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the agent");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let ctype = content_type
+        .map(|t| format!("content-type: {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n{ctype}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }

@@ -36,6 +36,14 @@ pub struct Cli {
     /// Which processes' faults the probe inspects: those of cgroups that can use hugepages, or all.
     #[arg(long, env = "HUGEPAGE_AGENT_FAULT_SCOPE", value_enum, default_value_t = FaultScope::HugetlbCgroups, global = true)]
     pub fault_scope: FaultScope,
+    /// Address of the HTTP API.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_LISTEN",
+        default_value = "127.0.0.1:9820",
+        global = true
+    )]
+    pub listen: String,
     /// How often sysfs and the cgroup tree are re-read in full (e.g. 10s, 500ms, 1m).
     #[arg(
         long,
@@ -121,6 +129,8 @@ pub enum Command {
 pub enum ConfigError {
     #[error("--host-root {0}: not a directory")]
     HostRoot(PathBuf),
+    #[error("--listen {0:?}: expected an address and port such as 127.0.0.1:9820 or [::]:9820")]
+    Listen(String),
     #[error("--reconcile-interval {value:?}: {reason}")]
     Interval { value: String, reason: String },
 }
@@ -130,6 +140,7 @@ pub enum ConfigError {
 pub struct Config {
     pub command: Command,
     pub host: HostFs,
+    pub listen: std::net::SocketAddr,
     pub ebpf: EbpfMode,
     pub fault_scope: FaultScope,
     pub reconcile_interval: Duration,
@@ -157,7 +168,12 @@ impl TryFrom<Cli> for Config {
                 value: cli.reconcile_interval.clone(),
                 reason,
             })?;
+        let listen = cli
+            .listen
+            .parse()
+            .map_err(|_| ConfigError::Listen(cli.listen.clone()))?;
         Ok(Config {
+            listen,
             command: match cli.command {
                 None | Some(CliCommand::Run) => Command::Run,
                 Some(CliCommand::Status { json }) => Command::Status { json },
@@ -245,5 +261,10 @@ mod tests {
             "--reconcile-interval \"0s\": must be above zero"
         );
         assert!(Cli::try_parse_from(["hugepage-agent", "--ebpf", "maybe"]).is_err());
+        let err = Config::try_from(cli(&["--listen", "localhost"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--listen \"localhost\": expected an address and port such as 127.0.0.1:9820 or [::]:9820"
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! hugepage pools; [`run`] is the agent's event loop and [`status`] the one-shot table.
 
 pub mod admission;
+pub mod api;
 pub mod check;
 pub mod config;
 pub mod logging;

@@ -1,22 +1,29 @@
-//! `hugepage-agent run`: start the probes (or fall back to sysfs), log every hugetlb fault and
-//! cgroup event, keep the probe's watched-cgroup map current, re-read the hugepage pools when a
-//! fault prompts it and on every reconcile tick, and detach cleanly on SIGINT or SIGTERM.
+//! `hugepage-agent run`: serve the HTTP API, start the probes (or fall back to sysfs), log every
+//! hugetlb fault and cgroup event, keep the probe's watched-cgroup map current, keep the hugepage
+//! map fresh, and on SIGINT or SIGTERM drain the API and detach the probes.
 //!
 //! Fault records are prompts and attribution hints, never the accounting: each one schedules a
-//! coalesced re-read of sysfs, and what is logged as "changed" comes from sysfs.
+//! coalesced re-read of the touched page size, and what the map holds comes from sysfs. The
+//! periodic reconcile re-reads everything and is the only source when eBPF is off.
 
-use std::time::Duration;
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use tokio::{
+    net::TcpListener,
     signal::unix::{Signal, SignalKind, signal},
-    sync::mpsc,
+    sync::{mpsc, watch},
     time::Instant,
 };
 use tracing::{debug, info, warn};
 
 use crate::{
+    admission::verify::Verifier,
+    api::{self, AppState, Readiness},
     config::{Config, EbpfMode, FaultScope},
-    numa::HugepageTable,
+    numa::{
+        PageSize,
+        map::{Change, MapWriter, Snapshot, Source},
+    },
     probes::{
         EventStreams, ProbeError, Probes,
         events::{CgroupChange, CgroupEventInfo, FaultEvent, ProbeEvent},
@@ -24,12 +31,18 @@ use crate::{
         stream,
         watch::{CgroupV2, WatchError},
     },
-    sysfs::{HostFs, SysfsError, hugepages},
+    sysfs::{HostFs, SysfsError},
 };
 use hugepage_agent_common::counters::Counter;
 
-/// Faults arriving within this delay share one sysfs re-read.
-const COALESCE: Duration = Duration::from_millis(20);
+/// Faults arriving within this delay share one sysfs re-read. The tracepoint fires when a fault
+/// starts, before its page is taken; a 2 MiB fault has finished by then.
+const COALESCE: Duration = Duration::from_millis(2);
+/// A prompted re-read that saw no change is repeated once after this delay (a 1 GiB fault zeroes
+/// its page first and takes longer).
+const FOLLOW_UP: Duration = Duration::from_millis(200);
+/// How long in-flight API requests may take once shutdown begins.
+const DRAIN: Duration = Duration::from_secs(5);
 /// Decoded events buffered between the ring-buffer readers and the loop.
 const CHANNEL: usize = 4096;
 
@@ -45,6 +58,12 @@ pub enum RunError {
     Watch(#[from] WatchError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("--listen {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Runs the agent until a shutdown signal.
@@ -59,48 +78,63 @@ pub fn run(config: &Config) -> Result<(), RunError> {
 async fn run_async(config: &Config) -> Result<(), RunError> {
     // Installed first: a signal that arrives once the agent says it runs must stop it cleanly.
     let shutdown = Shutdown::install()?;
-    let table = hugepages::read_table(&config.host)?;
-    log_table(&table);
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let (writer, map) = MapWriter::new(config.host.clone(), Source::Sysfs)?;
+    log_snapshot(&writer.current());
+    let readiness = Readiness::default();
+    let state = AppState {
+        map,
+        verifier: Arc::new(Verifier::new(config.host.clone())?),
+        mode: config.verification_mode,
+        on_sysfs_error: config.on_sysfs_error,
+        readiness: readiness.clone(),
+    };
+    let (stop_server, stopped) = watch::channel(false);
+    let server = tokio::spawn(serve(listener, state, stopped));
     let mut agent = Agent {
         host: config.host.clone(),
         v2: CgroupV2::find(&config.host),
         probes: None,
         retries: RetryFilter::new(DEFAULT_WINDOW),
-        table,
+        writer,
+        pending: Pending::default(),
         last_counters: None,
     };
-    let mut events = match start_probes(config)? {
-        Some((probes, streams)) => {
+    let (mut events, probes_state) = match start_probes(config)? {
+        Ok((probes, streams)) => {
             let rx = agent.adopt(probes, streams, config.fault_scope)?;
-            info!(source = "ebpf+sysfs", "agent running");
-            rx
+            agent.writer.set_source(Source::EbpfSysfs);
+            (rx, "attached".to_owned())
         }
-        None => {
-            info!(source = "sysfs", "agent running");
-            mpsc::channel(1).1
-        }
+        Err(why) => (mpsc::channel(1).1, why),
     };
+    readiness.release(probes_state);
+    info!(source = %agent.writer.current().source, listen = %config.listen, "agent running");
     let shutdown = shutdown.wait();
     tokio::pin!(shutdown);
     let mut reconcile = tokio::time::interval(config.reconcile_interval);
-    let mut refresh_at: Option<Instant> = None;
     loop {
         tokio::select! {
             signal = &mut shutdown => {
                 info!(signal, "shutting down");
                 break;
             }
-            Some(event) = events.recv() => {
-                if agent.handle(event) && refresh_at.is_none() {
-                    refresh_at = Some(Instant::now() + COALESCE);
-                }
-            }
-            () = sleep_until(refresh_at), if refresh_at.is_some() => {
-                refresh_at = None;
-                agent.refresh_table();
-            }
+            Some(event) = events.recv() => agent.handle(event),
+            () = sleep_until(agent.pending.due), if agent.pending.due.is_some() => agent.refresh(),
             _ = reconcile.tick() => agent.reconcile(),
         }
+    }
+    let _ = stop_server.send(true);
+    match tokio::time::timeout(DRAIN, server).await {
+        Ok(Ok(Ok(()))) => info!("HTTP API drained"),
+        Ok(Ok(Err(err))) => warn!("HTTP API stopped with an error: {err}"),
+        Ok(Err(err)) => warn!("HTTP API task failed: {err}"),
+        Err(_) => warn!("HTTP API still busy after {DRAIN:?}; stopping anyway"),
     }
     agent.log_totals();
     if agent.probes.take().is_some() {
@@ -109,24 +143,37 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
     Ok(())
 }
 
+async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    axum::serve(listener, api::router(state))
+        .with_graceful_shutdown(async move {
+            let _ = stop.changed().await;
+        })
+        .await
+}
+
 async fn sleep_until(at: Option<Instant>) {
     if let Some(at) = at {
         tokio::time::sleep_until(at).await;
     }
 }
 
-/// Loads the probes as `--ebpf` asks; `None` means sysfs-only operation.
-fn start_probes(config: &Config) -> Result<Option<(Probes, EventStreams)>, RunError> {
+/// Loads the probes as `--ebpf` asks; `Ok(Err(why))` means sysfs-only operation.
+fn start_probes(config: &Config) -> Result<Result<(Probes, EventStreams), String>, RunError> {
     match config.ebpf {
         EbpfMode::Off => {
             info!("eBPF disabled (--ebpf off): the hugepage map comes from sysfs polling only");
-            Ok(None)
+            Ok(Err("off (--ebpf off)".to_owned()))
         }
         mode => match Probes::load(&config.host) {
-            Ok(loaded) => Ok(Some(loaded)),
+            Ok(loaded) => Ok(Ok(loaded)),
             Err(err) if mode == EbpfMode::Auto => {
-                warn!("eBPF unavailable, running on sysfs only: {}", err.explain());
-                Ok(None)
+                let why = err.explain();
+                warn!("eBPF unavailable, running on sysfs only: {why}");
+                Ok(Err(format!("refused: {why}")))
             }
             Err(err) => Err(RunError::ProbesRequired(err.explain())),
         },
@@ -161,8 +208,22 @@ struct Agent {
     v2: Option<CgroupV2>,
     probes: Option<Probes>,
     retries: RetryFilter,
-    table: HugepageTable,
+    writer: MapWriter,
+    pending: Pending,
     last_counters: Option<crate::probes::Counters>,
+}
+
+/// Page sizes that faults touched since the last re-read, and when that re-read is due.
+#[derive(Debug, Default)]
+struct Pending {
+    sizes: BTreeSet<PageSize>,
+    /// A fault of unknown page size: re-read every size.
+    all: bool,
+    /// CLOCK_MONOTONIC time of the earliest fault waiting.
+    first_fault: Option<Duration>,
+    due: Option<Instant>,
+    /// This is the follow-up of a re-read that saw no change.
+    follow_up: bool,
 }
 
 impl Agent {
@@ -207,16 +268,31 @@ impl Agent {
     }
 
     /// Logs one event; returns whether sysfs should be re-read.
-    fn handle(&mut self, event: ProbeEvent) -> bool {
+    /// Logs one event; a fault schedules a coalesced re-read of its page size.
+    fn handle(&mut self, event: ProbeEvent) {
         match event {
-            ProbeEvent::Fault(fault) => self.on_fault(&fault),
-            ProbeEvent::Cgroup(cgroup) => {
-                self.on_cgroup(&cgroup);
-                false
+            ProbeEvent::Fault(fault) => {
+                if self.on_fault(&fault) {
+                    self.schedule(fault.page_size.map(PageSize), fault.at);
+                }
             }
+            ProbeEvent::Cgroup(cgroup) => self.on_cgroup(&cgroup),
         }
     }
 
+    fn schedule(&mut self, size: Option<PageSize>, fault_at: Duration) {
+        let p = &mut self.pending;
+        match size {
+            Some(size) => {
+                p.sizes.insert(size);
+            }
+            None => p.all = true,
+        }
+        p.first_fault = Some(p.first_fault.map_or(fault_at, |t| t.min(fault_at)));
+        p.due.get_or_insert_with(|| Instant::now() + COALESCE);
+    }
+
+    /// Logs a fault; `false` for a retry of one already seen.
     fn on_fault(&mut self, f: &FaultEvent) -> bool {
         if !self.retries.admit(f) {
             debug!(
@@ -314,7 +390,10 @@ impl Agent {
                 Err(err) => warn!("reading probe counters: {}", err.explain()),
             }
         }
-        self.refresh_table();
+        match self.writer.reconcile() {
+            Ok(changes) => log_changes(&changes, None),
+            Err(err) => warn!("reconciling the hugepage map: {err}"),
+        }
     }
 
     /// What the probes saw over the agent's life: every counter, and the retries folded here.
@@ -340,42 +419,48 @@ impl Agent {
         }
     }
 
-    /// Re-reads sysfs and logs every pool whose counts changed.
-    fn refresh_table(&mut self) {
-        let table = match hugepages::read_table(&self.host) {
-            Ok(table) => table,
-            Err(err) => {
-                warn!("re-reading hugepage pools: {err}");
-                return;
+    /// The coalesced re-read the faults asked for.
+    fn refresh(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        let sizes = (!pending.all).then_some(&pending.sizes);
+        match self.writer.refresh(sizes, pending.first_fault) {
+            Ok(changes)
+                if changes.is_empty() && !pending.follow_up && self.pending.due.is_none() =>
+            {
+                self.pending = Pending {
+                    due: Some(Instant::now() + FOLLOW_UP),
+                    follow_up: true,
+                    ..pending
+                };
             }
-        };
-        for now in &table.nodes {
-            let before = self
-                .table
-                .nodes
-                .iter()
-                .find(|p| p.node == now.node && p.size == now.size);
-            if before != Some(now) {
-                info!(
-                    node = now.node.0,
-                    size = %now.size,
-                    total = now.total,
-                    free = now.free,
-                    free_before = before.map(|b| b.free),
-                    surplus = now.surplus,
-                    "hugepage pool changed"
-                );
-            }
+            Ok(changes) => log_changes(&changes, self.writer.current().fault_to_map),
+            Err(err) => warn!("re-reading hugepage pools: {err}"),
         }
-        self.table = table;
     }
 }
 
-fn log_table(table: &HugepageTable) {
-    for p in &table.nodes {
-        info!(node = p.node.0, size = %p.size, total = p.total, free = p.free, surplus = p.surplus, "hugepage pool");
+fn log_changes(changes: &[Change], fault_to_map: Option<Duration>) {
+    for c in changes {
+        info!(
+            node = c.now.node.0,
+            size = %c.now.size,
+            total = c.now.total,
+            free = c.now.free,
+            free_before = c.before.as_ref().map(|b| b.free),
+            surplus = c.now.surplus,
+            fault_to_map_us = fault_to_map.map(|d| d.as_micros() as u64),
+            "hugepage pool changed"
+        );
     }
-    for g in &table.global {
+}
+
+fn log_snapshot(s: &Snapshot) {
+    for n in &s.nodes {
+        for p in &n.sizes {
+            info!(node = n.info.node.0, size = %PageSize(p.page_size_bytes), total = p.total, free = p.free, surplus = p.surplus, "hugepage pool");
+        }
+    }
+    for g in &s.global {
         info!(size = %g.size, total = g.total, free = g.free, reserved = g.reserved, surplus = g.surplus, "hugepage pool (system-wide)");
     }
 }

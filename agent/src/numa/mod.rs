@@ -9,6 +9,8 @@ use serde::Serialize;
 
 use crate::quantity;
 
+pub mod map;
+
 /// A NUMA node number (`node<N>` in sysfs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]

@@ -47,34 +47,66 @@ fn page_sizes(host: &HostFs, dir: &str) -> Result<Vec<PageSize>, SysfsError> {
     Ok(sizes)
 }
 
-/// Reads every pool of every node and size, and the global pools.
-pub fn read_table(host: &HostFs) -> Result<HugepageTable, SysfsError> {
-    let mut nodes = Vec::new();
-    for node in numa_nodes(host)? {
-        let dir = format!("{NODES}/node{}/hugepages", node.0);
-        for size in page_sizes(host, &dir)? {
-            let d = format!("{dir}/{}", size.dir_name());
-            nodes.push(NodePool {
-                node,
-                size,
-                total: host.read_u64(format!("{d}/nr_hugepages"))?,
-                free: host.read_u64(format!("{d}/free_hugepages"))?,
-                surplus: host.read_u64(format!("{d}/surplus_hugepages"))?,
-            });
-        }
+/// Every page size present on any node or system-wide.
+pub fn all_sizes(host: &HostFs, nodes: &[NumaNode]) -> Result<Vec<PageSize>, SysfsError> {
+    let mut sizes = page_sizes(host, GLOBAL)?;
+    for node in nodes {
+        sizes.extend(page_sizes(
+            host,
+            &format!("{NODES}/node{}/hugepages", node.0),
+        )?);
     }
-    let mut global = Vec::new();
-    for size in page_sizes(host, GLOBAL)? {
-        let d = format!("{GLOBAL}/{}", size.dir_name());
-        global.push(GlobalPool {
+    sizes.sort();
+    sizes.dedup();
+    Ok(sizes)
+}
+
+/// The pools of one size: on each node that has it, and system-wide.
+pub fn read_size(
+    host: &HostFs,
+    nodes: &[NumaNode],
+    size: PageSize,
+) -> Result<(Vec<NodePool>, Option<GlobalPool>), SysfsError> {
+    let mut pools = Vec::new();
+    for &node in nodes {
+        let d = format!("{NODES}/node{}/hugepages/{}", node.0, size.dir_name());
+        if !host.exists(&d) {
+            continue;
+        }
+        pools.push(NodePool {
+            node,
+            size,
+            total: host.read_u64(format!("{d}/nr_hugepages"))?,
+            free: host.read_u64(format!("{d}/free_hugepages"))?,
+            surplus: host.read_u64(format!("{d}/surplus_hugepages"))?,
+        });
+    }
+    let d = format!("{GLOBAL}/{}", size.dir_name());
+    let global = if host.exists(&d) {
+        Some(GlobalPool {
             size,
             total: host.read_u64(format!("{d}/nr_hugepages"))?,
             free: host.read_u64(format!("{d}/free_hugepages"))?,
             reserved: host.read_u64(format!("{d}/resv_hugepages"))?,
             surplus: host.read_u64(format!("{d}/surplus_hugepages"))?,
-        });
+        })
+    } else {
+        None
+    };
+    Ok((pools, global))
+}
+
+/// Reads every pool of every node and size, and the global pools.
+pub fn read_table(host: &HostFs) -> Result<HugepageTable, SysfsError> {
+    let nodes = numa_nodes(host)?;
+    let mut table = HugepageTable::default();
+    for size in all_sizes(host, &nodes)? {
+        let (pools, global) = read_size(host, &nodes, size)?;
+        table.nodes.extend(pools);
+        table.global.extend(global);
     }
-    Ok(HugepageTable { nodes, global })
+    table.nodes.sort_by_key(|p| (p.node, p.size));
+    Ok(table)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! Errors always name the file. Parsing of what is read lives in the submodules.
 
 pub mod hugepages;
+pub mod topology;
 
 use std::{
     fs, io,

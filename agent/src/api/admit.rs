@@ -1,0 +1,188 @@
+//! `POST /v1/admit`: both body forms, validated, then verified on the requested NUMA nodes (all
+//! nodes until topology hints select them). The logic is [`admit`], a plain function of the
+//! state and the raw request; the handler only extracts and maps.
+
+use serde::{Deserialize, Serialize};
+
+use super::{AppState, error::ApiError};
+use crate::{
+    admission::{
+        request::{self, Hugepages, PodSpec, ResourceList},
+        verify::{Verdict, VerifyError},
+    },
+    numa::NumaNode,
+};
+
+/// Largest body accepted.
+pub const BODY_LIMIT: usize = 1 << 20;
+
+/// Who is asking (echoed in the answer and the log).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos_class: Option<String>,
+}
+
+/// The short form.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ShortForm {
+    #[serde(default)]
+    pod: PodRef,
+    containers: Vec<ShortContainer>,
+    numa_nodes: Option<Vec<u32>>,
+    topology_policy: Option<String>,
+    scope: Option<String>,
+}
+
+/// A container of the short form (its `name`, if given, is not needed for the check).
+#[derive(Debug, Deserialize)]
+struct ShortContainer {
+    #[serde(default)]
+    resources: ResourceList,
+}
+
+/// A whole `v1.Pod` (only what admission reads; other fields are ignored, as Kubernetes objects
+/// carry many).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodForm {
+    #[serde(default)]
+    metadata: Metadata,
+    spec: PodSpec,
+    #[serde(default)]
+    status: Status,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Metadata {
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    uid: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Status {
+    qos_class: Option<String>,
+}
+
+/// The answer: the verdict and who it is for.
+#[derive(Debug, Clone, Serialize)]
+pub struct Answer {
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    pub pod: PodRef,
+}
+
+const POLICIES: [&str; 4] = ["none", "best-effort", "restricted", "single-numa-node"];
+const SCOPES: [&str; 2] = ["container", "pod"];
+
+/// Validates and verifies one admission request.
+pub fn admit(
+    state: &AppState,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<Answer, ApiError> {
+    let json = content_type.is_some_and(|t| {
+        t.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    });
+    if !json {
+        return Err(ApiError::unsupported_media(content_type));
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_json(e.to_string()))?;
+    let (pod, request, nodes) = if value.get("spec").is_some() {
+        from_pod(value)?
+    } else {
+        from_short(value)?
+    };
+    let nodes = nodes.unwrap_or_else(|| state.verifier.nodes());
+    let verdict = state
+        .verifier
+        .verify(&request, &nodes, state.mode, state.on_sysfs_error)
+        .map_err(|e| match e {
+            VerifyError::UnknownNode { .. } => ApiError::invalid("numaNodes", e.to_string()),
+            VerifyError::NoNodes => {
+                ApiError::invalid("numaNodes", "must name at least one NUMA node")
+            }
+        })?;
+    tracing::info!(
+        pod = %format_args!("{}/{}", pod.namespace, pod.name),
+        uid = %pod.uid,
+        allowed = verdict.allowed,
+        message = verdict.message.as_deref().unwrap_or(""),
+        "admission"
+    );
+    Ok(Answer { verdict, pod })
+}
+
+type Parsed = (PodRef, Hugepages, Option<Vec<NumaNode>>);
+
+fn deserialize<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = e.path().to_string();
+        ApiError::invalid(field, e.into_inner().to_string())
+    })
+}
+
+fn from_short(value: serde_json::Value) -> Result<Parsed, ApiError> {
+    let form: ShortForm = deserialize(value)?;
+    if let Some(p) = form
+        .topology_policy
+        .as_deref()
+        .filter(|p| !POLICIES.contains(p))
+    {
+        return Err(ApiError::invalid(
+            "topologyPolicy",
+            format!("{p:?} is not one of {POLICIES:?}"),
+        ));
+    }
+    if let Some(s) = form.scope.as_deref().filter(|s| !SCOPES.contains(s)) {
+        return Err(ApiError::invalid(
+            "scope",
+            format!("{s:?} is not one of {SCOPES:?}"),
+        ));
+    }
+    let mut total = Hugepages::new();
+    for (i, c) in form.containers.iter().enumerate() {
+        let pages = request::from_list(&c.resources, &format!("containers[{i}].resources"))
+            .map_err(field_error)?;
+        for (size, bytes) in pages {
+            let slot = total.entry(size).or_default();
+            *slot = slot.saturating_add(bytes);
+        }
+    }
+    let nodes = form
+        .numa_nodes
+        .map(|n| n.into_iter().map(NumaNode).collect());
+    Ok((form.pod, total, nodes))
+}
+
+fn from_pod(value: serde_json::Value) -> Result<Parsed, ApiError> {
+    let form: PodForm = deserialize(value)?;
+    let request = request::pod_hugepages(&form.spec).map_err(field_error)?;
+    let pod = PodRef {
+        namespace: form.metadata.namespace,
+        name: form.metadata.name,
+        uid: form.metadata.uid,
+        qos_class: form.status.qos_class,
+    };
+    Ok((pod, request, None))
+}
+
+fn field_error(e: request::RequestError) -> ApiError {
+    ApiError::invalid(e.field, e.detail)
+}

@@ -1,0 +1,121 @@
+//! The API's one error type: what the client reads is an RFC 9457 problem document
+//! (`application/problem+json`) with a clear `detail` and, for bad input, the `field` at fault.
+
+use axum::{
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde::Serialize;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ApiError {
+    #[serde(skip)]
+    pub status: StatusCode,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub title: &'static str,
+    #[serde(rename = "status")]
+    pub status_code: u16,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        kind: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            title,
+            status_code: status.as_u16(),
+            detail: detail.into(),
+            field: None,
+        }
+    }
+
+    pub fn invalid(field: impl Into<String>, detail: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+            "Invalid request",
+            detail,
+        );
+        e.field = Some(field.into());
+        e
+    }
+
+    pub fn bad_json(detail: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-json",
+            "Body is not valid JSON",
+            detail,
+        )
+    }
+
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Body too large",
+            format!("the body is larger than {limit} bytes"),
+        )
+    }
+
+    pub fn unsupported_media(found: Option<&str>) -> ApiError {
+        let detail = match found {
+            Some(t) => format!("content type {t:?} is not supported: send application/json"),
+            None => "no content type: send application/json".to_owned(),
+        };
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            "Unsupported media type",
+            detail,
+        )
+    }
+
+    pub fn not_found(path: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "Not found",
+            format!("no endpoint at {path}; see /openapi.json"),
+        )
+    }
+
+    pub fn method_not_allowed() -> ApiError {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "Method not allowed",
+            "this endpoint does not take that method; see /openapi.json",
+        )
+    }
+
+    pub fn unavailable(detail: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Not ready",
+            detail,
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_string(&self).unwrap_or_default();
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            body,
+        )
+            .into_response()
+    }
+}

@@ -1,0 +1,131 @@
+//! The HTTP API (axum): `POST /v1/admit`, `GET /v1/hugepages`, `/healthz`, `/readyz`,
+//! `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
+//! handlers extract, call a plain function, and map the result; errors are [`error::ApiError`].
+
+pub mod admit;
+pub mod error;
+pub mod openapi;
+
+use std::sync::{Arc, OnceLock};
+
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::{DefaultBodyLimit, State, rejection::BytesRejection},
+    http::{HeaderMap, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use serde::Serialize;
+
+use crate::{
+    admission::verify::{Mode, OnSysfsError, Verifier},
+    numa::map::MapReader,
+};
+use error::ApiError;
+
+/// Released once: the first map exists and the probes are attached, refused, or off.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<OnceLock<String>>);
+
+impl Readiness {
+    /// Marks the agent ready; `probes` says what became of the eBPF probes.
+    pub fn release(&self, probes: impl Into<String>) {
+        let _first = self.0.set(probes.into());
+    }
+
+    pub fn probes(&self) -> Option<&str> {
+        self.0.get().map(String::as_str)
+    }
+}
+
+/// What every handler may read.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub map: MapReader,
+    pub verifier: Arc<Verifier>,
+    pub mode: Mode,
+    pub on_sysfs_error: OnSysfsError,
+    pub readiness: Readiness,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/admit", post(admit_handler))
+        .route("/v1/hugepages", get(hugepages))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/openapi.json", get(openapi_handler))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(admit::BODY_LIMIT))
+        .with_state(state)
+}
+
+async fn admit_handler(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return ApiError::too_large(admit::BODY_LIMIT).into_response();
+        }
+        Err(rejection) => return ApiError::bad_json(rejection.body_text()).into_response(),
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    match admit::admit(&state, content_type, &body) {
+        Ok(answer) => Json(answer).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn hugepages(State(state): State<AppState>) -> Response {
+    Json(&*state.map.load()).into_response()
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Ready<'a> {
+    ready: bool,
+    source: crate::numa::map::Source,
+    generation: u64,
+    probes: &'a str,
+}
+
+async fn healthz() -> Response {
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let snapshot = state.map.load();
+    match state.readiness.probes() {
+        Some(probes) => Json(Ready {
+            ready: true,
+            source: snapshot.source,
+            generation: snapshot.generation,
+            probes,
+        })
+        .into_response(),
+        None => ApiError::unavailable("starting: the probes are not attached or refused yet")
+            .into_response(),
+    }
+}
+
+async fn openapi_handler() -> Response {
+    Json(openapi::document()).into_response()
+}
+
+async fn not_found(uri: Uri) -> Response {
+    ApiError::not_found(uri.path()).into_response()
+}
+
+async fn method_not_allowed() -> Response {
+    ApiError::method_not_allowed().into_response()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,104 @@
+//! `GET /openapi.json`: the API described as OpenAPI 3.1, every endpoint and every error.
+
+use serde_json::{Value, json};
+
+fn problem(description: &str) -> Value {
+    json!({"description": description, "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}})
+}
+
+/// The whole document.
+pub fn document() -> Value {
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "hugepage-agent",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Per-NUMA hugepage verification for Kubernetes nodes (KEP-5759 semantics)."
+        },
+        "paths": {
+            "/v1/admit": {"post": {
+                "summary": "Can this pod's hugepage request be served on these NUMA nodes, right now?",
+                "description": "free_hugepages is read fresh for the selected NUMA nodes (all nodes when numaNodes is absent). A rejection carries the KEP-5759 message. The body is either the short form or a whole v1.Pod.",
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"oneOf": [
+                    {"$ref": "#/components/schemas/AdmitShort"},
+                    {"$ref": "#/components/schemas/Pod"}
+                ]}}}},
+                "responses": {
+                    "200": {"description": "The verdict (allowed or not)", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Verdict"}}}},
+                    "400": problem("Invalid JSON, or an invalid field (named in `field`)"),
+                    "413": problem("Body larger than 1 MiB"),
+                    "415": problem("Content type is not application/json")
+                }
+            }},
+            "/v1/hugepages": {"get": {
+                "summary": "The hugepage map: per NUMA node and size, and system-wide",
+                "responses": {"200": {"description": "The latest snapshot", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Snapshot"}}}}}
+            }},
+            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "The process serves requests"}}}},
+            "/readyz": {"get": {
+                "summary": "Readiness: the first map exists and the probes are attached, refused or off",
+                "responses": {"200": {"description": "Ready"}, "503": problem("Still starting")}
+            }},
+            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}}
+        },
+        "components": {"schemas": {
+            "Quantity": {"description": "A Kubernetes quantity (4Gi, 2048Mi, 1.5Gi, 4194304) or a number of bytes", "oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]},
+            "AdmitShort": {
+                "type": "object",
+                "required": ["containers"],
+                "additionalProperties": false,
+                "properties": {
+                    "pod": {"type": "object", "properties": {
+                        "namespace": {"type": "string"}, "name": {"type": "string"}, "uid": {"type": "string"}, "qosClass": {"type": "string"}
+                    }},
+                    "containers": {"type": "array", "items": {"type": "object", "properties": {
+                        "name": {"type": "string"},
+                        "resources": {"type": "object", "description": "resource name to quantity; hugepages-<size> entries are verified", "additionalProperties": {"$ref": "#/components/schemas/Quantity"}}
+                    }}},
+                    "numaNodes": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                    "topologyPolicy": {"enum": ["none", "best-effort", "restricted", "single-numa-node"]},
+                    "scope": {"enum": ["container", "pod"]}
+                }
+            },
+            "Pod": {"type": "object", "required": ["spec"], "description": "A Kubernetes v1.Pod; containers, initContainers (restartPolicy Always = sidecar), overhead and pod-level resources are read"},
+            "Check": {"type": "object", "properties": {
+                "resource": {"type": "string", "examples": ["hugepages-2Mi"]},
+                "numaNodes": {"type": "array", "items": {"type": "integer"}},
+                "requestedBytes": {"type": "integer"},
+                "availableBytes": {"type": "integer", "description": "what the verification mode counts"},
+                "freeBytes": {"type": "integer", "description": "free_hugepages summed (kep)"},
+                "unreservedBytes": {"type": "integer", "description": "free minus reserved-but-untouched (strict)"},
+                "ok": {"type": "boolean"},
+                "unverified": {"type": "string", "description": "why this size could not be read"}
+            }},
+            "Verdict": {"type": "object", "required": ["allowed", "numaNodes", "mode", "checks", "pod"], "properties": {
+                "allowed": {"type": "boolean"},
+                "reason": {"enum": ["FailedHugepagesVerification", "HugepagesVerificationUnavailable"]},
+                "message": {"type": "string", "examples": ["insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 6Gi, available 4Gi"]},
+                "numaNodes": {"type": "array", "items": {"type": "integer"}},
+                "mode": {"enum": ["kep", "strict"]},
+                "checks": {"type": "array", "items": {"$ref": "#/components/schemas/Check"}},
+                "pod": {"type": "object"}
+            }},
+            "Snapshot": {"type": "object", "properties": {
+                "generation": {"type": "integer"},
+                "updatedAt": {"type": "string", "format": "date-time"},
+                "source": {"enum": ["ebpf+sysfs", "sysfs"]},
+                "faultToMapMicros": {"type": "integer", "description": "delay from the hugetlb fault that prompted this snapshot"},
+                "nodes": {"type": "array", "items": {"type": "object", "properties": {
+                    "node": {"type": "integer"}, "cpus": {"type": "array", "items": {"type": "integer"}}, "distances": {"type": "array", "items": {"type": "integer"}},
+                    "sizes": {"type": "array", "items": {"type": "object", "properties": {
+                        "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"}, "surplus": {"type": "integer"}
+                    }}}
+                }}},
+                "global": {"type": "array", "items": {"type": "object", "properties": {
+                    "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"}, "reserved": {"type": "integer"}, "surplus": {"type": "integer"}
+                }}}
+            }},
+            "Problem": {"type": "object", "description": "RFC 9457 problem details", "required": ["type", "title", "status", "detail"], "properties": {
+                "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"}, "detail": {"type": "string"},
+                "field": {"type": "string", "description": "the request field at fault"}
+            }}
+        }}
+    })
+}

@@ -1,0 +1,315 @@
+use std::fs;
+
+use axum::{
+    body::Body,
+    http::{Request, StatusCode},
+};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use super::*;
+use crate::{
+    numa::map::{MapWriter, Source},
+    sysfs::HostFs,
+};
+
+/// Two nodes with 2 GiB of free 2 MiB pages each (Story 2 after Job C took 4 of 8 GiB).
+fn state() -> (tempfile::TempDir, AppState) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let w = |path: &str, value: &str| {
+        let full = dir.path().join(path.trim_start_matches('/'));
+        fs::create_dir_all(full.parent().expect("parent")).expect("mkdir");
+        fs::write(full, value).expect("write");
+    };
+    w("/sys/devices/system/node/online", "0-1\n");
+    for node in 0..2 {
+        let n = format!("/sys/devices/system/node/node{node}");
+        w(
+            &format!("{n}/cpulist"),
+            if node == 0 { "0\n" } else { "1\n" },
+        );
+        w(
+            &format!("{n}/distance"),
+            if node == 0 { "10 20\n" } else { "20 10\n" },
+        );
+        for (file, v) in [
+            ("nr_hugepages", "2048\n"),
+            ("free_hugepages", "1024\n"),
+            ("surplus_hugepages", "0\n"),
+        ] {
+            w(&format!("{n}/hugepages/hugepages-2048kB/{file}"), v);
+        }
+    }
+    for (file, v) in [
+        ("nr_hugepages", "4096\n"),
+        ("free_hugepages", "2048\n"),
+        ("resv_hugepages", "0\n"),
+        ("surplus_hugepages", "0\n"),
+    ] {
+        w(
+            &format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{file}"),
+            v,
+        );
+    }
+    let host = HostFs::new(dir.path());
+    let (_writer, map) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
+    let verifier = Arc::new(Verifier::new(host).expect("verifier"));
+    let state = AppState {
+        map,
+        verifier,
+        mode: Mode::Kep,
+        on_sysfs_error: OnSysfsError::Admit,
+        readiness: Readiness::default(),
+    };
+    (dir, state)
+}
+
+async fn send(
+    state: &AppState,
+    method: &str,
+    uri: &str,
+    content_type: Option<&str>,
+    body: impl Into<Body>,
+) -> (StatusCode, String, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = content_type {
+        req = req.header("content-type", t);
+    }
+    let response = router(state.clone())
+        .oneshot(req.body(body.into()).expect("request"))
+        .await
+        .expect("response");
+    let status = response.status();
+    let ctype = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (
+        status,
+        ctype,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+async fn admit(state: &AppState, body: Value) -> (StatusCode, String, Value) {
+    send(
+        state,
+        "POST",
+        "/v1/admit",
+        Some("application/json"),
+        body.to_string(),
+    )
+    .await
+}
+
+fn short(hugepages: &str, nodes: Option<Value>) -> Value {
+    let mut body = json!({
+        "pod": {"namespace": "batch", "name": "job-b", "uid": "u-1", "qosClass": "Guaranteed"},
+        "containers": [{"name": "main", "resources": {"hugepages-2Mi": hugepages, "memory": "1Gi"}}],
+    });
+    if let Some(n) = nodes {
+        body["numaNodes"] = n;
+    }
+    body
+}
+
+#[tokio::test]
+async fn story_2_is_rejected_with_the_kep_message() {
+    let (_d, state) = state();
+    let (status, _, answer) = admit(&state, short("6Gi", Some(json!([0, 1])))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["allowed"], false);
+    assert_eq!(answer["reason"], "FailedHugepagesVerification");
+    assert_eq!(
+        answer["message"],
+        "insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 6Gi, available 4Gi"
+    );
+    assert_eq!(answer["checks"][0]["requestedBytes"], 6u64 << 30);
+    assert_eq!(answer["checks"][0]["availableBytes"], 4u64 << 30);
+    assert_eq!(answer["pod"]["name"], "job-b");
+}
+
+#[tokio::test]
+async fn a_request_that_fits_is_allowed_and_without_nodes_all_are_checked() {
+    let (_d, state) = state();
+    let (_, _, answer) = admit(&state, short("3Gi", None)).await;
+    assert_eq!(answer["allowed"], true);
+    assert_eq!(answer["numaNodes"], json!([0, 1]));
+    assert!(answer.get("message").is_none());
+}
+
+#[tokio::test]
+async fn a_whole_pod_is_read_by_the_kubelet_rules() {
+    let (_d, state) = state();
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": "net", "name": "dpdk", "uid": "u-2"},
+        "spec": {
+            "initContainers": [{"name": "init", "resources": {"limits": {"hugepages-2Mi": "5Gi"}}}],
+            "containers": [{"name": "app", "image": "x", "resources": {"limits": {"hugepages-2Mi": "1Gi", "cpu": "2"}}}]
+        },
+        "status": {"qosClass": "Guaranteed"}
+    });
+    let (status, _, answer) = admit(&state, pod).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer["message"],
+        "insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 5Gi, available 4Gi"
+    );
+    assert_eq!(answer["pod"]["qosClass"], "Guaranteed");
+}
+
+#[tokio::test]
+async fn bad_input_is_problem_json_naming_the_field_and_changes_nothing() {
+    let (_d, state) = state();
+    let before = state.map.load().generation;
+    let cases = [
+        (short("1G", None), "containers[0].resources.hugepages-2Mi"),
+        (short("2Gi", Some(json!([0, 9]))), "numaNodes"),
+        (short("2Gi", Some(json!([]))), "numaNodes"),
+        (short("2Gi", Some(json!("all"))), "numaNodes"),
+        (
+            json!({"containers": [], "topologyPolicy": "closest"}),
+            "topologyPolicy",
+        ),
+        (json!({"containers": [], "scope": "node"}), "scope"),
+        (json!({"containers": [], "extra": 1}), "."),
+        (
+            json!({"spec": {"containers": [{"resources": {"requests": {"hugepages-2Mi": "2Gi"}}}]}}),
+            "spec.containers[0].resources.requests.hugepages-2Mi",
+        ),
+    ];
+    for (body, field) in cases {
+        let (status, ctype, problem) = admit(&state, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {problem}");
+        assert_eq!(ctype, "application/problem+json");
+        assert_eq!(problem["status"], 400);
+        assert!(problem["detail"].as_str().is_some_and(|d| !d.is_empty()));
+        if field != "." {
+            assert_eq!(problem["field"], field, "{body}: {problem}");
+        }
+    }
+    assert_eq!(state.map.load().generation, before);
+    assert_eq!(state.verifier.sysfs_errors(), 0);
+}
+
+#[tokio::test]
+async fn transport_errors_are_400_413_415() {
+    let (_d, state) = state();
+    let (status, ctype, problem) = send(
+        &state,
+        "POST",
+        "/v1/admit",
+        Some("application/json"),
+        "{not json",
+    )
+    .await;
+    assert_eq!(
+        (status, ctype.as_str()),
+        (StatusCode::BAD_REQUEST, "application/problem+json")
+    );
+    assert_eq!(problem["type"], "invalid-json");
+    let (status, _, problem) = send(
+        &state,
+        "POST",
+        "/v1/admit",
+        Some("text/plain"),
+        short("2Gi", None).to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("text/plain"))
+    );
+    let (status, _, _) = send(
+        &state,
+        "POST",
+        "/v1/admit",
+        None,
+        short("2Gi", None).to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let big = format!(
+        "{{\"containers\":[],\"pad\":\"{}\"}}",
+        "x".repeat(admit::BODY_LIMIT)
+    );
+    let (status, _, problem) =
+        send(&state, "POST", "/v1/admit", Some("application/json"), big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{problem}");
+    let (status, _, _) = send(
+        &state,
+        "POST",
+        "/v1/admit",
+        Some("application/json; charset=utf-8"),
+        short("2Gi", None).to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn hugepages_health_readiness_and_unknown_paths() {
+    let (_d, state) = state();
+    let (status, _, map) = send(&state, "GET", "/v1/hugepages", None, Body::empty()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(map["nodes"][1]["sizes"][0]["free"], 1024);
+    assert_eq!(map["source"], "sysfs");
+    assert_eq!(
+        send(&state, "GET", "/healthz", None, Body::empty()).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&state, "GET", "/readyz", None, Body::empty()).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    state.readiness.release("off (--ebpf off)");
+    let (status, _, ready) = send(&state, "GET", "/readyz", None, Body::empty()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ready["probes"], "off (--ebpf off)");
+    let (status, ctype, _) = send(&state, "GET", "/v2/nothing", None, Body::empty()).await;
+    assert_eq!(
+        (status, ctype.as_str()),
+        (StatusCode::NOT_FOUND, "application/problem+json")
+    );
+    let (status, ctype, _) = send(&state, "GET", "/v1/admit", None, Body::empty()).await;
+    assert_eq!(
+        (status, ctype.as_str()),
+        (StatusCode::METHOD_NOT_ALLOWED, "application/problem+json")
+    );
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_every_route() {
+    let (_d, state) = state();
+    let (status, _, doc) = send(&state, "GET", "/openapi.json", None, Body::empty()).await;
+    assert_eq!(status, StatusCode::OK);
+    for path in [
+        "/v1/admit",
+        "/v1/hugepages",
+        "/healthz",
+        "/readyz",
+        "/openapi.json",
+    ] {
+        assert!(doc["paths"].get(path).is_some(), "{path} missing");
+    }
+    for code in ["200", "400", "413", "415"] {
+        assert!(
+            doc["paths"]["/v1/admit"]["post"]["responses"]
+                .get(code)
+                .is_some(),
+            "{code}"
+        );
+    }
+}

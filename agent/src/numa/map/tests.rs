@@ -1,0 +1,130 @@
+use std::fs;
+
+use super::*;
+
+const MI2: PageSize = PageSize(2 << 20);
+const GI1: PageSize = PageSize(1 << 30);
+
+fn write(root: &std::path::Path, path: &str, value: &str) {
+    let full = root.join(path.trim_start_matches('/'));
+    fs::create_dir_all(full.parent().expect("parent")).expect("mkdir");
+    fs::write(full, value).expect("write");
+}
+
+/// Two nodes (node 1 CPU-less), 2 MiB on both, 1 GiB on node 0 only.
+fn host() -> (tempfile::TempDir, HostFs) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = dir.path();
+    write(r, "/sys/devices/system/node/online", "0-1\n");
+    write(r, "/sys/devices/system/node/node0/cpulist", "0-1\n");
+    write(r, "/sys/devices/system/node/node0/distance", "10 20\n");
+    write(r, "/sys/devices/system/node/node1/cpulist", "\n");
+    write(r, "/sys/devices/system/node/node1/distance", "20 10\n");
+    for (node, size, free) in [(0, MI2, 8), (1, MI2, 4), (0, GI1, 1)] {
+        let d = format!(
+            "/sys/devices/system/node/node{node}/hugepages/{}",
+            size.dir_name()
+        );
+        write(r, &format!("{d}/nr_hugepages"), "8\n");
+        write(r, &format!("{d}/free_hugepages"), &format!("{free}\n"));
+        write(r, &format!("{d}/surplus_hugepages"), "0\n");
+    }
+    let host = HostFs::new(r);
+    (dir, host)
+}
+
+fn set_free(host: &HostFs, node: u32, size: PageSize, free: u64) {
+    let path = host.path(format!(
+        "/sys/devices/system/node/node{node}/hugepages/{}/free_hugepages",
+        size.dir_name()
+    ));
+    fs::write(path, format!("{free}\n")).expect("write");
+}
+
+fn free(s: &Snapshot, node: u32, size: PageSize) -> Option<u64> {
+    s.nodes[node as usize]
+        .sizes
+        .iter()
+        .find(|v| v.page_size_bytes == size.0)
+        .map(|v| v.free)
+}
+
+#[test]
+fn the_first_snapshot_has_topology_pools_and_generation_1() {
+    let (_d, host) = host();
+    let (_writer, reader) = MapWriter::new(host, Source::Sysfs).expect("map");
+    let s = reader.load();
+    assert_eq!(s.generation, 1);
+    assert_eq!(s.nodes.len(), 2);
+    assert_eq!(s.nodes[1].info.cpus, Vec::<u32>::new());
+    assert_eq!(
+        (
+            free(&s, 0, MI2),
+            free(&s, 1, MI2),
+            free(&s, 0, GI1),
+            free(&s, 1, GI1)
+        ),
+        (Some(8), Some(4), Some(1), None)
+    );
+    let json = serde_json::to_value(&*s).expect("json");
+    assert_eq!(json["source"], "sysfs");
+    assert_eq!(json["nodes"][0]["distances"], serde_json::json!([10, 20]));
+    assert!(json["updatedAt"].as_str().is_some_and(|t| t.ends_with('Z')));
+}
+
+#[test]
+fn a_prompted_refresh_rereads_only_the_touched_size() {
+    let (_d, host) = host();
+    let (mut writer, reader) = MapWriter::new(host.clone(), Source::EbpfSysfs).expect("map");
+    set_free(&host, 0, MI2, 5);
+    set_free(&host, 0, GI1, 0);
+    let changes = writer
+        .refresh(Some(&BTreeSet::from([MI2])), Some(monotonic_now()))
+        .expect("refresh");
+    assert_eq!(changes.len(), 1);
+    assert_eq!(
+        (
+            changes[0].before.as_ref().map(|p| p.free),
+            changes[0].now.free
+        ),
+        (Some(8), 5)
+    );
+    let s = reader.load();
+    assert_eq!(
+        (free(&s, 0, MI2), free(&s, 0, GI1)),
+        (Some(5), Some(1)),
+        "1 GiB not re-read"
+    );
+    assert_eq!(s.generation, 2);
+    assert!(s.fault_to_map.is_some_and(|d| d < Duration::from_secs(1)));
+    writer.reconcile().expect("reconcile");
+    assert_eq!(free(&reader.load(), 0, GI1), Some(0));
+}
+
+#[test]
+fn readers_keep_their_snapshot_while_the_writer_publishes() {
+    let (_d, host) = host();
+    let (mut writer, reader) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
+    let held = reader.load();
+    set_free(&host, 1, MI2, 0);
+    writer.reconcile().expect("reconcile");
+    assert_eq!(free(&held, 1, MI2), Some(4));
+    assert_eq!(free(&reader.load(), 1, MI2), Some(0));
+    assert!(reader.load().generation > held.generation);
+}
+
+#[test]
+fn a_failed_read_names_the_file_and_keeps_the_last_snapshot() {
+    let (_d, host) = host();
+    let (mut writer, reader) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
+    fs::remove_file(
+        host.path("/sys/devices/system/node/node1/hugepages/hugepages-2048kB/free_hugepages"),
+    )
+    .expect("rm");
+    let err = writer.reconcile().unwrap_err().to_string();
+    assert!(
+        err.contains("node1/hugepages/hugepages-2048kB/free_hugepages"),
+        "{err}"
+    );
+    assert_eq!(reader.load().generation, 1);
+}
