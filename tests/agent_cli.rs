@@ -372,3 +372,50 @@ fn run_serves_admission_over_a_socket_from_fresh_reads_while_the_map_follows_fau
     let (status, _) = agent.terminate();
     assert!(status.success());
 }
+
+#[test]
+fn status_from_a_running_agent_shows_its_map_and_a_dead_one_is_named() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 4);
+    let mut running = Agent::start(agent(&["run", "--ebpf", "off"]));
+    running.wait_for("agent running", Duration::from_secs(10), |l| {
+        l["source"] == "sysfs"
+    });
+    let url = format!("http://127.0.0.1:{}", running.port);
+    let (status, json, err) = output(agent(&["status", "--json", "--from", &url]));
+    assert!(status.success(), "{err}");
+    let value: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(value["source"], "sysfs", "{value}");
+    assert!(value["generation"].as_u64() >= Some(1), "{value}");
+    let row = value["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|r| r["node"] == 0 && r["pageSizeBytes"] == 2 << 20)
+        .expect("node 0, 2 MiB");
+    assert_eq!(
+        row["free"].as_u64(),
+        Some(read_u64(&format!("{NODE0_2M}/free_hugepages")))
+    );
+    let (status, text, _) = output(agent(&["status", "--from", &url]));
+    assert!(status.success());
+    assert!(
+        text.starts_with(&format!("{url}: source sysfs, generation ")),
+        "{text}"
+    );
+    let (status, _) = running.terminate();
+    assert!(status.success());
+
+    let (status, _, err) = output(agent(&["status", "--from", &url]));
+    assert_eq!(status.code(), Some(1));
+    assert!(
+        err.starts_with(&format!("hugepage-agent: GET {url}/v1/hugepages: ")),
+        "{err}"
+    );
+    let (status, _, err) = output(agent(&["status", "--from", "node-1:9820"]));
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--from \"node-1:9820\": expected an http:// URL"),
+        "{err}"
+    );
+}

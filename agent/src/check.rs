@@ -81,12 +81,7 @@ pub fn run(config: &Config, requests: &[String], numa: Option<&str>, json: bool)
         Ok(n) => n.unwrap_or_else(|| verifier.nodes()),
         Err(e) => return bad(&e),
     };
-    let verdict = match verifier.verify(
-        &request,
-        &nodes,
-        config.verification_mode,
-        config.on_sysfs_error,
-    ) {
+    let verdict = match verifier.verify(&request, &nodes, config.verification) {
         Ok(v) => v,
         Err(e) => return bad(&e),
     };

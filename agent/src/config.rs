@@ -8,7 +8,8 @@ use std::{path::PathBuf, time::Duration};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
-    admission::verify::{Mode, OnSysfsError},
+    admission::verify::{Gate, Mode, OnSysfsError, Settings},
+    client::{AgentUrl, ClientError},
     logging::LogFormat,
     sysfs::HostFs,
 };
@@ -54,6 +55,9 @@ pub struct Cli {
     pub reconcile_interval: String,
     #[arg(long, env = "HUGEPAGE_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// The MemoryManagerHugepagesVerification gate: off admits every request without reading sysfs.
+    #[arg(long, env = "HUGEPAGE_AGENT_VERIFICATION", value_enum, default_value_t = Gate::On, global = true)]
+    pub verification: Gate,
     /// kep: available = free_hugepages; strict: minus pages reserved by mappings but not faulted.
     #[arg(long, env = "HUGEPAGE_AGENT_VERIFICATION_MODE", value_enum, default_value_t = Mode::Kep, global = true)]
     pub verification_mode: Mode,
@@ -71,6 +75,9 @@ pub enum CliCommand {
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Show a running agent's map instead of reading this host, e.g. http://127.0.0.1:9820.
+        #[arg(long, value_name = "URL")]
+        from: Option<String>,
     },
     /// Verify one request against this host's sysfs: exit 0 admitted, 1 rejected, 2 bad input.
     Check {
@@ -116,6 +123,7 @@ pub enum Command {
     Run,
     Status {
         json: bool,
+        from: Option<AgentUrl>,
     },
     Check {
         requests: Vec<String>,
@@ -129,6 +137,8 @@ pub enum Command {
 pub enum ConfigError {
     #[error("--host-root {0}: not a directory")]
     HostRoot(PathBuf),
+    #[error(transparent)]
+    From(#[from] ClientError),
     #[error("--listen {0:?}: expected an address and port such as 127.0.0.1:9820 or [::]:9820")]
     Listen(String),
     #[error("--reconcile-interval {value:?}: {reason}")]
@@ -145,8 +155,7 @@ pub struct Config {
     pub fault_scope: FaultScope,
     pub reconcile_interval: Duration,
     pub log_format: LogFormat,
-    pub verification_mode: Mode,
-    pub on_sysfs_error: OnSysfsError,
+    pub verification: Settings,
 }
 
 impl TryFrom<Cli> for Config {
@@ -176,7 +185,10 @@ impl TryFrom<Cli> for Config {
             listen,
             command: match cli.command {
                 None | Some(CliCommand::Run) => Command::Run,
-                Some(CliCommand::Status { json }) => Command::Status { json },
+                Some(CliCommand::Status { json, from }) => Command::Status {
+                    json,
+                    from: from.as_deref().map(AgentUrl::parse).transpose()?,
+                },
                 Some(CliCommand::Check {
                     requests,
                     numa,
@@ -194,8 +206,11 @@ impl TryFrom<Cli> for Config {
             fault_scope: cli.fault_scope,
             reconcile_interval,
             log_format: cli.log_format,
-            verification_mode: cli.verification_mode,
-            on_sysfs_error: cli.on_sysfs_error,
+            verification: Settings {
+                gate: cli.verification,
+                mode: cli.verification_mode,
+                on_sysfs_error: cli.on_sysfs_error,
+            },
         })
     }
 }
@@ -248,7 +263,13 @@ mod tests {
         assert_eq!((config.command, config.ebpf), (Command::Run, EbpfMode::Off));
         let config =
             Config::try_from(cli(&["status", "--json", "--host-root", "/"])).expect("valid");
-        assert_eq!(config.command, Command::Status { json: true });
+        assert_eq!(
+            config.command,
+            Command::Status {
+                json: true,
+                from: None
+            }
+        );
     }
 
     #[test]
@@ -261,6 +282,11 @@ mod tests {
             "--reconcile-interval \"0s\": must be above zero"
         );
         assert!(Cli::try_parse_from(["hugepage-agent", "--ebpf", "maybe"]).is_err());
+        let err = Config::try_from(cli(&["status", "--from", "node-1:9820"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--from \"node-1:9820\": expected an http:// URL such as http://127.0.0.1:9820"
+        );
         let err = Config::try_from(cli(&["--listen", "localhost"])).unwrap_err();
         assert_eq!(
             err.to_string(),

@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod api;
 pub mod check;
+pub mod client;
 pub mod config;
 pub mod logging;
 pub mod numa;

@@ -20,8 +20,14 @@ fn main() -> ExitCode {
     };
     logging::init(config.log_format);
     let outcome = match config.command {
-        Command::Run => run::run(&config).map_err(|e| e.to_string()),
-        Command::Status { json } => status::print(&config.host, json).map_err(|e| e.to_string()),
+        Command::Run => run::run(&config).map_err(|e| {
+            // The agent's log is where an operator looks first; stderr below is for the shell.
+            tracing::error!("{e}");
+            e.to_string()
+        }),
+        Command::Status { json, ref from } => {
+            status::print(&config.host, from.as_ref(), json).map_err(|e| e.to_string())
+        }
         Command::Check {
             ref requests,
             ref numa,
@@ -34,7 +40,6 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!("{err}");
             eprintln!("hugepage-agent: {err}");
             ExitCode::FAILURE
         }

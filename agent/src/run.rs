@@ -90,8 +90,7 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
     let state = AppState {
         map,
         verifier: Arc::new(Verifier::new(config.host.clone())?),
-        mode: config.verification_mode,
-        on_sysfs_error: config.on_sysfs_error,
+        settings: config.verification,
         readiness: readiness.clone(),
     };
     let (stop_server, stopped) = watch::channel(false);

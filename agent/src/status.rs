@@ -1,27 +1,119 @@
-//! `hugepage-agent status`: the host's hugepage pools per NUMA node and system-wide, as a table
-//! or as JSON.
+//! `hugepage-agent status`: the hugepage pools per NUMA node and system-wide, as a table or as
+//! JSON: this host's, read from sysfs, or with `--from URL` a running agent's map
+//! (`GET /v1/hugepages`), with the map's source, generation and time.
 
 use std::fmt::Write as _;
 
+use serde::{Deserialize, Serialize};
+
 use crate::{
-    numa::HugepageTable,
+    client::{self, AgentUrl, ClientError},
+    numa::{GlobalPool, HugepageTable, NodePool, NumaNode, PageSize},
     quantity,
     sysfs::{HostFs, SysfsError, hugepages},
 };
 
-/// Reads the pools and prints them to stdout.
-pub fn print(host: &HostFs, json: bool) -> Result<(), SysfsError> {
-    let table = hugepages::read_table(host)?;
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error(transparent)]
+    Sysfs(#[from] SysfsError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+/// Reads this host's pools (or, with `from`, a running agent's map) and prints them to stdout.
+pub fn print(host: &HostFs, from: Option<&AgentUrl>, json: bool) -> Result<(), StatusError> {
+    let (table, remote) = match from {
+        None => (hugepages::read_table(host)?, None),
+        Some(url) => {
+            let map: RemoteMap = client::get_json(url, "/v1/hugepages")?;
+            (map.table(), Some((url, map.about)))
+        }
+    };
     if json {
-        println!("{}", render_json(&table));
+        let about = remote.as_ref().map(|(_, about)| about);
+        println!("{}", render_json(&table, about));
     } else {
+        if let Some((url, about)) = &remote {
+            println!(
+                "{}: source {}, generation {}, updated {}\n",
+                url.join(""),
+                about.source,
+                about.generation,
+                about.updated_at
+            );
+        }
         print!("{}", render_text(&table));
     }
     Ok(())
 }
 
-pub fn render_json(table: &HugepageTable) -> String {
-    serde_json::to_string_pretty(table).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+/// Where a remote map comes from and how fresh it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct About {
+    pub source: String,
+    pub generation: u64,
+    pub updated_at: String,
+}
+
+/// `GET /v1/hugepages`, as much of it as the table needs.
+#[derive(Debug, Deserialize)]
+struct RemoteMap {
+    #[serde(flatten)]
+    about: About,
+    nodes: Vec<RemoteNode>,
+    global: Vec<GlobalPool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RemoteNode {
+    node: NumaNode,
+    sizes: Vec<RemoteSize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RemoteSize {
+    page_size_bytes: u64,
+    total: u64,
+    free: u64,
+    surplus: u64,
+}
+
+impl RemoteMap {
+    fn table(&self) -> HugepageTable {
+        let nodes = self
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                n.sizes.iter().map(|s| NodePool {
+                    node: n.node,
+                    size: PageSize(s.page_size_bytes),
+                    total: s.total,
+                    free: s.free,
+                    surplus: s.surplus,
+                })
+            })
+            .collect();
+        HugepageTable {
+            nodes,
+            global: self.global.clone(),
+        }
+    }
+}
+
+/// The table as JSON (`{"nodes":[…],"global":[…]}`), plus where it came from for a remote map.
+pub fn render_json(table: &HugepageTable, about: Option<&About>) -> String {
+    #[derive(Serialize)]
+    struct Out<'a> {
+        #[serde(flatten)]
+        table: &'a HugepageTable,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        about: Option<&'a About>,
+    }
+    serde_json::to_string_pretty(&Out { table, about })
+        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 /// Two tables: per node (total, free, surplus) and system-wide (with reserved).
@@ -122,10 +214,34 @@ mod tests {
 
     #[test]
     fn json_uses_the_contract_field_names() {
-        let value: serde_json::Value = serde_json::from_str(&render_json(&table())).expect("json");
+        let value: serde_json::Value =
+            serde_json::from_str(&render_json(&table(), None)).expect("json");
         assert_eq!(value["nodes"][0]["pageSizeBytes"], 2097152);
         assert_eq!(value["nodes"][1]["node"], 1);
         assert_eq!(value["global"][0]["reserved"], 4);
+        assert!(value.get("source").is_none(), "{value}");
+    }
+
+    #[test]
+    fn a_remote_map_becomes_the_same_table_with_its_source() {
+        let map: RemoteMap = serde_json::from_value(serde_json::json!({
+            "generation": 7, "updatedAt": "2026-11-22T10:00:00.000000Z", "source": "ebpf+sysfs",
+            "nodes": [
+                {"node": 0, "cpus": [0], "distances": [10, 21], "sizes": [
+                    {"pageSizeBytes": 2097152, "total": 16, "free": 12, "surplus": 0}]},
+                {"node": 1, "cpus": [], "distances": [21, 10], "sizes": [
+                    {"pageSizeBytes": 1073741824, "total": 2, "free": 1, "surplus": 0}]}
+            ],
+            "global": [{"pageSizeBytes": 2097152, "total": 16, "free": 12, "reserved": 4, "surplus": 0}]
+        }))
+        .expect("the API's shape");
+        assert_eq!(map.table(), table());
+        let value: serde_json::Value =
+            serde_json::from_str(&render_json(&map.table(), Some(&map.about))).expect("json");
+        assert_eq!(
+            (&value["source"], &value["generation"]),
+            (&serde_json::json!("ebpf+sysfs"), &serde_json::json!(7))
+        );
     }
 
     #[test]

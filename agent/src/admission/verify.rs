@@ -54,6 +54,26 @@ pub enum OnSysfsError {
     Reject,
 }
 
+/// The `MemoryManagerHugepagesVerification` gate (`--verification`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Gate {
+    On,
+    /// Requests are admitted without reading sysfs, and the answer says so.
+    Off,
+}
+
+/// How requests are verified: the gate, the mode, and what an unreadable file means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    pub gate: Gate,
+    pub mode: Mode,
+    pub on_sysfs_error: OnSysfsError,
+}
+
+/// The message of an answer given with the gate off.
+pub const GATE_OFF: &str =
+    "hugepages verification is off (--verification off): admitted without reading sysfs";
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum VerifyError {
     #[error("NUMA node {node} does not exist on this host (nodes: {known:?})")]
@@ -136,9 +156,13 @@ impl Verifier {
         &self,
         request: &Hugepages,
         nodes: &[NumaNode],
-        mode: Mode,
-        on_error: OnSysfsError,
+        settings: Settings,
     ) -> Result<Verdict, VerifyError> {
+        let Settings {
+            gate,
+            mode,
+            on_sysfs_error: on_error,
+        } = settings;
         let mut nodes = nodes.to_vec();
         nodes.sort();
         nodes.dedup();
@@ -160,6 +184,10 @@ impl Verifier {
             mode,
             checks: Vec::new(),
         };
+        if gate == Gate::Off {
+            verdict.message = Some(GATE_OFF.to_owned());
+            return Ok(verdict);
+        }
         for (&size, &requested) in request {
             let check = match self.available(size, &nodes) {
                 Ok((free, unreserved)) => {

@@ -112,7 +112,7 @@ pub fn admit(
     let nodes = nodes.unwrap_or_else(|| state.verifier.nodes());
     let verdict = state
         .verifier
-        .verify(&request, &nodes, state.mode, state.on_sysfs_error)
+        .verify(&request, &nodes, state.settings)
         .map_err(|e| match e {
             VerifyError::UnknownNode { .. } => ApiError::invalid("numaNodes", e.to_string()),
             VerifyError::NoNodes => {

@@ -19,7 +19,7 @@ use axum::{
 use serde::Serialize;
 
 use crate::{
-    admission::verify::{Mode, OnSysfsError, Verifier},
+    admission::verify::{Settings, Verifier},
     numa::map::MapReader,
 };
 use error::ApiError;
@@ -44,8 +44,7 @@ impl Readiness {
 pub struct AppState {
     pub map: MapReader,
     pub verifier: Arc<Verifier>,
-    pub mode: Mode,
-    pub on_sysfs_error: OnSysfsError,
+    pub settings: Settings,
     pub readiness: Readiness,
 }
 

@@ -10,6 +10,7 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::{
+    admission::verify::{Gate, Mode, OnSysfsError},
     numa::map::{MapWriter, Source},
     sysfs::HostFs,
 };
@@ -58,8 +59,11 @@ fn state() -> (tempfile::TempDir, AppState) {
     let state = AppState {
         map,
         verifier,
-        mode: Mode::Kep,
-        on_sysfs_error: OnSysfsError::Admit,
+        settings: Settings {
+            gate: Gate::On,
+            mode: Mode::Kep,
+            on_sysfs_error: OnSysfsError::Admit,
+        },
         readiness: Readiness::default(),
     };
     (dir, state)

@@ -47,6 +47,14 @@ fn tree(free: &[(u32, PageSize, u64)], resv: &[(PageSize, u64)]) -> Tree {
     Tree { _dir: dir, host }
 }
 
+fn settings(mode: Mode, on_sysfs_error: OnSysfsError) -> Settings {
+    Settings {
+        gate: Gate::On,
+        mode,
+        on_sysfs_error,
+    }
+}
+
 fn nodes(ids: &[u32]) -> Vec<NumaNode> {
     ids.iter().map(|&n| NumaNode(n)).collect()
 }
@@ -55,7 +63,7 @@ fn verify(t: &Tree, request: &[(PageSize, u64)], on: &[u32], mode: Mode) -> Verd
     let verifier = Verifier::new(t.host.clone()).expect("verifier");
     let request: Hugepages = request.iter().copied().collect();
     verifier
-        .verify(&request, &nodes(on), mode, OnSysfsError::Admit)
+        .verify(&request, &nodes(on), settings(mode, OnSysfsError::Admit))
         .expect("valid request")
 }
 
@@ -226,14 +234,18 @@ fn unknown_or_missing_nodes_are_bad_input() {
     let verifier = Verifier::new(t.host.clone()).expect("verifier");
     let request = Hugepages::from([(MI2, 2 << 20)]);
     let err = verifier
-        .verify(&request, &nodes(&[0, 3]), Mode::Kep, OnSysfsError::Admit)
+        .verify(
+            &request,
+            &nodes(&[0, 3]),
+            settings(Mode::Kep, OnSysfsError::Admit),
+        )
         .unwrap_err();
     assert_eq!(
         err.to_string(),
         "NUMA node 3 does not exist on this host (nodes: [0, 1])"
     );
     assert_eq!(
-        verifier.verify(&request, &[], Mode::Kep, OnSysfsError::Admit),
+        verifier.verify(&request, &[], settings(Mode::Kep, OnSysfsError::Admit)),
         Err(VerifyError::NoNodes)
     );
 }
@@ -248,7 +260,11 @@ fn an_unreadable_file_admits_or_rejects_as_configured_and_is_counted() {
     let verifier = Verifier::new(t.host.clone()).expect("verifier");
     let request = Hugepages::from([(MI2, 2 << 20)]);
     let admitted = verifier
-        .verify(&request, &nodes(&[0]), Mode::Kep, OnSysfsError::Admit)
+        .verify(
+            &request,
+            &nodes(&[0]),
+            settings(Mode::Kep, OnSysfsError::Admit),
+        )
         .expect("verify");
     assert!(admitted.allowed);
     assert!(
@@ -259,7 +275,11 @@ fn an_unreadable_file_admits_or_rejects_as_configured_and_is_counted() {
         "{admitted:?}"
     );
     let rejected = verifier
-        .verify(&request, &nodes(&[0]), Mode::Kep, OnSysfsError::Reject)
+        .verify(
+            &request,
+            &nodes(&[0]),
+            settings(Mode::Kep, OnSysfsError::Reject),
+        )
         .expect("verify");
     assert!(!rejected.allowed);
     assert_eq!(rejected.reason, Some(REASON_UNREADABLE));
@@ -279,7 +299,11 @@ fn each_read_is_fresh_even_through_a_kept_descriptor() {
     let request = Hugepages::from([(MI2, 8 << 20)]);
     assert!(
         verifier
-            .verify(&request, &nodes(&[0]), Mode::Kep, OnSysfsError::Admit)
+            .verify(
+                &request,
+                &nodes(&[0]),
+                settings(Mode::Kep, OnSysfsError::Admit)
+            )
             .expect("verify")
             .allowed
     );
@@ -288,7 +312,11 @@ fn each_read_is_fresh_even_through_a_kept_descriptor() {
         .path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/free_hugepages");
     fs::write(&file, "1\n").expect("write");
     let verdict = verifier
-        .verify(&request, &nodes(&[0]), Mode::Kep, OnSysfsError::Admit)
+        .verify(
+            &request,
+            &nodes(&[0]),
+            settings(Mode::Kep, OnSysfsError::Admit),
+        )
         .expect("verify");
     assert_eq!(verdict.checks[0].free_bytes, 2 << 20);
 }
@@ -306,12 +334,35 @@ fn a_machine_without_numa_directories_is_node_0() {
         .verify(
             &Hugepages::from([(MI2, 8 << 20)]),
             &nodes(&[0]),
-            Mode::Kep,
-            OnSysfsError::Admit,
+            settings(Mode::Kep, OnSysfsError::Admit),
         )
         .expect("verify");
     assert_eq!(
         verdict.message.as_deref(),
         Some("insufficient hugepages-2Mi on NUMA node(s) [0]: requested 8Mi, available 6Mi")
+    );
+}
+
+#[test]
+fn with_the_gate_off_nothing_is_read_and_the_answer_says_so() {
+    let t = tree(&[(0, MI2, 0)], &[]);
+    let verifier = Verifier::new(t.host.clone()).expect("verifier");
+    let request = Hugepages::from([(MI2, 4 * GI)]);
+    let off = Settings {
+        gate: Gate::Off,
+        ..settings(Mode::Kep, OnSysfsError::Reject)
+    };
+    let verdict = verifier
+        .verify(&request, &nodes(&[0]), off)
+        .expect("valid request");
+    assert!(verdict.allowed && verdict.checks.is_empty(), "{verdict:?}");
+    assert_eq!(verdict.message.as_deref(), Some(GATE_OFF));
+    assert_eq!(
+        verifier.verify(&request, &nodes(&[5]), off).map(|_| ()),
+        Err(VerifyError::UnknownNode {
+            node: 5,
+            known: vec![0]
+        }),
+        "the nodes are still validated"
     );
 }
