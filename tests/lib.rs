@@ -14,6 +14,9 @@ use std::{
 
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
+mod stats;
+pub use stats::Percentiles;
+
 const LOCK: &str = "/run/hugepage-agent-tests.lock";
 const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
 

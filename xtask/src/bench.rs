@@ -3,17 +3,40 @@
 use anyhow::Result;
 use clap::ValueEnum;
 
-use crate::cmd::{self, Env};
+use crate::{
+    cmd::{self, Env},
+    setup,
+};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Bench {
     /// ns per ordinary 4 KiB fault: no probe, cgroup-filter mode, watch-everything mode.
     ProbeOverhead,
+    /// One in-process verification: 2 sizes x 8 nodes on tmpfs, and this host's sysfs.
+    Verify,
+    /// POST /v1/admit over loopback under `oha`: a fixed rate, then unthrottled.
+    AdmitLoad,
 }
 
 pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
-    let binary = match which {
-        Bench::ProbeOverhead => "probe-overhead",
+    let release = cmd::workspace().join("target/release");
+    let (binary, mut all) = match which {
+        Bench::ProbeOverhead => ("probe-overhead", Vec::new()),
+        Bench::Verify => ("verify-latency", Vec::new()),
+        Bench::AdmitLoad => {
+            let oha = setup::ensure_oha()?;
+            cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
+            let agent = release.join("hugepage-agent");
+            (
+                "admit-load",
+                vec![
+                    "--agent".to_owned(),
+                    agent.display().to_string(),
+                    "--oha".to_owned(),
+                    oha.display().to_string(),
+                ],
+            )
+        }
     };
     cmd::cargo(
         env,
@@ -28,9 +51,6 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
             "toucher",
         ],
     )?;
-    cmd::exec(
-        env,
-        &cmd::workspace().join("target/release").join(binary),
-        args,
-    )
+    all.extend_from_slice(args);
+    cmd::exec(env, &release.join(binary), &all)
 }

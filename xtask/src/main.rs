@@ -4,7 +4,8 @@
 //! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages).
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
 //! * `test`: formatting, clippy, the build without the eBPF toolchain, and every test.
-//! * `bench probe-overhead [-- ARGS]`: cost of the fault probe on ordinary faults.
+//! * `bench probe-overhead|verify|admit-load [-- ARGS]`: the fault probe's cost on ordinary faults,
+//!   one in-process verification, and `POST /v1/admit` under a load tool.
 
 mod bench;
 mod cmd;

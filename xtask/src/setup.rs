@@ -18,6 +18,9 @@ use crate::cmd::{self, Env};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests need: `setpriv` (util-linux) runs the agent without privileges.
 const DEBIAN_PACKAGES: [&str; 1] = ["util-linux"];
+/// Debian packages only benchmarks need: `oha` (the HTTP load generator) builds against OpenSSL.
+pub const BENCH_PACKAGES: [&str; 2] = ["libssl-dev", "pkg-config"];
+const OHA_VERSION: &str = "1.16.0";
 
 /// Makes sure everything is installed; returns the build environment.
 pub fn ensure() -> Result<Env> {
@@ -27,7 +30,7 @@ pub fn ensure() -> Result<Env> {
     ensure_rust_src(&sysroot)?;
     ensure_components()?;
     let linker_bin = ensure_bpf_linker(&sysroot)?;
-    ensure_debian_packages()?;
+    ensure_debian_packages(&DEBIAN_PACKAGES)?;
     Ok(Env { linker_bin })
 }
 
@@ -128,8 +131,48 @@ fn ensure_bpf_linker(sysroot: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
-fn ensure_debian_packages() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+/// The `oha` load generator, built from the crate registry once into
+/// `~/.cache/hugepage-agent/oha-<version>`; returns its path.
+pub fn ensure_oha() -> Result<PathBuf> {
+    ensure_debian_packages(&BENCH_PACKAGES)?;
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    let prefix = PathBuf::from(home)
+        .join(".cache/hugepage-agent")
+        .join(format!("oha-{OHA_VERSION}"));
+    let bin = prefix.join("bin/oha");
+    let works = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if works {
+        return Ok(bin);
+    }
+    cmd::step(&format!(
+        "building the oha {OHA_VERSION} load generator (a few minutes, once)"
+    ));
+    let mut install = command(
+        "cargo",
+        &[
+            "install",
+            "oha",
+            "--locked",
+            "--version",
+            OHA_VERSION,
+            "--no-default-features",
+            "--features",
+            "native-tls",
+            "--force",
+            "--root",
+        ],
+    );
+    install.arg(&prefix);
+    cmd::run(install)?;
+    Ok(bin)
+}
+
+/// Installs whichever of `packages` are missing (as root), and nothing when all are there.
+fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| {

@@ -17,7 +17,6 @@ use std::{
     fs::File,
     io,
     os::unix::fs::FileExt,
-    path::PathBuf,
     sync::{
         RwLock,
         atomic::{AtomicU64, Ordering},
@@ -122,7 +121,7 @@ pub struct Verifier {
     /// Nodes with `node<N>` directories; empty on a machine without them (then node 0 stands for
     /// the whole machine, read from `/sys/kernel/mm/hugepages`).
     nodes: Vec<NumaNode>,
-    files: RwLock<HashMap<PathBuf, File>>,
+    files: RwLock<HashMap<Counter, File>>,
     sysfs_errors: AtomicU64,
 }
 
@@ -242,14 +241,9 @@ impl Verifier {
     fn available(&self, size: PageSize, nodes: &[NumaNode]) -> Result<(u64, u64), SysfsError> {
         let mut free_pages = 0u64;
         for &node in nodes {
-            free_pages += self.free_pages(node, size)?;
+            free_pages += self.read(Counter::Free(node, size))?;
         }
-        let global = format!("/sys/kernel/mm/hugepages/{}", size.dir_name());
-        let reserved = if self.host.exists(&global) {
-            self.read(&format!("{global}/resv_hugepages"))?
-        } else {
-            0
-        };
+        let reserved = self.read(Counter::Reserved(size))?;
         let unreserved = free_pages - reserved.min(free_pages);
         Ok((
             free_pages.saturating_mul(size.0),
@@ -257,67 +251,97 @@ impl Verifier {
         ))
     }
 
-    fn free_pages(&self, node: NumaNode, size: PageSize) -> Result<u64, SysfsError> {
-        let dir = if self.nodes.is_empty() {
-            format!("/sys/kernel/mm/hugepages/{}", size.dir_name())
-        } else {
-            format!(
-                "/sys/devices/system/node/node{}/hugepages/{}",
-                node.0,
-                size.dir_name()
-            )
-        };
-        match self.read(&format!("{dir}/free_hugepages")) {
-            // The node does not have this size at all: nothing free there.
-            Err(SysfsError::Read { source, .. })
-                if source.kind() == io::ErrorKind::NotFound && !self.host.exists(&dir) =>
-            {
-                Ok(0)
-            }
-            other => other,
-        }
-    }
-
     /// Reads a counter with `pread` on a kept descriptor (opened on first use, dropped on error).
-    fn read(&self, abs: &str) -> Result<u64, SysfsError> {
-        let path = self.host.path(abs);
-        let mut buf = [0u8; 32];
+    /// A counter whose size directory does not exist (a size this node lacks) reads as 0.
+    fn read(&self, counter: Counter) -> Result<u64, SysfsError> {
+        let mut buf = [0u8; 24];
         let cached = self
             .files
             .read()
             .ok()
-            .and_then(|files| files.get(&path).map(|f| f.read_at(&mut buf, 0)));
+            .and_then(|files| files.get(&counter).map(|f| f.read_at(&mut buf, 0)));
         let n = match cached {
             Some(Ok(n)) => n,
             other => {
                 if other.is_some()
                     && let Ok(mut files) = self.files.write()
                 {
-                    files.remove(&path);
+                    files.remove(&counter);
                 }
-                let file = File::open(&path).map_err(|source| SysfsError::Read {
-                    path: path.clone(),
-                    source,
-                })?;
-                let n = file
-                    .read_at(&mut buf, 0)
-                    .map_err(|source| SysfsError::Read {
-                        path: path.clone(),
-                        source,
-                    })?;
-                if let Ok(mut files) = self.files.write() {
-                    files.insert(path.clone(), file);
+                let (dir, file) = counter.location(self.nodes.is_empty());
+                let path = self.host.path(format!("{dir}/{file}"));
+                let opened = File::open(&path).and_then(|f| f.read_at(&mut buf, 0).map(|n| (f, n)));
+                match opened {
+                    Ok((f, n)) => {
+                        if let Ok(mut files) = self.files.write() {
+                            files.insert(counter, f);
+                        }
+                        n
+                    }
+                    Err(source)
+                        if source.kind() == io::ErrorKind::NotFound && !self.host.exists(&dir) =>
+                    {
+                        return Ok(0);
+                    }
+                    Err(source) => return Err(SysfsError::Read { path, source }),
                 }
-                n
             }
         };
-        let text = String::from_utf8_lossy(&buf[..n]);
-        text.trim().parse().map_err(|_| SysfsError::Malformed {
-            path,
-            expected: "an unsigned integer",
-            found: text.into_owned(),
+        parse_counter(&buf[..n]).ok_or_else(|| {
+            let (dir, file) = counter.location(self.nodes.is_empty());
+            SysfsError::Malformed {
+                path: self.host.path(format!("{dir}/{file}")),
+                expected: "an unsigned integer",
+                found: String::from_utf8_lossy(&buf[..n]).into_owned(),
+            }
         })
     }
+}
+
+/// A sysfs counter the verification reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Counter {
+    /// `free_hugepages` of one node (of the whole machine when it has no node directories).
+    Free(NumaNode, PageSize),
+    /// The system-wide `resv_hugepages`.
+    Reserved(PageSize),
+}
+
+impl Counter {
+    /// (directory, file name) on the host.
+    fn location(self, no_node_dirs: bool) -> (String, &'static str) {
+        match self {
+            Counter::Free(_, size) if no_node_dirs => (
+                format!("/sys/kernel/mm/hugepages/{}", size.dir_name()),
+                "free_hugepages",
+            ),
+            Counter::Free(node, size) => (
+                format!(
+                    "/sys/devices/system/node/node{}/hugepages/{}",
+                    node.0,
+                    size.dir_name()
+                ),
+                "free_hugepages",
+            ),
+            Counter::Reserved(size) => (
+                format!("/sys/kernel/mm/hugepages/{}", size.dir_name()),
+                "resv_hugepages",
+            ),
+        }
+    }
+}
+
+/// A decimal counter as sysfs prints it (`"1024\n"`), without allocating.
+fn parse_counter(bytes: &[u8]) -> Option<u64> {
+    let digits = bytes.trim_ascii();
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |acc, &b| {
+        b.is_ascii_digit()
+            .then(|| acc.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+            .flatten()
+    })
 }
 
 /// `[0,1]`, as the KEP prints node lists.

@@ -366,3 +366,25 @@ fn with_the_gate_off_nothing_is_read_and_the_answer_says_so() {
         "the nodes are still validated"
     );
 }
+
+#[test]
+fn counters_parse_as_sysfs_prints_them_and_nothing_else() {
+    assert_eq!(parse_counter(b"1024\n"), Some(1024));
+    assert_eq!(parse_counter(b"0"), Some(0));
+    assert_eq!(parse_counter(b"18446744073709551615\n"), Some(u64::MAX));
+    for bad in [
+        &b""[..],
+        b"\n",
+        b"-1\n",
+        b"12a\n",
+        b"1 2\n",
+        b"18446744073709551616",
+    ] {
+        assert_eq!(
+            parse_counter(bad),
+            None,
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
