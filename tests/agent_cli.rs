@@ -54,12 +54,7 @@ fn status_prints_this_hosts_pools_as_table_and_json() {
     let (status, json, err) = output(agent(&["status", "--json"]));
     assert!(status.success(), "{err}");
     let value: serde_json::Value = serde_json::from_str(&json).expect("status --json is JSON");
-    let row = value["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .find(|r| r["node"] == 0 && r["pageSizeBytes"] == 2 << 20)
-        .expect("node 0, 2 MiB");
+    let row = node0_2m(&value);
     assert_eq!(
         (row["total"].as_u64(), row["free"].as_u64()),
         (Some(total), Some(free))
@@ -294,6 +289,16 @@ fn check_bad_input_is_exit_code_2_naming_the_flag() {
     );
 }
 
+/// The node 0, 2 MiB row of `status --json`.
+fn node0_2m(status: &serde_json::Value) -> &serde_json::Value {
+    status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|r| r["node"] == 0 && r["pageSizeBytes"] == 2 << 20)
+        .expect("node 0, 2 MiB")
+}
+
 /// `n` 2 MiB pages as Kubernetes prints the bytes.
 fn fmt_mi(pages: u64) -> String {
     hugepage_agent::quantity::format_binary(pages * (2 << 20))
@@ -387,12 +392,7 @@ fn status_from_a_running_agent_shows_its_map_and_a_dead_one_is_named() {
     let value: serde_json::Value = serde_json::from_str(&json).expect("JSON");
     assert_eq!(value["source"], "sysfs", "{value}");
     assert!(value["generation"].as_u64() >= Some(1), "{value}");
-    let row = value["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .find(|r| r["node"] == 0 && r["pageSizeBytes"] == 2 << 20)
-        .expect("node 0, 2 MiB");
+    let row = node0_2m(&value);
     assert_eq!(
         row["free"].as_u64(),
         Some(read_u64(&format!("{NODE0_2M}/free_hugepages")))

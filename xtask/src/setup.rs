@@ -82,11 +82,7 @@ fn ensure_bpf_linker(sysroot: &Path) -> Result<PathBuf> {
         .join(".cache/hugepage-agent")
         .join(format!("bpf-linker-{}", &commit[..commit.len().min(12)]));
     let bin = prefix.join("bin");
-    let works = Command::new(bin.join("bpf-linker"))
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if works {
+    if runs(&bin.join("bpf-linker")) {
         return Ok(bin);
     }
     cmd::step(&format!(
@@ -140,11 +136,7 @@ pub fn ensure_oha() -> Result<PathBuf> {
         .join(".cache/hugepage-agent")
         .join(format!("oha-{OHA_VERSION}"));
     let bin = prefix.join("bin/oha");
-    let works = Command::new(&bin)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if works {
+    if runs(&bin) {
         return Ok(bin);
     }
     cmd::step(&format!(
@@ -199,6 +191,14 @@ fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive");
     cmd::run(install)
+}
+
+/// Whether `bin --version` runs: the check is "does it work", not "is the file there".
+fn runs(bin: &Path) -> bool {
+    Command::new(bin)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn command(program: &str, args: &[&str]) -> Command {

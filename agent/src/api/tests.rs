@@ -1,5 +1,3 @@
-use std::fs;
-
 use axum::{
     body::Body,
     http::{Request, StatusCode},
@@ -12,17 +10,13 @@ use super::*;
 use crate::{
     admission::verify::{Gate, Mode, OnSysfsError},
     numa::map::{MapWriter, Source},
-    sysfs::HostFs,
+    sysfs::{HostFs, fake},
 };
 
 /// Two nodes with 2 GiB of free 2 MiB pages each (Story 2 after Job C took 4 of 8 GiB).
 fn state() -> (tempfile::TempDir, AppState) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let w = |path: &str, value: &str| {
-        let full = dir.path().join(path.trim_start_matches('/'));
-        fs::create_dir_all(full.parent().expect("parent")).expect("mkdir");
-        fs::write(full, value).expect("write");
-    };
+    let w = |path: &str, value: &str| fake::write(dir.path(), path, value);
     w("/sys/devices/system/node/online", "0-1\n");
     for node in 0..2 {
         let n = format!("/sys/devices/system/node/node{node}");

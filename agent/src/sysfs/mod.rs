@@ -3,6 +3,8 @@
 //!
 //! Errors always name the file. Parsing of what is read lives in the submodules.
 
+#[cfg(test)]
+pub mod fake;
 pub mod hugepages;
 pub mod topology;
 

@@ -87,9 +87,8 @@ pub fn read(host: &HostFs) -> Result<Vec<NodeInfo>, SysfsError> {
 
 #[cfg(test)]
 mod tests {
-    use std::fs;
-
     use super::*;
+    use crate::sysfs::fake::tree;
 
     #[test]
     fn lists_parse_ranges_and_singles() {
@@ -100,17 +99,6 @@ mod tests {
         assert_eq!(parse_list("\n"), Some(vec![]));
         assert_eq!(parse_list("3-1"), None);
         assert_eq!(parse_list("a"), None);
-    }
-
-    fn tree(files: &[(&str, &str)]) -> (tempfile::TempDir, HostFs) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        for (path, content) in files {
-            let full = dir.path().join(path.trim_start_matches('/'));
-            fs::create_dir_all(full.parent().expect("parent")).expect("mkdir");
-            fs::write(full, content).expect("write");
-        }
-        let host = HostFs::new(dir.path());
-        (dir, host)
     }
 
     #[test]

@@ -1,6 +1,7 @@
 use std::fs;
 
 use super::*;
+use crate::sysfs::fake;
 
 const MI2: PageSize = PageSize(2 << 20);
 const GI1: PageSize = PageSize(1 << 30);
@@ -13,11 +14,7 @@ struct Tree {
 
 fn tree(free: &[(u32, PageSize, u64)], resv: &[(PageSize, u64)]) -> Tree {
     let dir = tempfile::tempdir().expect("tempdir");
-    let write = |path: String, value: u64| {
-        let full = dir.path().join(path.trim_start_matches('/'));
-        fs::create_dir_all(full.parent().expect("parent")).expect("mkdir");
-        fs::write(full, format!("{value}\n")).expect("write");
-    };
+    let write = |path: String, value: u64| fake::write(dir.path(), &path, &format!("{value}\n"));
     for &(node, size, pages) in free {
         write(
             format!(

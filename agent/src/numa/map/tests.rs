@@ -1,15 +1,10 @@
 use std::fs;
 
 use super::*;
+use crate::sysfs::fake::write;
 
 const MI2: PageSize = PageSize(2 << 20);
 const GI1: PageSize = PageSize(1 << 30);
-
-fn write(root: &std::path::Path, path: &str, value: &str) {
-    let full = root.join(path.trim_start_matches('/'));
-    fs::create_dir_all(full.parent().expect("parent")).expect("mkdir");
-    fs::write(full, value).expect("write");
-}
 
 /// Two nodes (node 1 CPU-less), 2 MiB on both, 1 GiB on node 0 only.
 fn host() -> (tempfile::TempDir, HostFs) {

@@ -1,18 +1,5 @@
-use std::fs;
-
 use super::*;
-
-/// Writes `files` (host path → content) under a fresh temporary root.
-fn tree(files: &[(&str, &str)]) -> (tempfile::TempDir, HostFs) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for (path, content) in files {
-        let full = dir.path().join(path.trim_start_matches('/'));
-        fs::create_dir_all(full.parent().expect("parent")).expect("mkdir");
-        fs::write(full, content).expect("write");
-    }
-    let host = HostFs::new(dir.path());
-    (dir, host)
-}
+use crate::sysfs::fake::tree;
 
 fn pool(node: u32, kb: u64, total: u64, free: u64, surplus: u64) -> [(String, String); 3] {
     let d = format!("/sys/devices/system/node/node{node}/hugepages/hugepages-{kb}kB");
