@@ -130,6 +130,27 @@ impl Drop for TestCgroup {
     }
 }
 
+/// Makes `cmd` start inside `cgroup` (it joins before `exec`, so its first fault is already there).
+pub fn spawn_in(cmd: &mut Command, cgroup: &TestCgroup) {
+    use std::os::unix::{ffi::OsStrExt, process::CommandExt};
+    let procs = std::ffi::CString::new(cgroup.dir.join("cgroup.procs").as_os_str().as_bytes())
+        .expect("a cgroup path without NUL");
+    // SAFETY: between fork and exec only async-signal-safe calls (open, write, close) run, on
+    // memory allocated before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            let err = std::io::Error::last_os_error();
+            libc::close(fd);
+            if written == 1 { Ok(()) } else { Err(err) }
+        });
+    }
+}
+
 /// Enables the hugetlb controller for the children of the v2 root; restores the old state.
 pub struct HugetlbController {
     enabled_here: bool,

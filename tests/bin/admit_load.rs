@@ -1,6 +1,7 @@
 //! `cargo xtask bench admit-load`: `POST /v1/admit` over loopback under a real load tool.
 //!
-//! Starts the release agent (eBPF as `--ebpf` auto gives it, logs to a file), waits for
+//! Starts the release agent (eBPF as `--ebpf` auto gives it, logs to a file) and the load tool
+//! in a cgroup whose hugetlb limits are 0, as the agent's own pod would be, waits for
 //! `/readyz`, warms up, then drives it with `oha` over `--connections` connections: first at a
 //! fixed offered rate (`--rate`, open loop with latency correction), then as fast as it goes.
 //! Prints achieved throughput and the latency percentiles `oha` measured, and every non-200
@@ -17,7 +18,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hugepage_agent_tests::{free_port, http, wait_timeout};
+use hugepage_agent_tests::{
+    HugetlbController, TestCgroup, free_port, host_lock, http, spawn_in, wait_timeout,
+};
 
 struct Args {
     agent: PathBuf,
@@ -108,8 +111,16 @@ fn parse_oha(json: &str) -> Result<LoadReport, String> {
 
 /// One `oha` run against `url`; `rate` fixes the offered load (open loop, with latency
 /// correction so that a stalled server is charged for the requests it delayed).
-fn oha(args: &Args, url: &str, body: &str, seconds: u32, rate: Option<u32>) -> LoadReport {
+fn oha(
+    args: &Args,
+    pod: &TestCgroup,
+    url: &str,
+    body: &str,
+    seconds: u32,
+    rate: Option<u32>,
+) -> LoadReport {
     let mut cmd = Command::new(&args.oha);
+    spawn_in(&mut cmd, pod);
     cmd.args(["--no-tui", "--output-format", "json", "-z"])
         .arg(format!("{seconds}s"))
         .args(["-c", &args.connections.to_string()]);
@@ -146,11 +157,19 @@ fn print(label: &str, r: &LoadReport) {
 
 fn main() {
     let args = parse_args();
+    // The agent and the load run as a pod that requested no hugepages would: in a cgroup whose
+    // hugetlb limits are 0, so the fault probe filters their own faults, as on a real node.
+    let lock = host_lock();
+    let _controller = HugetlbController::enable(&lock);
+    let pod = TestCgroup::create(&lock, "admit-load");
+    pod.set("hugetlb.2MB.max", "0");
+    pod.set("hugetlb.1GB.max", "0");
     let port = free_port();
     let log = std::env::temp_dir().join(format!("hugepage-agent-admit-load-{port}.log"));
     let log_file =
         std::fs::File::create(&log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
-    let mut agent = Command::new(&args.agent)
+    let mut agent = Command::new(&args.agent);
+    agent
         .args([
             "run",
             "--listen",
@@ -159,7 +178,9 @@ fn main() {
             "json",
         ])
         .stdout(Stdio::null())
-        .stderr(log_file)
+        .stderr(log_file);
+    spawn_in(&mut agent, &pod);
+    let mut agent = agent
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", args.agent.display()));
     let start = Instant::now();
@@ -187,13 +208,13 @@ fn main() {
     println!("request: {body}");
     println!("answer:  {answer}");
     let url = format!("http://127.0.0.1:{port}/v1/admit");
-    oha(&args, &url, body, 2, None);
-    let fixed = oha(&args, &url, body, args.seconds, Some(args.rate));
+    oha(&args, &pod, &url, body, 2, None);
+    let fixed = oha(&args, &pod, &url, body, args.seconds, Some(args.rate));
     print(
         &format!("offered {} req/s, {} conns", args.rate, args.connections),
         &fixed,
     );
-    let open = oha(&args, &url, body, args.seconds, None);
+    let open = oha(&args, &pod, &url, body, args.seconds, None);
     print(&format!("unthrottled, {} conns", args.connections), &open);
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
