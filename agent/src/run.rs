@@ -38,9 +38,9 @@ use hugepage_agent_common::counters::Counter;
 /// Faults arriving within this delay share one sysfs re-read. The tracepoint fires when a fault
 /// starts, before its page is taken; a 2 MiB fault has finished by then.
 const COALESCE: Duration = Duration::from_millis(2);
-/// A prompted re-read that saw no change is repeated once after this delay (a 1 GiB fault zeroes
-/// its page first and takes longer).
-const FOLLOW_UP: Duration = Duration::from_millis(200);
+/// A prompted re-read that saw no change (the fault had not taken its page yet; a 1 GiB fault
+/// zeroes its page first) is repeated, each time after twice the delay: 4, 8, … 512 ms.
+const FOLLOW_UPS: u32 = 8;
 /// How long in-flight API requests may take once shutdown begins.
 const DRAIN: Duration = Duration::from_secs(5);
 /// Decoded events buffered between the ring-buffer readers and the loop.
@@ -221,8 +221,8 @@ struct Pending {
     /// CLOCK_MONOTONIC time of the earliest fault waiting.
     first_fault: Option<Duration>,
     due: Option<Instant>,
-    /// This is the follow-up of a re-read that saw no change.
-    follow_up: bool,
+    /// How many re-reads of these faults saw no change so far.
+    follow_ups: u32,
 }
 
 impl Agent {
@@ -424,11 +424,13 @@ impl Agent {
         let sizes = (!pending.all).then_some(&pending.sizes);
         match self.writer.refresh(sizes, pending.first_fault) {
             Ok(changes)
-                if changes.is_empty() && !pending.follow_up && self.pending.due.is_none() =>
+                if changes.is_empty()
+                    && pending.follow_ups < FOLLOW_UPS
+                    && self.pending.due.is_none() =>
             {
                 self.pending = Pending {
-                    due: Some(Instant::now() + FOLLOW_UP),
-                    follow_up: true,
+                    due: Some(Instant::now() + COALESCE * 2u32.pow(pending.follow_ups + 1)),
+                    follow_ups: pending.follow_ups + 1,
                     ..pending
                 };
             }

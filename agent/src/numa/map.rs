@@ -178,7 +178,7 @@ impl MapWriter {
     }
 
     fn replace(&mut self, table: HugepageTable, fault_at: Option<Duration>) -> Vec<Change> {
-        let changes = table
+        let changes: Vec<Change> = table
             .nodes
             .iter()
             .filter_map(|now| {
@@ -194,7 +194,8 @@ impl MapWriter {
             })
             .collect();
         self.table = table;
-        self.publish(fault_at);
+        // The delay is the fault's only if this read saw what it did.
+        self.publish(fault_at.filter(|_| !changes.is_empty()));
         changes
     }
 
