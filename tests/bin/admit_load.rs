@@ -2,8 +2,9 @@
 //!
 //! Starts the release agent (eBPF as `--ebpf` auto gives it, logs to a file) and the load tool
 //! in a cgroup whose hugetlb limits are 0, as the agent's own pod would be, waits for
-//! `/readyz`, warms up, then drives it with `oha` over `--connections` connections: first at a
-//! fixed offered rate (`--rate`, open loop with latency correction), then as fast as it goes.
+//! `/readyz`, warms up, then drives it with `oha` over `--connections` connections: at a fixed
+//! offered rate (`--rate`), latency-corrected (a stall is charged to every request it delayed)
+//! and measured from the actual send, then as fast as it goes.
 //! Prints achieved throughput and the latency percentiles `oha` measured, and every non-200
 //! answer and transport error. The target is 20,000 requests/s with p99 under 2 ms; the load tool shares the
 //! machine's two cores with the agent, so the figures are a floor for a real node.
@@ -109,23 +110,35 @@ fn parse_oha(json: &str) -> Result<LoadReport, String> {
     })
 }
 
-/// One `oha` run against `url`; `rate` fixes the offered load (open loop, with latency
-/// correction so that a stalled server is charged for the requests it delayed).
+/// How `oha` offers load.
+#[derive(Clone, Copy)]
+enum Load {
+    /// As fast as the connections go.
+    Unthrottled,
+    /// A fixed rate; `corrected` charges a stall to every request it delayed (coordinated
+    /// omission), otherwise latency is measured from the actual send.
+    Fixed { rate: u32, corrected: bool },
+}
+
+/// One `oha` run against `url`.
 fn oha(
     args: &Args,
     pod: &TestCgroup,
     url: &str,
     body: &str,
     seconds: u32,
-    rate: Option<u32>,
+    load: Load,
 ) -> LoadReport {
     let mut cmd = Command::new(&args.oha);
     spawn_in(&mut cmd, pod);
     cmd.args(["--no-tui", "--output-format", "json", "-z"])
         .arg(format!("{seconds}s"))
         .args(["-c", &args.connections.to_string()]);
-    if let Some(rate) = rate {
-        cmd.args(["-q", &rate.to_string(), "--latency-correction"]);
+    if let Load::Fixed { rate, corrected } = load {
+        cmd.args(["-q", &rate.to_string()]);
+        if corrected {
+            cmd.arg("--latency-correction");
+        }
     }
     cmd.args(["-m", "POST", "-T", "application/json", "-d", body, url]);
     let out = cmd
@@ -143,7 +156,7 @@ fn oha(
 fn print(label: &str, r: &LoadReport) {
     let ms = |p: &str| r.latency.get(p).map_or(f64::NAN, |s| s * 1000.0);
     println!(
-        "{label:<34} {:>9.0} req/s  p50 {:6.3} ms  p99 {:6.3} ms  p99.9 {:6.3} ms  statuses {:?}",
+        "{label:<44} {:>9.0} req/s  p50 {:6.3} ms  p99 {:6.3} ms  p99.9 {:6.3} ms  statuses {:?}",
         r.requests_per_sec,
         ms("p50"),
         ms("p99"),
@@ -208,14 +221,27 @@ fn main() {
     println!("request: {body}");
     println!("answer:  {answer}");
     let url = format!("http://127.0.0.1:{port}/v1/admit");
-    oha(&args, &pod, &url, body, 2, None);
-    let fixed = oha(&args, &pod, &url, body, args.seconds, Some(args.rate));
-    print(
-        &format!("offered {} req/s, {} conns", args.rate, args.connections),
-        &fixed,
-    );
-    let open = oha(&args, &pod, &url, body, args.seconds, None);
-    print(&format!("unthrottled, {} conns", args.connections), &open);
+    oha(&args, &pod, &url, body, 2, Load::Unthrottled);
+    for (label, load) in [
+        (
+            format!("offered {} req/s, corrected", args.rate),
+            Load::Fixed {
+                rate: args.rate,
+                corrected: true,
+            },
+        ),
+        (
+            format!("offered {} req/s, uncorrected", args.rate),
+            Load::Fixed {
+                rate: args.rate,
+                corrected: false,
+            },
+        ),
+        ("unthrottled".to_owned(), Load::Unthrottled),
+    ] {
+        let report = oha(&args, &pod, &url, body, args.seconds, load);
+        print(&format!("{label}, {} conns", args.connections), &report);
+    }
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
     let status = wait_timeout(&mut agent, Duration::from_secs(10));
