@@ -11,6 +11,7 @@ use crate::{
     admission::verify::{Gate, Mode, OnSysfsError, Settings},
     client::{AgentUrl, ClientError},
     logging::LogFormat,
+    psi::monitor::PsiConfig,
     sysfs::HostFs,
 };
 
@@ -61,6 +62,34 @@ pub struct Cli {
     /// kep: available = free_hugepages; strict: minus pages reserved by mappings but not faulted.
     #[arg(long, env = "HUGEPAGE_AGENT_VERIFICATION_MODE", value_enum, default_value_t = Mode::Kep, global = true)]
     pub verification_mode: Mode,
+    /// PSI memory threshold in percent: `some` avg60 (and avg10) at or above it sets the
+    /// *MemoryContentionPressure conditions.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_PSI_MEMORY_THRESHOLD",
+        default_value_t = 10.0,
+        global = true
+    )]
+    pub psi_memory_threshold: f64,
+    /// PSI io threshold in percent, for the *DiskContentionPressure conditions.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_PSI_IO_THRESHOLD",
+        default_value_t = 25.0,
+        global = true
+    )]
+    pub psi_io_threshold: f64,
+    /// How often pressure is read when no PSI trigger fires (e.g. 5s).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_PSI_INTERVAL",
+        default_value = "5s",
+        global = true
+    )]
+    pub psi_interval: String,
+    /// Refuse admission of hugepage pods while a *MemoryContentionPressure condition is True.
+    #[arg(long, env = "HUGEPAGE_AGENT_REJECT_UNDER_PRESSURE", global = true)]
+    pub reject_under_pressure: bool,
     /// When a sysfs file cannot be read during verification: admit (the KEP's choice) or reject.
     #[arg(long, env = "HUGEPAGE_AGENT_ON_SYSFS_ERROR", value_enum, default_value_t = OnSysfsError::Admit, global = true)]
     pub on_sysfs_error: OnSysfsError,
@@ -141,8 +170,14 @@ pub enum ConfigError {
     From(#[from] ClientError),
     #[error("--listen {0:?}: expected an address and port such as 127.0.0.1:9820 or [::]:9820")]
     Listen(String),
-    #[error("--reconcile-interval {value:?}: {reason}")]
-    Interval { value: String, reason: String },
+    #[error("{flag} {value:?}: {reason}")]
+    Interval {
+        flag: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("{flag} {value}: expected a percentage above 0 and at most 100")]
+    Threshold { flag: &'static str, value: String },
 }
 
 /// The validated configuration.
@@ -156,6 +191,8 @@ pub struct Config {
     pub reconcile_interval: Duration,
     pub log_format: LogFormat,
     pub verification: Settings,
+    pub psi: PsiConfig,
+    pub reject_under_pressure: bool,
 }
 
 impl TryFrom<Cli> for Config {
@@ -174,9 +211,34 @@ impl TryFrom<Cli> for Config {
                 }
             })
             .map_err(|reason| ConfigError::Interval {
+                flag: "--reconcile-interval",
                 value: cli.reconcile_interval.clone(),
                 reason,
             })?;
+        let psi_interval = parse_duration(&cli.psi_interval)
+            .and_then(|d| {
+                if d < Duration::from_millis(100) {
+                    Err("must be at least 100ms".to_owned())
+                } else {
+                    Ok(d)
+                }
+            })
+            .map_err(|reason| ConfigError::Interval {
+                flag: "--psi-interval",
+                value: cli.psi_interval.clone(),
+                reason,
+            })?;
+        for (flag, value) in [
+            ("--psi-memory-threshold", cli.psi_memory_threshold),
+            ("--psi-io-threshold", cli.psi_io_threshold),
+        ] {
+            if !(value > 0.0 && value <= 100.0) {
+                return Err(ConfigError::Threshold {
+                    flag,
+                    value: value.to_string(),
+                });
+            }
+        }
         let listen = cli
             .listen
             .parse()
@@ -206,6 +268,12 @@ impl TryFrom<Cli> for Config {
             fault_scope: cli.fault_scope,
             reconcile_interval,
             log_format: cli.log_format,
+            psi: PsiConfig {
+                memory_threshold: cli.psi_memory_threshold,
+                io_threshold: cli.psi_io_threshold,
+                interval: psi_interval,
+            },
+            reject_under_pressure: cli.reject_under_pressure,
             verification: Settings {
                 gate: cli.verification,
                 mode: cli.verification_mode,
@@ -286,6 +354,21 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "--from \"node-1:9820\": expected an http:// URL such as http://127.0.0.1:9820"
+        );
+        let err = Config::try_from(cli(&["--psi-memory-threshold", "0"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--psi-memory-threshold 0: expected a percentage above 0 and at most 100"
+        );
+        let err = Config::try_from(cli(&["--psi-io-threshold", "101"])).unwrap_err();
+        assert!(
+            err.to_string().starts_with("--psi-io-threshold 101"),
+            "{err}"
+        );
+        let err = Config::try_from(cli(&["--psi-interval", "10ms"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--psi-interval \"10ms\": must be at least 100ms"
         );
         let err = Config::try_from(cli(&["--listen", "localhost"])).unwrap_err();
         assert_eq!(

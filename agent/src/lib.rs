@@ -13,6 +13,7 @@ pub mod config;
 pub mod logging;
 pub mod numa;
 pub mod probes;
+pub mod psi;
 pub mod quantity;
 pub mod run;
 pub mod status;

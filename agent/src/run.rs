@@ -1,6 +1,7 @@
 //! `hugepage-agent run`: serve the HTTP API, start the probes (or fall back to sysfs), log every
 //! hugetlb fault and cgroup event, keep the probe's watched-cgroup map current, keep the hugepage
-//! map fresh, and on SIGINT or SIGTERM drain the API and detach the probes.
+//! map fresh, evaluate PSI into node conditions, and on SIGINT or SIGTERM drain the API and
+//! detach the probes.
 //!
 //! Fault records are prompts and attribution hints, never the accounting: each one schedules a
 //! coalesced re-read of the touched page size, and what the map holds comes from sysfs. The
@@ -31,6 +32,7 @@ use crate::{
         stream,
         watch::{CgroupV2, WatchError},
     },
+    psi::monitor::Monitor,
     sysfs::{HostFs, SysfsError},
 };
 use hugepage_agent_common::counters::Counter;
@@ -87,13 +89,18 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
     let (writer, map) = MapWriter::new(config.host.clone(), Source::Sysfs)?;
     log_snapshot(&writer.current());
     let readiness = Readiness::default();
+    let (mut psi_monitor, psi_reader) = Monitor::new(config.host.clone(), config.psi);
+    psi_monitor.evaluate(std::time::SystemTime::now());
     let state = AppState {
         map,
         verifier: Arc::new(Verifier::new(config.host.clone())?),
         settings: config.verification,
         readiness: readiness.clone(),
+        psi: psi_reader,
+        reject_under_pressure: config.reject_under_pressure,
     };
     let (stop_server, stopped) = watch::channel(false);
+    let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));
     let server = tokio::spawn(serve(listener, state, stopped));
     let mut agent = Agent {
         host: config.host.clone(),
@@ -129,6 +136,9 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         }
     }
     let _ = stop_server.send(true);
+    if let Err(err) = psi_task.await {
+        warn!("PSI monitor task failed: {err}");
+    }
     match tokio::time::timeout(DRAIN, server).await {
         Ok(Ok(Ok(()))) => info!("HTTP API drained"),
         Ok(Ok(Err(err))) => warn!("HTTP API stopped with an error: {err}"),

@@ -11,6 +11,7 @@ use crate::{
         verify::{Verdict, VerifyError},
     },
     numa::NumaNode,
+    psi::condition::NodeCondition,
 };
 
 /// Largest body accepted.
@@ -119,6 +120,10 @@ pub fn admit(
                 ApiError::invalid("numaNodes", "must name at least one NUMA node")
             }
         })?;
+    let mut verdict = verdict;
+    if state.reject_under_pressure && !request.is_empty() {
+        refuse_under_pressure(&mut verdict, &state.psi.load().memory_pressure);
+    }
     tracing::info!(
         pod = %format_args!("{}/{}", pod.namespace, pod.name),
         uid = %pod.uid,
@@ -127,6 +132,23 @@ pub fn admit(
         "admission"
     );
     Ok(Answer { verdict, pod })
+}
+
+/// The reason of a refusal under memory contention pressure.
+pub const REASON_PRESSURE: &str = "NodeUnderMemoryContentionPressure";
+
+/// `--reject-under-pressure`: a hugepage request is refused while a memory condition is True;
+/// the checks still show what the kernel had.
+fn refuse_under_pressure(verdict: &mut Verdict, true_conditions: &[NodeCondition]) {
+    let Some(c) = true_conditions.first() else {
+        return;
+    };
+    verdict.allowed = false;
+    verdict.reason = Some(REASON_PRESSURE);
+    verdict.message = Some(format!(
+        "node under memory contention pressure (--reject-under-pressure): {} is True: {}",
+        c.kind, c.message
+    ));
 }
 
 type Parsed = (PodRef, Hugepages, Option<Vec<NumaNode>>);

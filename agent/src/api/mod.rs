@@ -1,5 +1,5 @@
-//! The HTTP API (axum): `POST /v1/admit`, `GET /v1/hugepages`, `/healthz`, `/readyz`,
-//! `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
+//! The HTTP API (axum): `POST /v1/admit`, `GET /v1/hugepages`, `GET /v1/conditions`,
+//! `GET /v1/events`, `/healthz`, `/readyz`, `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
 //! handlers extract, call a plain function, and map the result; errors are [`error::ApiError`].
 
 pub mod admit;
@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::{
     admission::verify::{Settings, Verifier},
     numa::map::MapReader,
+    psi::monitor::PsiReader,
 };
 use error::ApiError;
 
@@ -46,12 +47,17 @@ pub struct AppState {
     pub verifier: Arc<Verifier>,
     pub settings: Settings,
     pub readiness: Readiness,
+    pub psi: PsiReader,
+    /// Refuse hugepage pods while a *MemoryContentionPressure condition is True.
+    pub reject_under_pressure: bool,
 }
 
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/admit", post(admit_handler))
         .route("/v1/hugepages", get(hugepages))
+        .route("/v1/conditions", get(conditions))
+        .route("/v1/events", get(events))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/openapi.json", get(openapi_handler))
@@ -84,6 +90,15 @@ async fn admit_handler(
 
 async fn hugepages(State(state): State<AppState>) -> Response {
     Json(&*state.map.load()).into_response()
+}
+
+async fn conditions(State(state): State<AppState>) -> Response {
+    Json(&*state.psi.load()).into_response()
+}
+
+async fn events(State(state): State<AppState>) -> Response {
+    let view = state.psi.load();
+    Json(serde_json::json!({ "events": view.events })).into_response()
 }
 
 #[derive(Serialize)]

@@ -34,6 +34,15 @@ pub fn document() -> Value {
                 "summary": "The hugepage map: per NUMA node and size, and system-wide",
                 "responses": {"200": {"description": "The latest snapshot", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Snapshot"}}}}}
             }},
+            "/v1/conditions": {"get": {
+                "summary": "PSI-based node conditions (KEP-5394) with the readings behind them",
+                "description": "SystemMemoryContentionPressure, SystemDiskContentionPressure, KubepodsMemoryContentionPressure, KubepodsDiskContentionPressure as Kubernetes NodeConditions (status Unknown while a scope cannot be read); the last reading of every pressure file (cpu included, which is reported but not a condition); where each scope's files are or why they are unavailable; and which PSI triggers are armed.",
+                "responses": {"200": {"description": "Conditions and readings", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Conditions"}}}}}
+            }},
+            "/v1/events": {"get": {
+                "summary": "Recent PSI events, oldest first (at most 256)",
+                "responses": {"200": {"description": "Events", "content": {"application/json": {"schema": {"type": "object", "properties": {"events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}}}}}}}}
+            }},
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "The process serves requests"}}}},
             "/readyz": {"get": {
                 "summary": "Readiness: the first map exists and the probes are attached, refused or off",
@@ -73,7 +82,7 @@ pub fn document() -> Value {
             }},
             "Verdict": {"type": "object", "required": ["allowed", "numaNodes", "mode", "checks", "pod"], "properties": {
                 "allowed": {"type": "boolean"},
-                "reason": {"enum": ["FailedHugepagesVerification", "HugepagesVerificationUnavailable"]},
+                "reason": {"enum": ["FailedHugepagesVerification", "HugepagesVerificationUnavailable", "NodeUnderMemoryContentionPressure"]},
                 "message": {"type": "string", "examples": ["insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 6Gi, available 4Gi"]},
                 "numaNodes": {"type": "array", "items": {"type": "integer"}},
                 "mode": {"enum": ["kep", "strict"]},
@@ -95,6 +104,28 @@ pub fn document() -> Value {
                     "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"}, "reserved": {"type": "integer"}, "surplus": {"type": "integer"}
                 }}}
             }},
+            "NodeCondition": {"type": "object", "required": ["type", "status", "reason", "message", "lastTransitionTime", "lastHeartbeatTime"], "properties": {
+                "type": {"type": "string", "examples": ["SystemMemoryContentionPressure"]},
+                "status": {"enum": ["True", "False", "Unknown"]},
+                "reason": {"type": "string"}, "message": {"type": "string", "description": "the values that decided it"},
+                "lastTransitionTime": {"type": "string", "format": "date-time"},
+                "lastHeartbeatTime": {"type": "string", "format": "date-time"}
+            }},
+            "Event": {"type": "object", "properties": {
+                "type": {"enum": ["Normal", "Warning"]}, "reason": {"type": "string"}, "message": {"type": "string"},
+                "scope": {"enum": ["system", "kubepods"]}, "resource": {"enum": ["memory", "io", "cpu"]},
+                "time": {"type": "string", "format": "date-time"}
+            }},
+            "Conditions": {"type": "object", "properties": {
+                "conditions": {"type": "array", "items": {"$ref": "#/components/schemas/NodeCondition"}},
+                "readings": {"type": "array", "items": {"type": "object", "properties": {
+                    "scope": {"enum": ["system", "kubepods"]}, "resource": {"enum": ["memory", "io", "cpu"]}, "file": {"type": "string"},
+                    "some": {"$ref": "#/components/schemas/PressureLine"}, "full": {"$ref": "#/components/schemas/PressureLine"}
+                }}},
+                "scopes": {"type": "object"},
+                "triggers": {"type": "array", "items": {"type": "object", "properties": {"file": {"type": "string"}, "armed": {"type": "boolean"}, "why": {"type": "string"}}}}
+            }},
+            "PressureLine": {"type": "object", "properties": {"avg10": {"type": "number"}, "avg60": {"type": "number"}, "avg300": {"type": "number"}, "total": {"type": "integer", "description": "microseconds"}}},
             "Problem": {"type": "object", "description": "RFC 9457 problem details", "required": ["type", "title", "status", "detail"], "properties": {
                 "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"}, "detail": {"type": "string"},
                 "field": {"type": "string", "description": "the request field at fault"}

@@ -10,6 +10,7 @@ use super::*;
 use crate::{
     admission::verify::{Gate, Mode, OnSysfsError},
     numa::map::{MapWriter, Source},
+    psi::monitor::{Monitor, PsiConfig},
     sysfs::{HostFs, fake},
 };
 
@@ -49,6 +50,7 @@ fn state() -> (tempfile::TempDir, AppState) {
     }
     let host = HostFs::new(dir.path());
     let (_writer, map) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
+    let (_monitor, psi) = Monitor::new(host.clone(), PSI);
     let verifier = Arc::new(Verifier::new(host).expect("verifier"));
     let state = AppState {
         map,
@@ -59,8 +61,27 @@ fn state() -> (tempfile::TempDir, AppState) {
             on_sysfs_error: OnSysfsError::Admit,
         },
         readiness: Readiness::default(),
+        psi,
+        reject_under_pressure: false,
     };
     (dir, state)
+}
+
+const PSI: PsiConfig = PsiConfig {
+    memory_threshold: 10.0,
+    io_threshold: 25.0,
+    interval: std::time::Duration::from_secs(5),
+};
+
+/// Writes `memory` as the system memory pressure file and evaluates it into `state`.
+fn with_memory_pressure(dir: &tempfile::TempDir, state: &mut AppState, memory: &str) {
+    let quiet = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+    fake::write(dir.path(), "/proc/pressure/memory", memory);
+    fake::write(dir.path(), "/proc/pressure/io", quiet);
+    fake::write(dir.path(), "/proc/pressure/cpu", quiet);
+    let (mut monitor, psi) = Monitor::new(HostFs::new(dir.path()), PSI);
+    monitor.evaluate(std::time::SystemTime::now());
+    state.psi = psi;
 }
 
 async fn send(
@@ -296,6 +317,8 @@ async fn the_openapi_document_describes_every_route() {
     for path in [
         "/v1/admit",
         "/v1/hugepages",
+        "/v1/conditions",
+        "/v1/events",
         "/healthz",
         "/readyz",
         "/openapi.json",
@@ -310,4 +333,85 @@ async fn the_openapi_document_describes_every_route() {
             "{code}"
         );
     }
+}
+
+#[tokio::test]
+async fn conditions_and_events_are_served_in_node_condition_shape() {
+    let (dir, mut state) = state();
+    with_memory_pressure(
+        &dir,
+        &mut state,
+        "some avg10=35.00 avg60=20.00 avg300=4.00 total=123\nfull avg10=1.00 avg60=1.00 avg300=0.00 total=9\n",
+    );
+    let (status, _, body) = send(&state, "GET", "/v1/conditions", None, "").await;
+    assert_eq!(status, StatusCode::OK);
+    let c = &body["conditions"][0];
+    assert_eq!(
+        (&c["type"], &c["status"]),
+        (&json!("SystemMemoryContentionPressure"), &json!("True"))
+    );
+    assert_eq!(c["reason"], "HighMemoryContentionPressure");
+    assert!(
+        c["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("avg10=35.00% avg60=20.00%")),
+        "{c}"
+    );
+    assert!(
+        c["lastTransitionTime"].is_string() && c["lastHeartbeatTime"].is_string(),
+        "{c}"
+    );
+    let kubepods = &body["scopes"]["kubepods"];
+    assert!(
+        kubepods["unavailable"].is_string(),
+        "the fake host has no cgroup v2: {kubepods}"
+    );
+    let (_, _, events) = send(&state, "GET", "/v1/events", None, "").await;
+    let reasons: Vec<&str> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert!(
+        reasons.contains(&"NodeHasSystemMemoryContentionPressure"),
+        "{events}"
+    );
+}
+
+#[tokio::test]
+async fn reject_under_pressure_refuses_hugepage_pods_only_while_memory_is_true() {
+    let (dir, mut state) = state();
+    state.reject_under_pressure = true;
+    let high = "some avg10=35.00 avg60=20.00 avg300=4.00 total=123\n";
+    with_memory_pressure(&dir, &mut state, high);
+    let (_, _, answer) = admit(&state, short("2Mi", Some(json!([0])))).await;
+    assert_eq!(answer["allowed"], false, "{answer}");
+    assert_eq!(answer["reason"], "NodeUnderMemoryContentionPressure");
+    assert!(
+        answer["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("SystemMemoryContentionPressure is True")),
+        "{answer}"
+    );
+    assert_eq!(
+        answer["checks"][0]["ok"], true,
+        "the kernel had the pages: {answer}"
+    );
+
+    with_memory_pressure(
+        &dir,
+        &mut state,
+        "some avg10=1.00 avg60=2.00 avg300=4.00 total=124\n",
+    );
+    let (_, _, answer) = admit(&state, short("2Mi", Some(json!([0])))).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+
+    state.reject_under_pressure = false;
+    with_memory_pressure(&dir, &mut state, high);
+    let (_, _, answer) = admit(&state, short("2Mi", Some(json!([0])))).await;
+    assert_eq!(
+        answer["allowed"], true,
+        "without the option pressure does not refuse: {answer}"
+    );
 }
