@@ -14,7 +14,9 @@ use std::{
 
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
+mod pressure;
 mod stats;
+pub use pressure::MemoryPressure;
 pub use stats::Percentiles;
 
 const LOCK: &str = "/run/hugepage-agent-tests.lock";
@@ -132,21 +134,34 @@ impl Drop for TestCgroup {
 
 /// Makes `cmd` start inside `cgroup` (it joins before `exec`, so its first fault is already there).
 pub fn spawn_in(cmd: &mut Command, cgroup: &TestCgroup) {
+    spawn_in_all(cmd, &[cgroup.dir.join("cgroup.procs")]);
+}
+
+/// Makes `cmd` join every cgroup whose `cgroup.procs` file is listed (one per hierarchy) before
+/// `exec`.
+pub fn spawn_in_all(cmd: &mut Command, procs_files: &[PathBuf]) {
     use std::os::unix::{ffi::OsStrExt, process::CommandExt};
-    let procs = std::ffi::CString::new(cgroup.dir.join("cgroup.procs").as_os_str().as_bytes())
-        .expect("a cgroup path without NUL");
+    let files: Vec<std::ffi::CString> = procs_files
+        .iter()
+        .map(|p| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("a path without NUL"))
+        .collect();
     // SAFETY: between fork and exec only async-signal-safe calls (open, write, close) run, on
     // memory allocated before the fork.
     unsafe {
         cmd.pre_exec(move || {
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
+            for procs in &files {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let err = std::io::Error::last_os_error();
+                libc::close(fd);
+                if written != 1 {
+                    return Err(err);
+                }
             }
-            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-            let err = std::io::Error::last_os_error();
-            libc::close(fd);
-            if written == 1 { Ok(()) } else { Err(err) }
+            Ok(())
         });
     }
 }
