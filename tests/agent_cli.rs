@@ -5,8 +5,8 @@ use std::{fs, process::Command, time::Duration};
 
 use hugepage_agent::{probes::Probes, sysfs::HostFs};
 use hugepage_agent_tests::{
-    Agent, HugepagePool, TestCgroup, Toucher, agent_bin, free_port, host_lock, http, output,
-    read_u64,
+    Agent, HugepagePool, MemoryPressure, TestCgroup, Toucher, agent_bin, free_port, host_lock,
+    http, output, read_u64,
 };
 
 const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
@@ -418,4 +418,90 @@ fn status_from_a_running_agent_shows_its_map_and_a_dead_one_is_named() {
         err.contains("--from \"node-1:9820\": expected an http:// URL"),
         "{err}"
     );
+}
+
+#[test]
+fn real_memory_pressure_sets_the_condition_and_refuses_hugepage_pods_under_pressure() {
+    let lock = host_lock();
+    let mut running = Agent::start(agent(&[
+        "run",
+        "--ebpf",
+        "off",
+        "--psi-memory-threshold",
+        "0.01",
+        "--psi-interval",
+        "500ms",
+        "--reject-under-pressure",
+    ]));
+    running.wait_for("agent running", Duration::from_secs(10), |_| true);
+    let port = running.port;
+    let (status, body) = http(port, "GET", "/v1/conditions", None, "");
+    assert_eq!(status, 200, "{body}");
+    let view: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert!(
+        view["triggers"]
+            .as_array()
+            .expect("triggers")
+            .iter()
+            .any(|t| t["file"] == "/proc/pressure/memory" && t["armed"] == true),
+        "{view}"
+    );
+    assert!(
+        view["readings"]
+            .as_array()
+            .expect("readings")
+            .iter()
+            .any(|r| r["file"] == "/proc/pressure/cpu" && r["some"]["total"].is_u64()),
+        "cpu is read and reported: {view}"
+    );
+
+    let pressure = MemoryPressure::start(&lock, "agent-psi");
+    let condition = |view: &serde_json::Value| {
+        view["conditions"]
+            .as_array()
+            .and_then(|c| {
+                c.iter()
+                    .find(|c| c["type"] == "SystemMemoryContentionPressure")
+                    .cloned()
+            })
+            .expect("the condition is listed")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let view = loop {
+        let (_, body) = http(port, "GET", "/v1/conditions", None, "");
+        let view: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        if condition(&view)["status"] == "True" {
+            break view;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the system memory condition never became True: {view}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let c = condition(&view);
+    assert_eq!(c["reason"], "HighMemoryContentionPressure", "{c}");
+    assert!(
+        c["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("in /proc/pressure/memory")),
+        "{c}"
+    );
+    let request =
+        r#"{"containers":[{"name":"a","resources":{"hugepages-2Mi":"2Mi"}}],"numaNodes":[0]}"#;
+    let (status, answer) = http(port, "POST", "/v1/admit", Some("application/json"), request);
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        answer.contains("\"reason\":\"NodeUnderMemoryContentionPressure\"")
+            && answer.contains("SystemMemoryContentionPressure is True"),
+        "{answer}"
+    );
+    let (_, events) = http(port, "GET", "/v1/events", None, "");
+    assert!(
+        events.contains("NodeHasSystemMemoryContentionPressure"),
+        "{events}"
+    );
+    drop(pressure);
+    let (status, _) = running.terminate();
+    assert!(status.success());
 }

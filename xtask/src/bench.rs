@@ -14,6 +14,8 @@ pub enum Bench {
     ProbeOverhead,
     /// One in-process verification: 2 sizes x 8 nodes on tmpfs, and this host's sysfs.
     Verify,
+    /// PSI: one evaluation tick, and from a kernel trigger to the published conditions.
+    Psi,
     /// POST /v1/admit over loopback under `oha`: a fixed rate, then unthrottled.
     AdmitLoad,
 }
@@ -23,6 +25,7 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
     let (binary, mut all) = match which {
         Bench::ProbeOverhead => ("probe-overhead", Vec::new()),
         Bench::Verify => ("verify-latency", Vec::new()),
+        Bench::Psi => ("psi-latency", Vec::new()),
         Bench::AdmitLoad => {
             let oha = setup::ensure_oha()?;
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
