@@ -75,3 +75,62 @@ fn memory_pressure_in_a_cgroup_rises_and_fires_a_trigger() {
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+/// A `kubepods` cgroup made for the test, removed on drop.
+struct Kubepods(std::path::PathBuf);
+
+impl Drop for Kubepods {
+    fn drop(&mut self) {
+        if let Err(err) = std::fs::remove_dir(&self.0) {
+            eprintln!("removing {}: {err}", self.0.display());
+        }
+    }
+}
+
+#[test]
+fn a_kubepods_cgroup_that_appears_is_found_and_read() {
+    let _lock = host_lock();
+    let host = HostFs::new("/");
+    let mount = hugepage_agent_tests::v2().mount;
+    let dir = std::path::PathBuf::from(format!("{mount}/kubepods"));
+    if dir.exists() || std::path::Path::new(&format!("{mount}/kubepods.slice")).exists() {
+        eprintln!(
+            "skipped: this host runs a kubelet ({} exists); its kubepods cgroup is not ours to touch",
+            dir.display()
+        );
+        return;
+    }
+    let config = hugepage_agent::psi::monitor::PsiConfig {
+        memory_threshold: 10.0,
+        io_threshold: 25.0,
+        interval: Duration::from_secs(5),
+    };
+    let (mut monitor, reader) = hugepage_agent::psi::monitor::Monitor::new(host, config);
+    monitor.evaluate(std::time::SystemTime::now());
+    assert!(reader.load().scopes.kubepods.unavailable.is_some());
+    std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+    let _kubepods = Kubepods(dir.clone());
+    monitor.evaluate(std::time::SystemTime::now());
+    let view = reader.load();
+    assert_eq!(
+        view.scopes.kubepods.dir.as_deref(),
+        Some(dir.to_str().expect("utf-8"))
+    );
+    let kubepods_files: Vec<&str> = view
+        .readings
+        .iter()
+        .filter(|r| r.scope == hugepage_agent::psi::Scope::Kubepods)
+        .map(|r| r.file.as_str())
+        .collect();
+    assert_eq!(kubepods_files.len(), 3, "{kubepods_files:?}");
+    let memory = view
+        .conditions
+        .iter()
+        .find(|c| c.kind == "KubepodsMemoryContentionPressure")
+        .expect("listed");
+    assert_eq!(
+        memory.status,
+        hugepage_agent::psi::condition::Status::False,
+        "an empty cgroup has no pressure: {memory:?}"
+    );
+}

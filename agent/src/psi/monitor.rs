@@ -5,7 +5,8 @@
 //! It wakes on a slow periodic tick (`--psi-interval`) and at once when a kernel trigger on a
 //! memory or io file fires; because the kernel updates the averages every 2 s, a trigger also
 //! schedules one more evaluation 2 s later. Where triggers cannot be armed it says so once and
-//! relies on the tick.
+//! relies on the tick. Triggers are armed at start; a scope that appears later (the kubelet
+//! creating kubepods after the agent) is found on a tick and read on the tick.
 
 use std::{
     collections::VecDeque,
@@ -138,6 +139,9 @@ impl Monitor {
 
     /// Reads every file, applies the logic, publishes; returns the new events.
     pub fn evaluate(&mut self, now: SystemTime) -> Vec<Event> {
+        if self.scopes.all().iter().any(|s| s.unavailable.is_some()) {
+            self.scopes = Scopes::locate(&self.host);
+        }
         let mut events = Vec::new();
         let mut readings = Vec::new();
         for files in self.scopes.clone().all() {

@@ -38,7 +38,8 @@ impl ScopeFiles {
     }
 }
 
-/// Both scopes, located once at start-up (and again on reconcile: the kubelet may start later).
+/// Both scopes. The monitor locates them at start and again while one is unavailable (the kubelet
+/// may create the kubepods cgroup after the agent started).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Scopes {
     pub system: ScopeFiles,
