@@ -505,3 +505,70 @@ fn real_memory_pressure_sets_the_condition_and_refuses_hugepage_pods_under_press
     let (status, _) = running.terminate();
     assert!(status.success());
 }
+
+/// Nested cgroup directories made by a test, removed innermost first on drop.
+struct Nested(Vec<std::path::PathBuf>);
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        for dir in self.0.iter().rev() {
+            if let Err(err) = fs::remove_dir(dir) {
+                eprintln!("removing {}: {err}", dir.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn cgroup_events_name_the_pod_qos_and_container_a_kubelet_path_encodes() {
+    const UID: &str = "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0";
+    const ID: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
+    let lock = host_lock();
+    let mut running = Agent::start(agent(&["run", "--ebpf", "on"]));
+    running.wait_for("agent running", Duration::from_secs(20), |l| {
+        l["source"] == "ebpf+sysfs"
+    });
+    let root = TestCgroup::create(&lock, "pod-paths");
+    let mut dirs = Vec::new();
+    let mut dir = root.dir.clone();
+    for part in ["kubepods.slice", "kubepods-burstable.slice"] {
+        dir = dir.join(part);
+        dirs.push(dir.clone());
+    }
+    let pod = dir.join(format!(
+        "kubepods-burstable-pod{}.slice",
+        UID.replace('-', "_")
+    ));
+    dirs.push(pod.clone());
+    dirs.push(pod.join(format!("cri-containerd-{ID}.scope")));
+    for d in &dirs {
+        fs::create_dir(d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
+    }
+    let nested = Nested(dirs);
+    let line = running.wait_for("cgroup event", Duration::from_secs(2), |l| {
+        l["change"] == "mkdir" && l["path"].as_str().is_some_and(|p| p.ends_with(".scope"))
+    });
+    assert_eq!(
+        (&line["pod_uid"], &line["qos"], &line["container_id"]),
+        (
+            &serde_json::json!(UID),
+            &serde_json::json!("Burstable"),
+            &serde_json::json!(ID)
+        ),
+        "{line}"
+    );
+    let line = running.wait_for("cgroup event", Duration::from_secs(2), |l| {
+        l["change"] == "mkdir"
+            && l["path"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("kubepods-burstable.slice"))
+    });
+    assert!(
+        line.get("pod_uid").is_none(),
+        "a QoS cgroup is no pod's: {line}"
+    );
+    drop(nested);
+    drop(root);
+    let (status, _) = running.terminate();
+    assert!(status.success());
+}

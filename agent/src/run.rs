@@ -21,6 +21,7 @@ use crate::{
     admission::verify::Verifier,
     api::{self, AppState, Readiness},
     config::{Config, EbpfMode, FaultScope},
+    kubelet::cgroup_path::{Owner, classify},
     numa::{
         PageSize,
         map::{Change, MapWriter, Snapshot, Source},
@@ -341,7 +342,15 @@ impl Agent {
         if c.is_v2() {
             self.update_watch(c);
         }
-        info!(change, cgroup_id = c.cgroup_id, hierarchy = c.hierarchy, level = c.level, path = %c.path, pid, truncated = c.truncated, "cgroup event");
+        let (pod_uid, qos, container_id) = match classify(&c.path) {
+            Owner::Pod {
+                uid,
+                qos,
+                container,
+            } => (Some(uid.0), Some(qos), container.map(|c| c.id)),
+            Owner::System => (None, None, None),
+        };
+        info!(change, cgroup_id = c.cgroup_id, hierarchy = c.hierarchy, level = c.level, path = %c.path, pid, truncated = c.truncated, pod_uid, qos = qos.map(tracing::field::display), container_id, "cgroup event");
     }
 
     /// Keeps the watched set current: a new or newly entered cgroup is evaluated, a removed one

@@ -1,0 +1,4 @@
+//! What the agent knows of the kubelet without asking an API server: which pod and container a
+//! cgroup belongs to, from the cgroup's path ([`cgroup_path`]).
+
+pub mod cgroup_path;
