@@ -5,8 +5,8 @@ use std::{fs, process::Command, time::Duration};
 
 use hugepage_agent::{probes::Probes, sysfs::HostFs};
 use hugepage_agent_tests::{
-    Agent, HugepagePool, MemoryPressure, TestCgroup, Toucher, agent_bin, free_port, host_lock,
-    http, output, read_u64,
+    Agent, HugepagePool, HugetlbController, MemoryPressure, TestCgroup, Toucher, agent_bin,
+    free_port, host_lock, http, output, read_u64,
 };
 
 const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
@@ -567,6 +567,95 @@ fn cgroup_events_name_the_pod_qos_and_container_a_kubelet_path_encodes() {
         line.get("pod_uid").is_none(),
         "a QoS cgroup is no pod's: {line}"
     );
+    drop(nested);
+    drop(root);
+    let (status, _) = running.terminate();
+    assert!(status.success());
+}
+
+#[test]
+fn a_burstable_pod_holding_pages_is_listed_in_consumers_with_its_pages_and_faults() {
+    const UID: &str = "6b0f3c2a-1d4e-4f5a-9b8c-7d6e5f4a3b2c";
+    const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    const K: usize = 5;
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 16);
+    let _controller = HugetlbController::enable(&lock);
+    let mut running = Agent::start(agent(&["run", "--ebpf", "on"]));
+    running.wait_for("agent running", Duration::from_secs(20), |l| {
+        l["source"] == "ebpf+sysfs"
+    });
+    let root = TestCgroup::create(&lock, "consumers");
+    root.set("cgroup.subtree_control", "+hugetlb");
+    let mut dirs = Vec::new();
+    let mut dir = root.dir.clone();
+    for part in [
+        "kubepods".to_owned(),
+        "burstable".to_owned(),
+        format!("pod{UID}"),
+        ID.to_owned(),
+    ] {
+        dir = dir.join(part);
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        dirs.push(dir.clone());
+        if !dir.ends_with(ID) {
+            fs::write(dir.join("cgroup.subtree_control"), "+hugetlb")
+                .unwrap_or_else(|e| panic!("enabling hugetlb in {}: {e}", dir.display()));
+        }
+    }
+    let nested = Nested(dirs);
+    let rel_container = format!("{}/kubepods/burstable/pod{UID}/{ID}", root.rel);
+    running.wait_for("cgroup event", Duration::from_secs(2), |l| {
+        l["change"] == "mkdir" && l["path"] == rel_container.as_str()
+    });
+    let toucher = Toucher::run(TOUCHER, Some(&dir), K, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let (container, pod) = loop {
+        let (status, body) = http(running.port, "GET", "/v1/consumers", None, "");
+        assert_eq!(status, 200, "{body}");
+        let list: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        let find = |kind: &str| {
+            list["consumers"]
+                .as_array()
+                .expect("consumers")
+                .iter()
+                .find(|c| c["kind"] == kind && c["podUid"] == UID)
+                .cloned()
+        };
+        if let (Some(c), Some(p)) = (find("container"), find("pod"))
+            && c["faults"].as_u64() == Some(K as u64)
+        {
+            break (c, p);
+        }
+        assert!(std::time::Instant::now() < deadline, "{list:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let bytes = (K as u64) * (2 << 20);
+    assert_eq!(
+        (
+            &container["qos"],
+            &container["containerId"],
+            container["inUseBytes"].as_u64()
+        ),
+        (
+            &serde_json::json!("Burstable"),
+            &serde_json::json!(ID),
+            Some(bytes)
+        ),
+        "{container:#}"
+    );
+    assert_eq!(
+        container["sizes"][0]["perNode"]["0"].as_u64(),
+        Some(bytes),
+        "{container:#}"
+    );
+    assert!(container["firstFault"].is_string() && container["lastFault"].is_string());
+    assert_eq!(
+        pod["inUseBytes"].as_u64(),
+        Some(bytes),
+        "the pod's figure includes its container's"
+    );
+    drop(toucher);
     drop(nested);
     drop(root);
     let (status, _) = running.terminate();

@@ -10,6 +10,7 @@ pub mod api;
 pub mod check;
 pub mod client;
 pub mod config;
+pub mod consumers;
 pub mod kubelet;
 pub mod logging;
 pub mod numa;

@@ -21,6 +21,7 @@ use crate::{
     admission::verify::Verifier,
     api::{self, AppState, Readiness},
     config::{Config, EbpfMode, FaultScope},
+    consumers::FaultBook,
     kubelet::cgroup_path::{Owner, classify},
     numa::{
         PageSize,
@@ -90,6 +91,7 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
     let (writer, map) = MapWriter::new(config.host.clone(), Source::Sysfs)?;
     log_snapshot(&writer.current());
     let readiness = Readiness::default();
+    let faults = FaultBook::default();
     let (mut psi_monitor, psi_reader) = Monitor::new(config.host.clone(), config.psi);
     psi_monitor.evaluate(std::time::SystemTime::now());
     let state = AppState {
@@ -98,6 +100,8 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         settings: config.verification,
         readiness: readiness.clone(),
         psi: psi_reader,
+        faults: faults.clone(),
+        host: config.host.clone(),
         reject_under_pressure: config.reject_under_pressure,
     };
     let (stop_server, stopped) = watch::channel(false);
@@ -109,6 +113,7 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         probes: None,
         retries: RetryFilter::new(DEFAULT_WINDOW),
         writer,
+        faults,
         pending: Pending::default(),
         last_counters: None,
     };
@@ -219,6 +224,8 @@ struct Agent {
     probes: Option<Probes>,
     retries: RetryFilter,
     writer: MapWriter,
+    /// Hugetlb faults per cgroup, for `GET /v1/consumers`.
+    faults: FaultBook,
     pending: Pending,
     last_counters: Option<crate::probes::Counters>,
 }
@@ -312,6 +319,8 @@ impl Agent {
             );
             return false;
         }
+        self.faults
+            .record(f.cgroup_id, std::time::SystemTime::now());
         info!(
             pid = f.pid,
             tgid = f.tgid,
@@ -338,6 +347,9 @@ impl Agent {
             CgroupChange::AttachTask { pid } => Some(pid),
             _ => None,
         };
+        if c.change == CgroupChange::Rmdir {
+            self.faults.forget(c.cgroup_id);
+        }
         // The watch map is updated before the event is logged: a logged mkdir is a watched cgroup.
         if c.is_v2() {
             self.update_watch(c);

@@ -98,6 +98,15 @@ impl ApiError {
         )
     }
 
+    pub fn internal(detail: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "host-read-failed",
+            "Reading the host failed",
+            detail,
+        )
+    }
+
     pub fn unavailable(detail: impl Into<String>) -> ApiError {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

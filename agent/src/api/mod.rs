@@ -1,4 +1,5 @@
-//! The HTTP API (axum): `POST /v1/admit`, `GET /v1/hugepages`, `GET /v1/conditions`,
+//! The HTTP API (axum): `POST /v1/admit`, `GET /v1/hugepages`, `GET /v1/consumers`,
+//! `GET /v1/conditions`,
 //! `GET /v1/events`, `/healthz`, `/readyz`, `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
 //! handlers extract, call a plain function, and map the result; errors are [`error::ApiError`].
 
@@ -20,8 +21,10 @@ use serde::Serialize;
 
 use crate::{
     admission::verify::{Settings, Verifier},
+    consumers::{self, FaultBook},
     numa::map::MapReader,
     psi::monitor::PsiReader,
+    sysfs::{HostFs, hugepages},
 };
 use error::ApiError;
 
@@ -48,6 +51,10 @@ pub struct AppState {
     pub settings: Settings,
     pub readiness: Readiness,
     pub psi: PsiReader,
+    /// Hugetlb faults per cgroup, kept by the run loop.
+    pub faults: FaultBook,
+    /// The host, for reads the handlers make fresh (`/v1/consumers`).
+    pub host: HostFs,
     /// Refuse hugepage pods while a *MemoryContentionPressure condition is True.
     pub reject_under_pressure: bool,
 }
@@ -56,6 +63,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/admit", post(admit_handler))
         .route("/v1/hugepages", get(hugepages))
+        .route("/v1/consumers", get(consumers_handler))
         .route("/v1/conditions", get(conditions))
         .route("/v1/events", get(events))
         .route("/healthz", get(healthz))
@@ -90,6 +98,22 @@ async fn admit_handler(
 
 async fn hugepages(State(state): State<AppState>) -> Response {
     Json(&*state.map.load()).into_response()
+}
+
+async fn consumers_handler(State(state): State<AppState>) -> Response {
+    // A walk of the cgroup tree: off the runtime's worker threads.
+    let listed = tokio::task::spawn_blocking(move || {
+        let pools = hugepages::read_table(&state.host)?;
+        consumers::list(&state.host, &pools, &state.faults).map_err(|e| match e {
+            consumers::ConsumersError::Sysfs(e) => e,
+        })
+    })
+    .await;
+    match listed {
+        Ok(Ok(list)) => Json(serde_json::json!({ "consumers": list })).into_response(),
+        Ok(Err(err)) => ApiError::internal(err.to_string()).into_response(),
+        Err(err) => ApiError::internal(format!("the cgroup walk failed: {err}")).into_response(),
+    }
 }
 
 async fn conditions(State(state): State<AppState>) -> Response {

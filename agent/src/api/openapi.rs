@@ -34,6 +34,14 @@ pub fn document() -> Value {
                 "summary": "The hugepage map: per NUMA node and size, and system-wide",
                 "responses": {"200": {"description": "The latest snapshot", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Snapshot"}}}}}
             }},
+            "/v1/consumers": {"get": {
+                "summary": "Who holds the hugepages: pods, containers and system cgroups, read fresh, largest first",
+                "description": "Every pod and container cgroup (pod UID, QoS and container id from the kubelet's cgroup path, either driver) and every other top-level cgroup charged with hugepages by the hugetlb controller, per size and NUMA node, with the hugetlb faults the probes saw there. A 'system' entry for '/' holds what the pools show in use beyond every top-level cgroup.",
+                "responses": {
+                    "200": {"description": "Consumers", "content": {"application/json": {"schema": {"type": "object", "properties": {"consumers": {"type": "array", "items": {"$ref": "#/components/schemas/Consumer"}}}}}}},
+                    "500": problem("A hugetlb file could not be read (named in detail)")
+                }
+            }},
             "/v1/conditions": {"get": {
                 "summary": "PSI-based node conditions (KEP-5394) with the readings behind them",
                 "description": "SystemMemoryContentionPressure, SystemDiskContentionPressure, KubepodsMemoryContentionPressure, KubepodsDiskContentionPressure as Kubernetes NodeConditions (status Unknown while a scope cannot be read); the last reading of every pressure file (cpu included, which is reported but not a condition); where each scope's files are or why they are unavailable; and which PSI triggers are armed.",
@@ -103,6 +111,17 @@ pub fn document() -> Value {
                 "global": {"type": "array", "items": {"type": "object", "properties": {
                     "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"}, "reserved": {"type": "integer"}, "surplus": {"type": "integer"}
                 }}}
+            }},
+            "Consumer": {"type": "object", "required": ["kind", "cgroup", "inUseBytes", "sizes", "faults"], "properties": {
+                "kind": {"enum": ["pod", "container", "system"]},
+                "podUid": {"type": "string"}, "qos": {"enum": ["Guaranteed", "Burstable", "BestEffort"]}, "containerId": {"type": "string"},
+                "cgroup": {"type": "string"}, "inUseBytes": {"type": "integer"},
+                "sizes": {"type": "array", "items": {"type": "object", "properties": {
+                    "pageSizeBytes": {"type": "integer"}, "inUseBytes": {"type": "integer"}, "reservedBytes": {"type": "integer"},
+                    "perNode": {"type": "object", "additionalProperties": {"type": "integer"}, "description": "NUMA node to bytes in use"}
+                }}},
+                "faults": {"type": "integer"},
+                "firstFault": {"type": "string", "format": "date-time"}, "lastFault": {"type": "string", "format": "date-time"}
             }},
             "NodeCondition": {"type": "object", "required": ["type", "status", "reason", "message", "lastTransitionTime", "lastHeartbeatTime"], "properties": {
                 "type": {"type": "string", "examples": ["SystemMemoryContentionPressure"]},

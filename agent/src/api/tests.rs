@@ -51,7 +51,7 @@ fn state() -> (tempfile::TempDir, AppState) {
     let host = HostFs::new(dir.path());
     let (_writer, map) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
     let (_monitor, psi) = Monitor::new(host.clone(), PSI);
-    let verifier = Arc::new(Verifier::new(host).expect("verifier"));
+    let verifier = Arc::new(Verifier::new(host.clone()).expect("verifier"));
     let state = AppState {
         map,
         verifier,
@@ -63,6 +63,8 @@ fn state() -> (tempfile::TempDir, AppState) {
         readiness: Readiness::default(),
         psi,
         reject_under_pressure: false,
+        faults: crate::consumers::FaultBook::default(),
+        host,
     };
     (dir, state)
 }
@@ -317,6 +319,7 @@ async fn the_openapi_document_describes_every_route() {
     for path in [
         "/v1/admit",
         "/v1/hugepages",
+        "/v1/consumers",
         "/v1/conditions",
         "/v1/events",
         "/healthz",

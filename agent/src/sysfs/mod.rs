@@ -6,6 +6,7 @@
 #[cfg(test)]
 pub mod fake;
 pub mod hugepages;
+pub mod hugetlb_cgroup;
 pub mod topology;
 
 use std::{
