@@ -202,32 +202,12 @@ impl TryFrom<Cli> for Config {
         if !cli.host_root.is_dir() {
             return Err(ConfigError::HostRoot(cli.host_root));
         }
-        let reconcile_interval = parse_duration(&cli.reconcile_interval)
-            .and_then(|d| {
-                if d.is_zero() {
-                    Err("must be above zero".to_owned())
-                } else {
-                    Ok(d)
-                }
-            })
-            .map_err(|reason| ConfigError::Interval {
-                flag: "--reconcile-interval",
-                value: cli.reconcile_interval.clone(),
-                reason,
-            })?;
-        let psi_interval = parse_duration(&cli.psi_interval)
-            .and_then(|d| {
-                if d < Duration::from_millis(100) {
-                    Err("must be at least 100ms".to_owned())
-                } else {
-                    Ok(d)
-                }
-            })
-            .map_err(|reason| ConfigError::Interval {
-                flag: "--psi-interval",
-                value: cli.psi_interval.clone(),
-                reason,
-            })?;
+        let reconcile_interval = duration("--reconcile-interval", &cli.reconcile_interval, |d| {
+            d.is_zero().then(|| "must be above zero".to_owned())
+        })?;
+        let psi_interval = duration("--psi-interval", &cli.psi_interval, |d| {
+            (d < Duration::from_millis(100)).then(|| "must be at least 100ms".to_owned())
+        })?;
         for (flag, value) in [
             ("--psi-memory-threshold", cli.psi_memory_threshold),
             ("--psi-io-threshold", cli.psi_io_threshold),
@@ -281,6 +261,21 @@ impl TryFrom<Cli> for Config {
             },
         })
     }
+}
+
+/// A duration flag: parsed, then `reject` says what is wrong with the value, if anything.
+fn duration(
+    flag: &'static str,
+    text: &str,
+    reject: impl Fn(Duration) -> Option<String>,
+) -> Result<Duration, ConfigError> {
+    parse_duration(text)
+        .and_then(|d| reject(d).map_or(Ok(d), Err))
+        .map_err(|reason| ConfigError::Interval {
+            flag,
+            value: text.to_owned(),
+            reason,
+        })
 }
 
 /// Parses `<number><unit>` with unit `ms`, `s`, `m` or `h` (`30s`, `500ms`, `1.5m`).

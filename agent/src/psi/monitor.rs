@@ -320,6 +320,11 @@ mod tests {
     use super::*;
     use crate::sysfs::fake;
 
+    const CONFIG: PsiConfig = PsiConfig {
+        memory_threshold: 10.0,
+        io_threshold: 10.0,
+        interval: Duration::from_secs(5),
+    };
     const QUIET: &str = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
     const HIGH: &str = "some avg10=40.00 avg60=30.00 avg300=5.00 total=99\nfull avg10=1.00 avg60=1.00 avg300=0.00 total=9\n";
 
@@ -337,12 +342,7 @@ mod tests {
             ("/sys/fs/cgroup/kubepods.slice/io.pressure", QUIET),
             ("/sys/fs/cgroup/kubepods.slice/cpu.pressure", QUIET),
         ]);
-        let config = PsiConfig {
-            memory_threshold: 10.0,
-            io_threshold: 10.0,
-            interval: Duration::from_secs(5),
-        };
-        let (mut monitor, reader) = Monitor::new(host, config);
+        let (mut monitor, reader) = Monitor::new(host, CONFIG);
         let events = monitor.evaluate(SystemTime::now());
         assert_eq!(
             events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(),
@@ -403,12 +403,7 @@ mod tests {
             ("/proc/pressure/io", QUIET),
             ("/proc/pressure/cpu", QUIET),
         ]);
-        let config = PsiConfig {
-            memory_threshold: 10.0,
-            io_threshold: 10.0,
-            interval: Duration::from_secs(5),
-        };
-        let (mut monitor, reader) = Monitor::new(host, config);
+        let (mut monitor, reader) = Monitor::new(host, CONFIG);
         let file = dir.path().join("proc/pressure/memory");
         for i in 0..(EVENTS_KEPT + 10) {
             std::fs::write(&file, if i % 2 == 0 { HIGH } else { QUIET }).expect("write");

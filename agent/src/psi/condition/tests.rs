@@ -105,17 +105,16 @@ fn avg10_swinging_around_the_threshold_does_not_flap_the_condition() {
     }
     let steps = run(&readings);
     assert!(steps.iter().all(|(s, _)| *s == Status::True), "{steps:?}");
-    let transitions = steps
-        .iter()
-        .flat_map(|(_, r)| r)
-        .filter(|r| r.starts_with("Node"))
-        .count();
+    let count = |keep: fn(&String) -> bool| {
+        steps
+            .iter()
+            .flat_map(|(_, r)| r)
+            .filter(|r| keep(r))
+            .count()
+    };
+    let transitions = count(|r| r.starts_with("Node"));
     assert_eq!(transitions, 1, "one transition, to True: {steps:?}");
-    let dips = steps
-        .iter()
-        .flat_map(|(_, r)| r)
-        .filter(|r| r.ends_with("TrendingLower"))
-        .count();
+    let dips = count(|r| r.ends_with("TrendingLower"));
     assert_eq!(dips, 5, "one trending-lower event per dip: {steps:?}");
 }
 
