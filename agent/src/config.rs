@@ -62,6 +62,22 @@ pub struct Cli {
     /// kep: available = free_hugepages; strict: minus pages reserved by mappings but not faulted.
     #[arg(long, env = "HUGEPAGE_AGENT_VERIFICATION_MODE", value_enum, default_value_t = Mode::Kep, global = true)]
     pub verification_mode: Mode,
+    /// How long an admitted pod's hugepages stay reserved if its cgroup never faults them (e.g. 30s).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_RESERVATION_TTL",
+        default_value = "30s",
+        global = true
+    )]
+    pub reservation_ttl: String,
+    /// Where state that must survive a restart (reservations) is kept.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_STATE_DIR",
+        default_value = "/var/lib/hugepage-agent",
+        global = true
+    )]
+    pub state_dir: PathBuf,
     /// PSI memory threshold in percent: `some` avg60 (and avg10) at or above it sets the
     /// *MemoryContentionPressure conditions.
     #[arg(
@@ -193,6 +209,8 @@ pub struct Config {
     pub verification: Settings,
     pub psi: PsiConfig,
     pub reject_under_pressure: bool,
+    pub reservation_ttl: Duration,
+    pub state_dir: PathBuf,
 }
 
 impl TryFrom<Cli> for Config {
@@ -203,6 +221,9 @@ impl TryFrom<Cli> for Config {
             return Err(ConfigError::HostRoot(cli.host_root));
         }
         let reconcile_interval = duration("--reconcile-interval", &cli.reconcile_interval, |d| {
+            d.is_zero().then(|| "must be above zero".to_owned())
+        })?;
+        let reservation_ttl = duration("--reservation-ttl", &cli.reservation_ttl, |d| {
             d.is_zero().then(|| "must be above zero".to_owned())
         })?;
         let psi_interval = duration("--psi-interval", &cli.psi_interval, |d| {
@@ -254,6 +275,8 @@ impl TryFrom<Cli> for Config {
                 interval: psi_interval,
             },
             reject_under_pressure: cli.reject_under_pressure,
+            reservation_ttl,
+            state_dir: cli.state_dir,
             verification: Settings {
                 gate: cli.verification,
                 mode: cli.verification_mode,

@@ -7,7 +7,11 @@
 //! coalesced re-read of the touched page size, and what the map holds comes from sysfs. The
 //! periodic reconcile re-reads everything and is the only source when eBPF is off.
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use tokio::{
     net::TcpListener,
@@ -18,11 +22,13 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use crate::{
+    admission::reservations::{Released, Reservation, Store},
     admission::verify::Verifier,
     api::{self, AppState, Readiness},
     config::{Config, EbpfMode, FaultScope},
     consumers::FaultBook,
     kubelet::cgroup_path::{Owner, classify},
+    kubelet::pods::PodCgroups,
     numa::{
         PageSize,
         map::{Change, MapWriter, Snapshot, Source},
@@ -35,7 +41,10 @@ use crate::{
         watch::{CgroupV2, WatchError},
     },
     psi::monitor::Monitor,
-    sysfs::{HostFs, SysfsError},
+    sysfs::{
+        HostFs, SysfsError,
+        hugetlb_cgroup::{self, Hierarchy},
+    },
 };
 use hugepage_agent_common::counters::Counter;
 
@@ -62,6 +71,8 @@ pub enum RunError {
     Watch(#[from] WatchError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    State(String),
     #[error("--listen {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -92,6 +103,13 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
     log_snapshot(&writer.current());
     let readiness = Readiness::default();
     let faults = FaultBook::default();
+    let (store, set_aside) = Store::open(&config.state_dir, config.reservation_ttl)
+        .map_err(|e| RunError::State(format!("--state-dir: {e}")))?;
+    if let Some(warning) = set_aside {
+        warn!("{warning}");
+    }
+    info!(restored = store.list().len(), dir = %config.state_dir.display(), "reservations loaded");
+    let reservations = Arc::new(Mutex::new(store));
     let (mut psi_monitor, psi_reader) = Monitor::new(config.host.clone(), config.psi);
     psi_monitor.evaluate(std::time::SystemTime::now());
     let state = AppState {
@@ -102,6 +120,7 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         psi: psi_reader,
         faults: faults.clone(),
         host: config.host.clone(),
+        reservations: reservations.clone(),
         reject_under_pressure: config.reject_under_pressure,
     };
     let (stop_server, stopped) = watch::channel(false);
@@ -114,6 +133,8 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         retries: RetryFilter::new(DEFAULT_WINDOW),
         writer,
         faults,
+        pods: v2_pods(&config.host),
+        reservations,
         pending: Pending::default(),
         last_counters: None,
     };
@@ -226,6 +247,9 @@ struct Agent {
     writer: MapWriter,
     /// Hugetlb faults per cgroup, for `GET /v1/consumers`.
     faults: FaultBook,
+    /// Where each pod's cgroup is, to see a reserved pod fault its pages or go.
+    pods: PodCgroups,
+    reservations: Arc<Mutex<Store>>,
     pending: Pending,
     last_counters: Option<crate::probes::Counters>,
 }
@@ -347,6 +371,17 @@ impl Agent {
             CgroupChange::AttachTask { pid } => Some(pid),
             _ => None,
         };
+        if c.is_v2() {
+            match c.change {
+                CgroupChange::Mkdir => self.pods.on_mkdir(&c.path),
+                CgroupChange::Rmdir => {
+                    if let Some(uid) = self.pods.on_rmdir(&c.path) {
+                        self.release(Released::PodRemoved, |r, _| r.pod_uid == uid);
+                    }
+                }
+                _ => {}
+            }
+        }
         if c.change == CgroupChange::Rmdir {
             self.faults.forget(c.cgroup_id);
         }
@@ -424,6 +459,8 @@ impl Agent {
             Ok(changes) => log_changes(&changes, None),
             Err(err) => warn!("reconciling the hugepage map: {err}"),
         }
+        self.pods = v2_pods(&self.host);
+        self.release_faulted();
     }
 
     /// What the probes saw over the agent's life: every counter, and the retries folded here.
@@ -468,7 +505,55 @@ impl Agent {
             Ok(changes) => log_changes(&changes, self.writer.current().fault_to_map),
             Err(err) => warn!("re-reading hugepage pools: {err}"),
         }
+        self.release_faulted();
     }
+
+    /// Ends the reservations whose pods have faulted their pages, and the expired ones.
+    fn release_faulted(&mut self) {
+        let now = std::time::SystemTime::now();
+        self.release(Released::Expired, |r, _| r.expires_at <= now);
+        self.release(Released::Faulted, |r, agent| agent.has_faulted(r));
+    }
+
+    /// Whether `r`'s pod cgroup is charged with at least the reserved bytes of every size.
+    fn has_faulted(&self, r: &Reservation) -> bool {
+        let Some(dir) = self.pods.dir(&r.pod_uid) else {
+            return false;
+        };
+        let sizes: Vec<PageSize> = r.bytes.keys().copied().collect();
+        match hugetlb_cgroup::read(&self.host, dir, Hierarchy::V2, &sizes) {
+            Ok(usage) => r.bytes.iter().all(|(size, &bytes)| {
+                usage
+                    .iter()
+                    .any(|u| u.page_size_bytes == size.0 && u.in_use_bytes >= bytes)
+            }),
+            Err(err) => {
+                debug!("reading the hugetlb usage of pod {}: {err}", r.pod_uid);
+                false
+            }
+        }
+    }
+
+    /// Releases the reservations `pick` chooses and logs why.
+    fn release(&mut self, why: Released, pick: impl Fn(&Reservation, &Agent) -> bool) {
+        let Ok(mut store) = self.reservations.lock() else {
+            warn!("the reservation store is poisoned");
+            return;
+        };
+        match store.release(|r| pick(r, self)) {
+            Ok(gone) => {
+                for r in gone {
+                    info!(id = %r.id, pod_uid = %r.pod_uid, reason = ?why, "reservation released");
+                }
+            }
+            Err(err) => warn!("saving the reservations: {err}"),
+        }
+    }
+}
+
+/// Pod cgroups on the v2 hierarchy (none without one).
+fn v2_pods(host: &HostFs) -> PodCgroups {
+    CgroupV2::find(host).map_or_else(PodCgroups::default, |v2| PodCgroups::scan(host, &v2))
 }
 
 fn log_changes(changes: &[Change], fault_to_map: Option<Duration>) {

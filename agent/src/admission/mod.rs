@@ -1,5 +1,7 @@
 //! Admission: what a pod asks of hugepages ([`request`]) and whether the kernel can serve it on
-//! the selected NUMA nodes right now ([`verify`], KEP-5759's check, read fresh from sysfs).
+//! the selected NUMA nodes right now ([`verify`], KEP-5759's check, read fresh from sysfs), and
+//! what admitted pods hold until they start ([`reservations`]).
 
 pub mod request;
+pub mod reservations;
 pub mod verify;

@@ -94,6 +94,9 @@ pub struct Check {
     pub free_bytes: u64,
     /// Free minus pages reserved but not yet faulted (the strict number).
     pub unreserved_bytes: u64,
+    /// Held by this agent's reservations for other pods admitted but not started yet; already
+    /// subtracted from `available_bytes`.
+    pub reserved_by_agent_bytes: u64,
     pub ok: bool,
     /// Why this size was not verified (a sysfs file could not be read).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -112,6 +115,9 @@ pub struct Verdict {
     pub numa_nodes: Vec<NumaNode>,
     pub mode: Mode,
     pub checks: Vec<Check>,
+    /// The reservation this admission made (admitted requests with a pod UID).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<super::reservations::ReservationRef>,
 }
 
 /// Reads `free_hugepages` and `resv_hugepages` fresh, through descriptors it keeps open.
@@ -182,6 +188,7 @@ impl Verifier {
             numa_nodes: nodes.clone(),
             mode,
             checks: Vec::new(),
+            reservation: None,
         };
         if gate == Gate::Off {
             verdict.message = Some(GATE_OFF.to_owned());
@@ -198,6 +205,7 @@ impl Verifier {
                         available_bytes: available,
                         free_bytes: free,
                         unreserved_bytes: unreserved,
+                        reserved_by_agent_bytes: 0,
                         ok: available >= requested,
                         unverified: None,
                     }
@@ -222,6 +230,7 @@ impl Verifier {
                         available_bytes: 0,
                         free_bytes: 0,
                         unreserved_bytes: 0,
+                        reserved_by_agent_bytes: 0,
                         ok,
                         unverified: Some(err.to_string()),
                     }

@@ -2,12 +2,15 @@
 //! nodes until topology hints select them). The logic is [`admit`], a plain function of the
 //! state and the raw request; the handler only extracts and maps.
 
+use std::time::SystemTime;
+
 use serde::{Deserialize, Serialize};
 
 use super::{AppState, error::ApiError};
 use crate::{
     admission::{
         request::{self, Hugepages, PodSpec, ResourceList},
+        reservations::{self, Reservation},
         verify::{Verdict, VerifyError},
     },
     numa::NumaNode,
@@ -111,7 +114,19 @@ pub fn admit(
         from_short(value)?
     };
     let nodes = nodes.unwrap_or_else(|| state.verifier.nodes());
-    let verdict = state
+    // Held from the fresh read to the reservation: no other admission sees the pages in between.
+    let mut store = state
+        .reservations
+        .lock()
+        .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
+    let now = SystemTime::now();
+    for gone in store
+        .release(|r| r.expires_at <= now)
+        .map_err(|e| ApiError::internal(e.to_string()))?
+    {
+        tracing::info!(id = %gone.id, pod_uid = %gone.pod_uid, "reservation expired");
+    }
+    let mut verdict = state
         .verifier
         .verify(&request, &nodes, state.settings)
         .map_err(|e| match e {
@@ -120,10 +135,17 @@ pub fn admit(
                 ApiError::invalid("numaNodes", "must name at least one NUMA node")
             }
         })?;
-    let mut verdict = verdict;
+    reservations::apply(&mut verdict, &store, &pod.uid);
     if state.reject_under_pressure && !request.is_empty() {
         refuse_under_pressure(&mut verdict, &state.psi.load().memory_pressure);
     }
+    if verdict.allowed && !pod.uid.is_empty() && !verdict.checks.is_empty() {
+        let made = store
+            .reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now)
+            .map_err(|e| ApiError::internal(format!("the reservation could not be saved: {e}")))?;
+        verdict.reservation = Some(made);
+    }
+    drop(store);
     tracing::info!(
         pod = %format_args!("{}/{}", pod.namespace, pod.name),
         uid = %pod.uid,
@@ -132,6 +154,23 @@ pub fn admit(
         "admission"
     );
     Ok(Answer { verdict, pod })
+}
+
+/// `DELETE /v1/reservations/{id}`: the removed reservation, or 404.
+pub fn delete_reservation(state: &AppState, id: &str) -> Result<Reservation, ApiError> {
+    let mut store = state
+        .reservations
+        .lock()
+        .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
+    let removed = store
+        .release(|r| r.id == id)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let found = removed
+        .into_iter()
+        .next()
+        .ok_or_else(|| ApiError::no_reservation(id))?;
+    tracing::info!(id = %found.id, pod_uid = %found.pod_uid, "reservation deleted");
+    Ok(found)
 }
 
 /// The reason of a refusal under memory contention pressure.

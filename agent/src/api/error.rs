@@ -89,6 +89,15 @@ impl ApiError {
         )
     }
 
+    pub fn no_reservation(id: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no-such-reservation",
+            "No such reservation",
+            format!("no reservation {id:?}: it ended or never existed; see GET /v1/reservations"),
+        )
+    }
+
     pub fn method_not_allowed() -> ApiError {
         ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,

@@ -1,4 +1,5 @@
 //! The HTTP API (axum): `POST /v1/admit`, `GET /v1/hugepages`, `GET /v1/consumers`,
+//! `GET /v1/reservations`, `DELETE /v1/reservations/{id}`,
 //! `GET /v1/conditions`,
 //! `GET /v1/events`, `/healthz`, `/readyz`, `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
 //! handlers extract, call a plain function, and map the result; errors are [`error::ApiError`].
@@ -7,20 +8,24 @@ pub mod admit;
 pub mod error;
 pub mod openapi;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::{
     Json, Router,
     body::Bytes,
+    extract::Path,
     extract::{DefaultBodyLimit, State, rejection::BytesRejection},
     http::{HeaderMap, StatusCode, Uri, header},
     response::{IntoResponse, Response},
-    routing::{get, post},
+    routing::{delete, get, post},
 };
 use serde::Serialize;
 
 use crate::{
-    admission::verify::{Settings, Verifier},
+    admission::{
+        reservations::Store,
+        verify::{Settings, Verifier},
+    },
     consumers::{self, FaultBook},
     numa::map::MapReader,
     psi::monitor::PsiReader,
@@ -53,6 +58,9 @@ pub struct AppState {
     pub psi: PsiReader,
     /// Hugetlb faults per cgroup, kept by the run loop.
     pub faults: FaultBook,
+    /// Admitted pods' hugepages until they start; admission holds the lock from verification
+    /// to reservation, so two admissions cannot both be granted the same pages.
+    pub reservations: Arc<Mutex<Store>>,
     /// The host, for reads the handlers make fresh (`/v1/consumers`).
     pub host: HostFs,
     /// Refuse hugepage pods while a *MemoryContentionPressure condition is True.
@@ -64,6 +72,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admit", post(admit_handler))
         .route("/v1/hugepages", get(hugepages))
         .route("/v1/consumers", get(consumers_handler))
+        .route("/v1/reservations", get(reservations_list))
+        .route("/v1/reservations/{id}", delete(reservation_delete))
         .route("/v1/conditions", get(conditions))
         .route("/v1/events", get(events))
         .route("/healthz", get(healthz))
@@ -113,6 +123,20 @@ async fn consumers_handler(State(state): State<AppState>) -> Response {
         Ok(Ok(list)) => Json(serde_json::json!({ "consumers": list })).into_response(),
         Ok(Err(err)) => ApiError::internal(err.to_string()).into_response(),
         Err(err) => ApiError::internal(format!("the cgroup walk failed: {err}")).into_response(),
+    }
+}
+
+async fn reservations_list(State(state): State<AppState>) -> Response {
+    match state.reservations.lock() {
+        Ok(store) => Json(serde_json::json!({ "reservations": store.list() })).into_response(),
+        Err(_) => ApiError::internal("the reservation store is poisoned").into_response(),
+    }
+}
+
+async fn reservation_delete(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    match admit::delete_reservation(&state, &id) {
+        Ok(removed) => Json(removed).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 

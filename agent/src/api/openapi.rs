@@ -27,7 +27,8 @@ pub fn document() -> Value {
                     "200": {"description": "The verdict (allowed or not)", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Verdict"}}}},
                     "400": problem("Invalid JSON, or an invalid field (named in `field`)"),
                     "413": problem("Body larger than 1 MiB"),
-                    "415": problem("Content type is not application/json")
+                    "415": problem("Content type is not application/json"),
+                    "500": problem("The reservation could not be saved (named in detail)")
                 }
             }},
             "/v1/hugepages": {"get": {
@@ -40,6 +41,19 @@ pub fn document() -> Value {
                 "responses": {
                     "200": {"description": "Consumers", "content": {"application/json": {"schema": {"type": "object", "properties": {"consumers": {"type": "array", "items": {"$ref": "#/components/schemas/Consumer"}}}}}}},
                     "500": problem("A hugetlb file could not be read (named in detail)")
+                }
+            }},
+            "/v1/reservations": {"get": {
+                "summary": "Hugepages reserved for admitted pods that have not faulted them yet",
+                "description": "An admitted request with a pod UID reserves its bytes per size on its NUMA nodes; later admissions of other pods subtract them. A reservation ends when the pod's cgroup has faulted its pages, when the pod's cgroup is removed, after --reservation-ttl, or on DELETE. Reservations survive restarts.",
+                "responses": {"200": {"description": "Reservations", "content": {"application/json": {"schema": {"type": "object", "properties": {"reservations": {"type": "array", "items": {"$ref": "#/components/schemas/Reservation"}}}}}}}}
+            }},
+            "/v1/reservations/{id}": {"delete": {
+                "summary": "End a reservation now",
+                "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {"description": "The removed reservation", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Reservation"}}}},
+                    "404": problem("No such reservation")
                 }
             }},
             "/v1/conditions": {"get": {
@@ -85,6 +99,7 @@ pub fn document() -> Value {
                 "availableBytes": {"type": "integer", "description": "what the verification mode counts"},
                 "freeBytes": {"type": "integer", "description": "free_hugepages summed (kep)"},
                 "unreservedBytes": {"type": "integer", "description": "free minus reserved-but-untouched (strict)"},
+                "reservedByAgentBytes": {"type": "integer", "description": "held for other admitted pods that have not faulted their pages; already subtracted from availableBytes"},
                 "ok": {"type": "boolean"},
                 "unverified": {"type": "string", "description": "why this size could not be read"}
             }},
@@ -95,6 +110,7 @@ pub fn document() -> Value {
                 "numaNodes": {"type": "array", "items": {"type": "integer"}},
                 "mode": {"enum": ["kep", "strict"]},
                 "checks": {"type": "array", "items": {"$ref": "#/components/schemas/Check"}},
+                "reservation": {"type": "object", "description": "made when an admitted request names a pod UID", "properties": {"id": {"type": "string"}, "expiresAt": {"type": "string", "format": "date-time"}}},
                 "pod": {"type": "object"}
             }},
             "Snapshot": {"type": "object", "properties": {
@@ -111,6 +127,12 @@ pub fn document() -> Value {
                 "global": {"type": "array", "items": {"type": "object", "properties": {
                     "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"}, "reserved": {"type": "integer"}, "surplus": {"type": "integer"}
                 }}}
+            }},
+            "Reservation": {"type": "object", "properties": {
+                "id": {"type": "string"}, "podUid": {"type": "string"}, "namespace": {"type": "string"}, "name": {"type": "string"},
+                "numaNodes": {"type": "array", "items": {"type": "integer"}},
+                "bytes": {"type": "object", "additionalProperties": {"type": "integer"}, "description": "page size in bytes to bytes reserved"},
+                "createdAt": {"type": "integer", "description": "Unix milliseconds"}, "expiresAt": {"type": "integer", "description": "Unix milliseconds"}
             }},
             "Consumer": {"type": "object", "required": ["kind", "cgroup", "inUseBytes", "sizes", "faults"], "properties": {
                 "kind": {"enum": ["pod", "container", "system"]},

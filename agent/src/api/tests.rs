@@ -8,7 +8,10 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::{
-    admission::verify::{Gate, Mode, OnSysfsError},
+    admission::{
+        reservations::Store,
+        verify::{Gate, Mode, OnSysfsError},
+    },
     numa::map::{MapWriter, Source},
     psi::monitor::{Monitor, PsiConfig},
     sysfs::{HostFs, fake},
@@ -64,6 +67,14 @@ fn state() -> (tempfile::TempDir, AppState) {
         psi,
         reject_under_pressure: false,
         faults: crate::consumers::FaultBook::default(),
+        reservations: Arc::new(std::sync::Mutex::new(
+            Store::open(
+                &dir.path().join("state"),
+                std::time::Duration::from_secs(30),
+            )
+            .expect("store")
+            .0,
+        )),
         host,
     };
     (dir, state)
@@ -320,6 +331,7 @@ async fn the_openapi_document_describes_every_route() {
         "/v1/admit",
         "/v1/hugepages",
         "/v1/consumers",
+        "/v1/reservations",
         "/v1/conditions",
         "/v1/events",
         "/healthz",
@@ -417,4 +429,64 @@ async fn reject_under_pressure_refuses_hugepage_pods_only_while_memory_is_true()
         answer["allowed"], true,
         "without the option pressure does not refuse: {answer}"
     );
+}
+
+fn with_uid(mut body: Value, uid: &str) -> Value {
+    body["pod"]["uid"] = json!(uid);
+    body
+}
+
+#[tokio::test]
+async fn story_2_an_admitted_pod_reserves_and_the_next_sees_less_until_it_is_deleted() {
+    let (_d, state) = state();
+    // 4 GiB free on nodes 0 and 1. B takes 3 GiB: admitted, reserved.
+    let (_, _, b) = admit(&state, with_uid(short("3Gi", Some(json!([0, 1]))), "uid-b")).await;
+    assert_eq!(b["allowed"], true, "{b}");
+    let id = b["reservation"]["id"]
+        .as_str()
+        .expect("a reservation")
+        .to_owned();
+    assert!(b["reservation"]["expiresAt"].is_string(), "{b}");
+    // C asks 2 GiB: the kernel still has 4 free, but 3 are B's.
+    let (_, _, c) = admit(&state, with_uid(short("2Gi", Some(json!([0, 1]))), "uid-c")).await;
+    assert_eq!(c["allowed"], false, "{c}");
+    assert_eq!(
+        c["message"],
+        "insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 2Gi, available 1Gi"
+    );
+    assert_eq!(c["checks"][0]["reservedByAgentBytes"], 3u64 << 30);
+    assert!(
+        c.get("reservation").is_none(),
+        "a rejection reserves nothing: {c}"
+    );
+    let (_, _, listed) = send(&state, "GET", "/v1/reservations", None, "").await;
+    assert_eq!(
+        listed["reservations"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    assert_eq!(listed["reservations"][0]["podUid"], "uid-b");
+
+    let path = format!("/v1/reservations/{id}");
+    let (status, _, removed) = send(&state, "DELETE", &path, None, "").await;
+    assert_eq!((status, &removed["id"]), (StatusCode::OK, &json!(id)));
+    let (status, ctype, problem) = send(&state, "DELETE", &path, None, "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(ctype, "application/problem+json");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("no reservation")),
+        "{problem}"
+    );
+    let (_, _, c) = admit(&state, with_uid(short("2Gi", Some(json!([0, 1]))), "uid-c")).await;
+    assert_eq!(c["allowed"], true, "{c}");
+}
+
+#[tokio::test]
+async fn a_request_without_a_pod_uid_reserves_nothing() {
+    let (_d, state) = state();
+    let (_, _, answer) = admit(&state, with_uid(short("2Gi", Some(json!([0]))), "")).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    assert!(answer.get("reservation").is_none(), "{answer}");
 }

@@ -24,7 +24,7 @@ use crate::{
     numa::{HugepageTable, NumaNode, PageSize},
     probes::watch::CgroupV2,
     sysfs::{
-        HostFs, SysfsError,
+        HostFs, SysfsError, cgroup_tree,
         hugetlb_cgroup::{self, Hierarchy, SizeUsage},
     },
 };
@@ -134,30 +134,25 @@ pub fn list(
     // Bytes per (size, node) charged to top-level cgroups, to find what no cgroup holds.
     let mut top_level: BTreeMap<(PageSize, NumaNode), u64> = BTreeMap::new();
     let mut top_level_total: BTreeMap<PageSize, u64> = BTreeMap::new();
+    let mut failed = None;
     for (mount, hierarchy) in &roots {
-        let mut stack = vec![String::new()];
-        while let Some(rel) = stack.pop() {
+        cgroup_tree::walk(host, mount, |rel| {
+            if rel.is_empty() || failed.is_some() {
+                return; // the root has no hugetlb files
+            }
+            let rel = rel.to_owned();
             let dir = format!("{mount}{rel}");
-            let Ok(entries) = host.list(&dir) else {
-                continue; // removed while we walked
-            };
-            for name in entries {
-                let child = format!("{dir}/{name}");
-                if host.path(&child).is_dir() {
-                    stack.push(format!("{rel}/{name}"));
-                }
-            }
-            if rel.is_empty() {
-                continue; // the root has no hugetlb files
-            }
             let usage = match hugetlb_cgroup::read(host, &dir, *hierarchy, &sizes) {
                 Ok(usage) => usage,
                 Err(SysfsError::Read { source, .. })
                     if source.kind() == std::io::ErrorKind::NotFound =>
                 {
-                    continue;
+                    return; // removed while we walked
                 }
-                Err(err) => return Err(err.into()),
+                Err(err) => {
+                    failed = Some(err.into());
+                    return;
+                }
             };
             let in_use: u64 = usage.iter().map(|u| u.in_use_bytes).sum();
             let owner = classify(&rel);
@@ -209,7 +204,10 @@ pub fn list(
                 }
                 Owner::System => {}
             }
-        }
+        });
+    }
+    if let Some(err) = failed {
+        return Err(err);
     }
     if let Some(rest) = outside_cgroups(pools, &top_level, &top_level_total) {
         out.push(rest);

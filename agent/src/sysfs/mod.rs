@@ -3,6 +3,7 @@
 //!
 //! Errors always name the file. Parsing of what is read lives in the submodules.
 
+pub mod cgroup_tree;
 #[cfg(test)]
 pub mod fake;
 pub mod hugepages;

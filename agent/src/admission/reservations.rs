@@ -1,0 +1,325 @@
+//! Reservations close KEP-5759's race window: between an admission and the moment the pod's
+//! containers fault their hugepages, the pages still look free, and a second admission could be
+//! granted the same pages. An admitted request with a pod UID therefore reserves its bytes per
+//! size on its NUMA nodes; later admissions subtract every reservation of another pod whose nodes
+//! meet theirs. A reservation ends when the pod's cgroup has faulted its pages, when the pod's
+//! cgroup is removed, when its TTL passes, or by `DELETE /v1/reservations/{id}`.
+//!
+//! The set survives restarts: every change is written to `<state-dir>/reservations.json` as a
+//! temporary file, fsynced and renamed over the old one, with a checksum (FNV-1a 64 of the
+//! reservations' JSON) as the kubelet's checkpoints have. A file that does not parse or whose
+//! checksum does not match is renamed aside (`.corrupt-<unix time>`) and reported, never half-read.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::Write,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use serde::{Deserialize, Serialize, Serializer};
+
+use super::verify::{Check, REASON, Verdict, message};
+use crate::numa::{NumaNode, PageSize};
+
+const FILE: &str = "reservations.json";
+const VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReservationError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One reservation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    pub id: String,
+    pub pod_uid: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+    pub numa_nodes: Vec<NumaNode>,
+    /// Page size in bytes → bytes reserved.
+    pub bytes: BTreeMap<PageSize, u64>,
+    #[serde(with = "unix_millis")]
+    pub created_at: SystemTime,
+    #[serde(with = "unix_millis")]
+    pub expires_at: SystemTime,
+}
+
+/// What an answer says of the reservation it made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservationRef {
+    pub id: String,
+    #[serde(serialize_with = "rfc3339")]
+    pub expires_at: SystemTime,
+}
+
+fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_rfc3339_millis(*t).to_string())
+}
+
+mod unix_millis {
+    use std::time::{Duration, SystemTime};
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        let ms = t
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64;
+        s.serialize_u64(ms)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        Ok(SystemTime::UNIX_EPOCH + Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+/// Why a reservation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    Faulted,
+    PodRemoved,
+    Expired,
+    Deleted,
+}
+
+/// The file's shape.
+#[derive(Debug, Serialize, Deserialize)]
+struct Checkpoint {
+    version: u32,
+    reservations: Vec<Reservation>,
+    checksum: String,
+}
+
+/// The reservations and their file.
+#[derive(Debug)]
+pub struct Store {
+    path: PathBuf,
+    ttl: Duration,
+    entries: BTreeMap<String, Reservation>,
+    next: u64,
+}
+
+/// FNV-1a, 64 bits, as hex.
+fn checksum(bytes: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+impl Store {
+    /// Loads `<dir>/reservations.json` (creating `dir`); a corrupt file is set aside and named in
+    /// the returned warning.
+    pub fn open(dir: &Path, ttl: Duration) -> Result<(Store, Option<String>), ReservationError> {
+        fs::create_dir_all(dir).map_err(|source| ReservationError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(FILE);
+        let mut store = Store {
+            path: path.clone(),
+            ttl,
+            entries: BTreeMap::new(),
+            next: 0,
+        };
+        let text = match fs::read(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((store, None)),
+            Err(source) => return Err(ReservationError::Io { path, source }),
+        };
+        match parse(&text) {
+            Ok(list) => {
+                store.entries = list.into_iter().map(|r| (r.id.clone(), r)).collect();
+                Ok((store, None))
+            }
+            Err(why) => {
+                let stamp = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs();
+                let aside = path.with_extension(format!("json.corrupt-{stamp}"));
+                fs::rename(&path, &aside).map_err(|source| ReservationError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+                Ok((
+                    store,
+                    Some(format!(
+                        "{}: {why}; set aside as {} and starting with no reservations",
+                        path.display(),
+                        aside.display()
+                    )),
+                ))
+            }
+        }
+    }
+
+    pub fn list(&self) -> Vec<Reservation> {
+        self.entries.values().cloned().collect()
+    }
+
+    /// Bytes of `size` reserved for pods other than `pod_uid` on nodes that meet `nodes`.
+    pub fn held(&self, size: PageSize, nodes: &[NumaNode], pod_uid: &str) -> u64 {
+        self.entries
+            .values()
+            .filter(|r| r.pod_uid != pod_uid && r.numa_nodes.iter().any(|n| nodes.contains(n)))
+            .filter_map(|r| r.bytes.get(&size))
+            .sum()
+    }
+
+    /// Reserves what `verdict` admitted for `pod_uid`; replaces that pod's earlier reservation.
+    pub fn reserve(
+        &mut self,
+        verdict: &Verdict,
+        pod_uid: &str,
+        namespace: &str,
+        name: &str,
+        now: SystemTime,
+    ) -> Result<ReservationRef, ReservationError> {
+        self.next += 1;
+        let id = format!(
+            "{}-{}",
+            now.duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_micros(),
+            self.next
+        );
+        let reservation = Reservation {
+            id: id.clone(),
+            pod_uid: pod_uid.to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            numa_nodes: verdict.numa_nodes.clone(),
+            bytes: verdict
+                .checks
+                .iter()
+                .filter_map(|c| Some((c.page_size()?, c.requested_bytes)))
+                .collect(),
+            created_at: now,
+            expires_at: now + self.ttl,
+        };
+        let before = self.entries.clone();
+        self.entries.retain(|_, r| r.pod_uid != pod_uid);
+        self.entries.insert(id.clone(), reservation);
+        if let Err(err) = self.save() {
+            self.entries = before;
+            return Err(err);
+        }
+        Ok(ReservationRef {
+            id,
+            expires_at: now + self.ttl,
+        })
+    }
+
+    /// Removes the reservations `drop` picks, saves, and returns them.
+    pub fn release(
+        &mut self,
+        mut drop: impl FnMut(&Reservation) -> bool,
+    ) -> Result<Vec<Reservation>, ReservationError> {
+        let gone: Vec<Reservation> = self.entries.values().filter(|r| drop(r)).cloned().collect();
+        if gone.is_empty() {
+            return Ok(gone);
+        }
+        for r in &gone {
+            self.entries.remove(&r.id);
+        }
+        self.save()?;
+        Ok(gone)
+    }
+
+    /// Writes the file atomically: temporary file, fsync, rename, fsync of the directory.
+    fn save(&self) -> Result<(), ReservationError> {
+        let reservations: Vec<&Reservation> = self.entries.values().collect();
+        let data = serde_json::to_vec(&reservations).unwrap_or_default();
+        let text = serde_json::to_vec_pretty(&serde_json::json!({
+            "version": VERSION,
+            "reservations": reservations,
+            "checksum": checksum(&data),
+        }))
+        .unwrap_or_default();
+        let tmp = self.path.with_extension("json.tmp");
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ReservationError::Io { path, source }
+        };
+        let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(&text).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+        fs::rename(&tmp, &self.path).map_err(io(&self.path))?;
+        if let Some(dir) = self.path.parent() {
+            fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io(dir))?;
+        }
+        Ok(())
+    }
+}
+
+fn parse(text: &[u8]) -> Result<Vec<Reservation>, String> {
+    let checkpoint: Checkpoint =
+        serde_json::from_slice(text).map_err(|e| format!("not a reservations file: {e}"))?;
+    if checkpoint.version != VERSION {
+        return Err(format!(
+            "version {} is not {VERSION} (written by another agent version)",
+            checkpoint.version
+        ));
+    }
+    let data = serde_json::to_vec(&checkpoint.reservations).unwrap_or_default();
+    let expected = checksum(&data);
+    if expected != checkpoint.checksum {
+        return Err(format!(
+            "checksum {} does not match the content ({expected}): the file is corrupt",
+            checkpoint.checksum
+        ));
+    }
+    Ok(checkpoint.reservations)
+}
+
+impl Check {
+    /// The page size of a `hugepages-<size>` check.
+    pub fn page_size(&self) -> Option<PageSize> {
+        crate::admission::request::page_size(&self.resource, "")
+            .ok()
+            .flatten()
+    }
+}
+
+/// Subtracts other pods' reservations from each verified check of `verdict` (admission of
+/// `pod_uid`), rejecting with the KEP's message on what is left.
+pub fn apply(verdict: &mut Verdict, store: &Store, pod_uid: &str) {
+    for check in verdict.checks.iter_mut().filter(|c| c.unverified.is_none()) {
+        let Some(size) = check.page_size() else {
+            continue;
+        };
+        let held = store.held(size, &check.numa_nodes, pod_uid);
+        if held == 0 {
+            continue;
+        }
+        check.reserved_by_agent_bytes = held;
+        check.available_bytes = check.available_bytes.saturating_sub(held);
+        check.ok = check.available_bytes >= check.requested_bytes;
+        if !check.ok && verdict.allowed {
+            verdict.allowed = false;
+            verdict.reason = Some(REASON);
+            verdict.message = Some(message(check));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,164 @@
+use super::*;
+use crate::admission::verify::Mode;
+
+const MI2: PageSize = PageSize(2 << 20);
+const GI: u64 = 1 << 30;
+
+fn check(nodes: &[u32], requested: u64, available: u64) -> Check {
+    Check {
+        resource: "hugepages-2Mi".to_owned(),
+        numa_nodes: nodes.iter().map(|&n| NumaNode(n)).collect(),
+        requested_bytes: requested,
+        available_bytes: available,
+        free_bytes: available,
+        unreserved_bytes: available,
+        reserved_by_agent_bytes: 0,
+        ok: available >= requested,
+        unverified: None,
+    }
+}
+
+fn verdict(nodes: &[u32], requested: u64, available: u64) -> Verdict {
+    let c = check(nodes, requested, available);
+    Verdict {
+        allowed: c.ok,
+        reason: None,
+        message: None,
+        numa_nodes: c.numa_nodes.clone(),
+        mode: Mode::Kep,
+        checks: vec![c],
+        reservation: None,
+    }
+}
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+#[test]
+fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    assert_eq!(warning, None);
+    // 8 GiB free on nodes 0 and 1; pod B is admitted for 6 GiB and reserves it.
+    let b = verdict(&[0, 1], 6 * GI, 8 * GI);
+    store
+        .reserve(&b, "uid-b", "batch", "job-b", t0())
+        .expect("reserves");
+    // Pod C asks 4 GiB: 8 free, 6 reserved for B, 2 left.
+    let mut c = verdict(&[0, 1], 4 * GI, 8 * GI);
+    apply(&mut c, &store, "uid-c");
+    assert!(!c.allowed);
+    assert_eq!(
+        c.message.as_deref(),
+        Some("insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 4Gi, available 2Gi")
+    );
+    assert_eq!(c.checks[0].reserved_by_agent_bytes, 6 * GI);
+    // B itself is not held back by its own reservation.
+    let mut again = verdict(&[0, 1], 6 * GI, 8 * GI);
+    apply(&mut again, &store, "uid-b");
+    assert!(again.allowed);
+    // A reservation on node 1 only does not touch a request on node 0.
+    assert_eq!(store.held(MI2, &[NumaNode(0), NumaNode(1)], "x"), 6 * GI);
+    let other_dir = tempfile::tempdir().expect("tempdir");
+    let (mut other, _) = Store::open(other_dir.path(), Duration::from_secs(30)).expect("opens");
+    other
+        .reserve(&verdict(&[1], GI, 8 * GI), "uid-d", "", "", t0())
+        .expect("reserves");
+    assert_eq!(other.held(MI2, &[NumaNode(0)], "x"), 0);
+}
+
+#[test]
+fn reservations_survive_a_restart_and_end_when_released() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    let r = store
+        .reserve(
+            &verdict(&[0], 2 * GI, 4 * GI),
+            "uid-b",
+            "batch",
+            "job-b",
+            t0(),
+        )
+        .expect("reserves");
+    assert_eq!(r.expires_at, t0() + Duration::from_secs(30));
+    let (reopened, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    assert_eq!(warning, None);
+    assert_eq!(
+        reopened.list(),
+        store.list(),
+        "the file holds what memory held"
+    );
+    let gone = store
+        .release(|r| r.expires_at <= t0() + Duration::from_secs(31))
+        .expect("saves");
+    assert_eq!(gone.len(), 1);
+    let (reopened, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    assert!(reopened.list().is_empty());
+}
+
+#[test]
+fn a_new_admission_of_the_same_pod_replaces_its_reservation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    store
+        .reserve(&verdict(&[0], 2 * GI, 4 * GI), "uid-b", "", "", t0())
+        .expect("reserves");
+    store
+        .reserve(&verdict(&[0], GI, 4 * GI), "uid-b", "", "", t0())
+        .expect("reserves");
+    let list = store.list();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].bytes.get(&MI2), Some(&GI));
+}
+
+#[test]
+fn a_corrupt_or_foreign_file_is_set_aside_never_half_read() {
+    for (content, why) in [
+        (
+            "{\"version\":1,\"reservations\":[",
+            "not a reservations file",
+        ),
+        (
+            "{\"version\":1,\"reservations\":[],\"checksum\":\"0000000000000000\"}",
+            "does not match",
+        ),
+        (
+            "{\"version\":9,\"reservations\":[],\"checksum\":\"x\"}",
+            "version 9 is not 1",
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join(FILE), content).expect("write");
+        let (store, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+        let warning = warning.expect("a warning");
+        assert!(warning.contains(why), "{warning}");
+        assert!(warning.contains("set aside as"), "{warning}");
+        assert!(store.list().is_empty());
+        assert!(
+            !dir.path().join(FILE).exists(),
+            "the corrupt file was moved"
+        );
+        let aside: Vec<_> = fs::read_dir(dir.path())
+            .expect("list")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "kept for a post-mortem");
+    }
+}
+
+#[test]
+fn a_flipped_byte_is_caught_by_the_checksum() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    store
+        .reserve(&verdict(&[0], 2 * GI, 4 * GI), "uid-b", "", "", t0())
+        .expect("reserves");
+    let path = dir.path().join(FILE);
+    let text = fs::read_to_string(&path).expect("read");
+    fs::write(&path, text.replace("2147483648", "1073741824")).expect("write");
+    let (store, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    assert!(warning.is_some_and(|w| w.contains("checksum")));
+    assert!(store.list().is_empty());
+}
