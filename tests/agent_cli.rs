@@ -506,6 +506,24 @@ fn real_memory_pressure_sets_the_condition_and_refuses_hugepage_pods_under_press
     assert!(status.success());
 }
 
+/// Creates `parts` nested under `root` with the hugetlb controller enabled down to the last,
+/// as the kubelet's pod and container cgroups are; returns the guard and the innermost directory.
+fn pod_cgroups(root: &TestCgroup, parts: &[&str]) -> (Nested, std::path::PathBuf) {
+    root.set("cgroup.subtree_control", "+hugetlb");
+    let mut dirs = Vec::new();
+    let mut dir = root.dir.clone();
+    for (i, part) in parts.iter().enumerate() {
+        dir = dir.join(part);
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        dirs.push(dir.clone());
+        if i + 1 < parts.len() {
+            fs::write(dir.join("cgroup.subtree_control"), "+hugetlb")
+                .unwrap_or_else(|e| panic!("enabling hugetlb in {}: {e}", dir.display()));
+        }
+    }
+    (Nested(dirs), dir)
+}
+
 /// Nested cgroup directories made by a test, removed innermost first on drop.
 struct Nested(Vec<std::path::PathBuf>);
 
@@ -586,24 +604,7 @@ fn a_burstable_pod_holding_pages_is_listed_in_consumers_with_its_pages_and_fault
         l["source"] == "ebpf+sysfs"
     });
     let root = TestCgroup::create(&lock, "consumers");
-    root.set("cgroup.subtree_control", "+hugetlb");
-    let mut dirs = Vec::new();
-    let mut dir = root.dir.clone();
-    for part in [
-        "kubepods".to_owned(),
-        "burstable".to_owned(),
-        format!("pod{UID}"),
-        ID.to_owned(),
-    ] {
-        dir = dir.join(part);
-        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        dirs.push(dir.clone());
-        if !dir.ends_with(ID) {
-            fs::write(dir.join("cgroup.subtree_control"), "+hugetlb")
-                .unwrap_or_else(|e| panic!("enabling hugetlb in {}: {e}", dir.display()));
-        }
-    }
-    let nested = Nested(dirs);
+    let (nested, dir) = pod_cgroups(&root, &["kubepods", "burstable", &format!("pod{UID}"), ID]);
     let rel_container = format!("{}/kubepods/burstable/pod{UID}/{ID}", root.rel);
     running.wait_for("cgroup event", Duration::from_secs(2), |l| {
         l["change"] == "mkdir" && l["path"] == rel_container.as_str()
@@ -660,4 +661,100 @@ fn a_burstable_pod_holding_pages_is_listed_in_consumers_with_its_pages_and_fault
     drop(root);
     let (status, _) = running.terminate();
     assert!(status.success());
+}
+
+#[test]
+fn story_2_end_to_end_reservation_holds_across_a_kill_and_ends_when_the_pod_faults() {
+    const B: &str = "b0000000-0000-4000-8000-00000000000b";
+    const ID_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 16);
+    let _controller = HugetlbController::enable(&lock);
+    let state = std::env::temp_dir().join(format!("hugepage-agent-state-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&state);
+    let start = || {
+        let mut running = Agent::start(agent(&[
+            "run",
+            "--ebpf",
+            "on",
+            "--reconcile-interval",
+            "1h",
+            "--reservation-ttl",
+            "1h",
+            "--state-dir",
+            state.to_str().expect("utf-8"),
+        ]));
+        running.wait_for("agent running", Duration::from_secs(20), |l| {
+            l["source"] == "ebpf+sysfs"
+        });
+        running
+    };
+    let root = TestCgroup::create(&lock, "story2");
+    let (nested, container_b) = pod_cgroups(&root, &["kubepods", &format!("pod{B}"), ID_B]);
+    let free = read_u64(&format!("{NODE0_2M}/free_hugepages"));
+    assert!(free >= 12, "the pool has room: {free}");
+    let asks = |uid: &str, pages: u64| {
+        format!(
+            "{{\"pod\":{{\"uid\":\"{uid}\"}},\"containers\":[{{\"name\":\"a\",\"resources\":{{\"hugepages-2Mi\":\"{}\"}}}}],\"numaNodes\":[0]}}",
+            fmt_mi(pages)
+        )
+    };
+    let admit = |port: u16, body: &str| -> serde_json::Value {
+        let (status, answer) = http(port, "POST", "/v1/admit", Some("application/json"), body);
+        assert_eq!(status, 200, "{answer}");
+        serde_json::from_str(&answer).expect("JSON")
+    };
+    let b_pages = free - 4;
+    let c_pages = 8;
+    let rejection = format!(
+        "insufficient hugepages-2Mi on NUMA node(s) [0]: requested {}, available {}",
+        fmt_mi(c_pages),
+        fmt_mi(4)
+    );
+
+    let running = start();
+    let b = admit(running.port, &asks(B, b_pages));
+    assert_eq!(b["allowed"], true, "{b}");
+    let id = b["reservation"]["id"]
+        .as_str()
+        .expect("reserved")
+        .to_owned();
+    let c = admit(running.port, &asks("c-uid", c_pages));
+    assert_eq!(
+        (&c["allowed"], c["message"].as_str()),
+        (&serde_json::json!(false), Some(rejection.as_str())),
+        "{c}"
+    );
+
+    // Killed (SIGKILL) while B's pages are reserved: the reservation is on disk.
+    drop(running);
+    let mut running = start();
+    let (_, listed) = http(running.port, "GET", "/v1/reservations", None, "");
+    assert!(
+        listed.contains(&id),
+        "the reservation survived the kill: {listed}"
+    );
+    let c = admit(running.port, &asks("c-uid", c_pages));
+    assert_eq!(c["message"].as_str(), Some(rejection.as_str()), "{c}");
+
+    // B's container faults its pages: the kernel now shows them taken, the reservation ends.
+    let b_process = Toucher::run(TOUCHER, Some(&container_b), b_pages as usize, 0);
+    running.wait_for("reservation released", Duration::from_secs(5), |l| {
+        l["id"] == id.as_str() && l["reason"] == "Faulted"
+    });
+    let (_, listed) = http(running.port, "GET", "/v1/reservations", None, "");
+    assert!(!listed.contains(&id), "{listed}");
+    let c = admit(running.port, &asks("c-uid", c_pages));
+    assert_eq!(c["allowed"], false, "the kernel has 4 pages left: {c}");
+    assert_eq!(c["checks"][0]["reservedByAgentBytes"], 0, "{c}");
+
+    // B exits: its pages are free again and C is admitted.
+    drop(b_process);
+    let c = admit(running.port, &asks("c-uid", c_pages));
+    assert_eq!(c["allowed"], true, "{c}");
+    drop(nested);
+    drop(root);
+    let (status, _) = running.terminate();
+    assert!(status.success());
+    let _ = fs::remove_dir_all(&state);
 }

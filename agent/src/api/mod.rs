@@ -27,7 +27,10 @@ use crate::{
         verify::{Settings, Verifier},
     },
     consumers::{self, FaultBook},
-    numa::map::MapReader,
+    numa::{
+        PageSize,
+        map::{MapReader, Snapshot},
+    },
     psi::monitor::PsiReader,
     sysfs::{HostFs, hugepages},
 };
@@ -107,7 +110,24 @@ async fn admit_handler(
 }
 
 async fn hugepages(State(state): State<AppState>) -> Response {
-    Json(&*state.map.load()).into_response()
+    let snapshot = state.map.load();
+    let Ok(store) = state.reservations.lock() else {
+        return ApiError::internal("the reservation store is poisoned").into_response();
+    };
+    Json(with_reserved_by_agent(&snapshot, &store)).into_response()
+}
+
+/// The snapshot with `reservedByAgent` (bytes) on each node and size: the reservations that may
+/// draw from that node (a reservation over several nodes counts on each of them).
+fn with_reserved_by_agent(snapshot: &Snapshot, store: &Store) -> serde_json::Value {
+    let mut value = serde_json::to_value(snapshot).unwrap_or_default();
+    for (n, node) in snapshot.nodes.iter().enumerate() {
+        for (i, size) in node.sizes.iter().enumerate() {
+            let held = store.held(PageSize(size.page_size_bytes), &[node.info.node], "");
+            value["nodes"][n]["sizes"][i]["reservedByAgent"] = serde_json::json!(held);
+        }
+    }
+    value
 }
 
 async fn consumers_handler(State(state): State<AppState>) -> Response {

@@ -121,7 +121,8 @@ pub fn document() -> Value {
                 "nodes": {"type": "array", "items": {"type": "object", "properties": {
                     "node": {"type": "integer"}, "cpus": {"type": "array", "items": {"type": "integer"}}, "distances": {"type": "array", "items": {"type": "integer"}},
                     "sizes": {"type": "array", "items": {"type": "object", "properties": {
-                        "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"}, "surplus": {"type": "integer"}
+                        "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"}, "surplus": {"type": "integer"},
+                        "reservedByAgent": {"type": "integer", "description": "bytes reserved for admitted pods that may draw from this node"}
                     }}}
                 }}},
                 "global": {"type": "array", "items": {"type": "object", "properties": {

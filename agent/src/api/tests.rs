@@ -466,6 +466,14 @@ async fn story_2_an_admitted_pod_reserves_and_the_next_sees_less_until_it_is_del
         "{listed}"
     );
     assert_eq!(listed["reservations"][0]["podUid"], "uid-b");
+    let (_, _, map) = send(&state, "GET", "/v1/hugepages", None, "").await;
+    for node in 0..2 {
+        assert_eq!(
+            map["nodes"][node]["sizes"][0]["reservedByAgent"],
+            3u64 << 30,
+            "B's reservation may draw on either node: {map}"
+        );
+    }
 
     let path = format!("/v1/reservations/{id}");
     let (status, _, removed) = send(&state, "DELETE", &path, None, "").await;
