@@ -16,6 +16,8 @@ pub enum Bench {
     Verify,
     /// PSI: one evaluation tick, and from a kernel trigger to the published conditions.
     Psi,
+    /// The cgroup inventory: a 5,000-cgroup tree, and cgroup events at 10,000/s on the kernel.
+    Inventory,
     /// POST /v1/admit over loopback under `oha`: a fixed rate, then unthrottled.
     AdmitLoad,
 }
@@ -26,6 +28,14 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
         Bench::ProbeOverhead => ("probe-overhead", Vec::new()),
         Bench::Verify => ("verify-latency", Vec::new()),
         Bench::Psi => ("psi-latency", Vec::new()),
+        Bench::Inventory => {
+            cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
+            let agent = release.join("hugepage-agent");
+            (
+                "inventory-load",
+                vec!["--agent".to_owned(), agent.display().to_string()],
+            )
+        }
         Bench::AdmitLoad => {
             let oha = setup::ensure_oha()?;
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
