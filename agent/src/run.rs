@@ -41,10 +41,7 @@ use crate::{
         watch::{CgroupV2, WatchError},
     },
     psi::monitor::Monitor,
-    sysfs::{
-        HostFs, SysfsError,
-        hugetlb_cgroup::{self, Hierarchy},
-    },
+    sysfs::{HostFs, SysfsError, hugetlb_cgroup},
 };
 use hugepage_agent_common::counters::Counter;
 
@@ -133,7 +130,7 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         retries: RetryFilter::new(DEFAULT_WINDOW),
         writer,
         faults,
-        pods: v2_pods(&config.host),
+        pods: PodCgroups::scan(&config.host),
         reservations,
         pending: Pending::default(),
         last_counters: None,
@@ -459,7 +456,12 @@ impl Agent {
             Ok(changes) => log_changes(&changes, None),
             Err(err) => warn!("reconciling the hugepage map: {err}"),
         }
-        self.pods = v2_pods(&self.host);
+        let pods = PodCgroups::scan(&self.host);
+        let gone = self.pods.gone_in(&pods);
+        self.pods = pods;
+        if !gone.is_empty() {
+            self.release(Released::PodRemoved, |r, _| gone.contains(&r.pod_uid));
+        }
         self.release_faulted();
     }
 
@@ -517,11 +519,11 @@ impl Agent {
 
     /// Whether `r`'s pod cgroup is charged with at least the reserved bytes of every size.
     fn has_faulted(&self, r: &Reservation) -> bool {
-        let Some(dir) = self.pods.dir(&r.pod_uid) else {
+        let Some((dir, hierarchy)) = self.pods.dir(&r.pod_uid) else {
             return false;
         };
         let sizes: Vec<PageSize> = r.bytes.keys().copied().collect();
-        match hugetlb_cgroup::read(&self.host, dir, Hierarchy::V2, &sizes) {
+        match hugetlb_cgroup::read(&self.host, dir, hierarchy, &sizes) {
             Ok(usage) => r.bytes.iter().all(|(size, &bytes)| {
                 usage
                     .iter()
@@ -549,11 +551,6 @@ impl Agent {
             Err(err) => warn!("saving the reservations: {err}"),
         }
     }
-}
-
-/// Pod cgroups on the v2 hierarchy (none without one).
-fn v2_pods(host: &HostFs) -> PodCgroups {
-    CgroupV2::find(host).map_or_else(PodCgroups::default, |v2| PodCgroups::scan(host, &v2))
 }
 
 fn log_changes(changes: &[Change], fault_to_map: Option<Duration>) {

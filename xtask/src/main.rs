@@ -4,9 +4,9 @@
 //! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages).
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
 //! * `test`: formatting, clippy, the build without the eBPF toolchain, and every test.
-//! * `bench probe-overhead|verify|psi|admit-load [-- ARGS]`: the fault probe's cost on ordinary
-//!   faults, one in-process verification, PSI evaluation and trigger latency, and
-//!   `POST /v1/admit` under a load tool.
+//! * `bench probe-overhead|verify|psi|inventory|admit-load [-- ARGS]`: the fault probe's cost on
+//!   ordinary faults, one in-process verification, PSI evaluation and trigger latency, the
+//!   cgroup inventory at scale, and `POST /v1/admit` under a load tool.
 
 mod bench;
 mod cmd;

@@ -20,7 +20,10 @@ use std::{
 use serde::{Serialize, Serializer};
 
 use crate::{
-    kubelet::cgroup_path::{Owner, Qos, classify},
+    kubelet::{
+        cgroup_path::{Owner, Qos, classify},
+        pods::V1_HUGETLB,
+    },
     numa::{HugepageTable, NumaNode, PageSize},
     probes::watch::CgroupV2,
     sysfs::{
@@ -28,9 +31,6 @@ use crate::{
         hugetlb_cgroup::{self, Hierarchy, SizeUsage},
     },
 };
-
-/// Mount point of a cgroup v1 hugetlb hierarchy.
-const V1_HUGETLB: &str = "/sys/fs/cgroup/hugetlb";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumersError {

@@ -1,20 +1,24 @@
-//! Pod cgroups by pod UID, on the cgroup v2 hierarchy: found by a walk at start-up and on each
-//! reconcile, kept current by the probes' mkdir and rmdir events. Reservations use it to read a
-//! pod's hugetlb usage and to notice that a pod is gone.
+//! Pod cgroups by pod UID, on the cgroup v2 hierarchy and on a cgroup v1 hugetlb hierarchy: found
+//! by a walk at start-up and on each reconcile, kept current between walks by the probes' v2
+//! mkdir and rmdir events. Reservations use it to read a pod's hugetlb usage and to notice that a
+//! pod is gone.
 
 use std::collections::HashMap;
 
 use super::cgroup_path::{Owner, classify};
 use crate::{
     probes::watch::CgroupV2,
-    sysfs::{HostFs, cgroup_tree},
+    sysfs::{HostFs, cgroup_tree, hugetlb_cgroup::Hierarchy},
 };
 
-/// Pod UID → host path of the pod-level cgroup.
+/// Mount point of a cgroup v1 hugetlb hierarchy.
+pub const V1_HUGETLB: &str = "/sys/fs/cgroup/hugetlb";
+
+/// Pod UID → the pod-level cgroup (host path) and its hierarchy. A pod seen on both keeps v2.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodCgroups {
-    mount: String,
-    dirs: HashMap<String, String>,
+    v2_mount: Option<String>,
+    dirs: HashMap<String, (String, Hierarchy)>,
 }
 
 fn pod_uid(rel: &str) -> Option<String> {
@@ -29,31 +33,52 @@ fn pod_uid(rel: &str) -> Option<String> {
 }
 
 impl PodCgroups {
-    pub fn scan(host: &HostFs, v2: &CgroupV2) -> PodCgroups {
+    /// Walks the v2 hierarchy and, when mounted, the v1 hugetlb hierarchy.
+    pub fn scan(host: &HostFs) -> PodCgroups {
         let mut pods = PodCgroups {
-            mount: v2.mount.clone(),
+            v2_mount: CgroupV2::find(host).map(|v2| v2.mount),
             dirs: HashMap::new(),
         };
-        cgroup_tree::walk(host, &v2.mount, |rel| pods.on_mkdir(rel));
+        if host.exists(format!("{V1_HUGETLB}/cgroup.procs")) {
+            cgroup_tree::walk(host, V1_HUGETLB, |rel| {
+                if let Some(uid) = pod_uid(rel) {
+                    pods.dirs
+                        .insert(uid, (format!("{V1_HUGETLB}{rel}"), Hierarchy::V1));
+                }
+            });
+        }
+        if let Some(mount) = pods.v2_mount.clone() {
+            cgroup_tree::walk(host, &mount, |rel| pods.on_mkdir(rel));
+        }
         pods
     }
 
-    /// A cgroup appeared at `rel` (relative to the v2 mount).
+    /// A v2 cgroup appeared at `rel` (relative to the mount).
     pub fn on_mkdir(&mut self, rel: &str) {
-        if let Some(uid) = pod_uid(rel) {
-            self.dirs.insert(uid, format!("{}{rel}", self.mount));
+        if let (Some(uid), Some(mount)) = (pod_uid(rel), &self.v2_mount) {
+            self.dirs
+                .insert(uid, (format!("{mount}{rel}"), Hierarchy::V2));
         }
     }
 
-    /// A cgroup at `rel` was removed; returns the UID if it was a pod's.
+    /// A v2 cgroup at `rel` was removed; returns the UID if it was a pod's.
     pub fn on_rmdir(&mut self, rel: &str) -> Option<String> {
         let uid = pod_uid(rel)?;
         self.dirs.remove(&uid).map(|_| uid)
     }
 
-    /// The pod-level cgroup of `uid`, a host path.
-    pub fn dir(&self, uid: &str) -> Option<&str> {
-        self.dirs.get(uid).map(String::as_str)
+    /// The pod-level cgroup of `uid` (a host path) and its hierarchy.
+    pub fn dir(&self, uid: &str) -> Option<(&str, Hierarchy)> {
+        self.dirs.get(uid).map(|(d, h)| (d.as_str(), *h))
+    }
+
+    /// UIDs known here and not in `newer`: pods whose cgroups went away between two walks.
+    pub fn gone_in(&self, newer: &PodCgroups) -> Vec<String> {
+        self.dirs
+            .keys()
+            .filter(|uid| !newer.dirs.contains_key(*uid))
+            .cloned()
+            .collect()
     }
 }
 
@@ -63,26 +88,32 @@ mod tests {
     use crate::sysfs::fake::tree;
 
     const UID: &str = "1d3d7c5e-9b8a-4f3e-8c2d-0a1b2c3d4e5f";
+    const OTHER: &str = "2d3d7c5e-9b8a-4f3e-8c2d-0a1b2c3d4e5f";
 
     #[test]
-    fn pods_are_found_by_the_walk_and_follow_events() {
+    fn pods_are_found_on_both_hierarchies_and_follow_events() {
         let pod = format!(
-            "/sys/fs/cgroup/kubepods.slice/kubepods-pod{}.slice",
+            "/sys/fs/cgroup/unified/kubepods.slice/kubepods-pod{}.slice",
             UID.replace('-', "_")
         );
+        let v1_pod = format!("{V1_HUGETLB}/kubepods/besteffort/pod{OTHER}");
         let (_d, host) = tree(&[
-            ("/sys/fs/cgroup/cgroup.controllers", "hugetlb\n"),
+            ("/sys/fs/cgroup/unified/cgroup.controllers", "\n"),
             (&format!("{pod}/cgroup.procs"), ""),
-            ("/sys/fs/cgroup/system.slice/cgroup.procs", ""),
+            ("/sys/fs/cgroup/unified/system.slice/cgroup.procs", ""),
+            (&format!("{V1_HUGETLB}/cgroup.procs"), ""),
+            (&format!("{v1_pod}/cgroup.procs"), ""),
         ]);
-        let v2 = CgroupV2::find(&host).expect("v2");
-        let mut pods = PodCgroups::scan(&host, &v2);
-        assert_eq!(pods.dir(UID), Some(pod.as_str()));
-        let rel = pod.trim_start_matches("/sys/fs/cgroup");
+        let mut pods = PodCgroups::scan(&host);
+        assert_eq!(pods.dir(UID), Some((pod.as_str(), Hierarchy::V2)));
+        assert_eq!(pods.dir(OTHER), Some((v1_pod.as_str(), Hierarchy::V1)));
+        let before = pods.clone();
+        let rel = pod.trim_start_matches("/sys/fs/cgroup/unified");
         assert_eq!(pods.on_rmdir("/system.slice"), None);
         assert_eq!(pods.on_rmdir(rel), Some(UID.to_owned()));
         assert_eq!(pods.dir(UID), None);
+        assert_eq!(before.gone_in(&pods), [UID.to_owned()]);
         pods.on_mkdir(rel);
-        assert_eq!(pods.dir(UID), Some(pod.as_str()));
+        assert_eq!(pods.dir(UID), Some((pod.as_str(), Hierarchy::V2)));
     }
 }
