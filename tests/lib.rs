@@ -500,6 +500,22 @@ pub fn pin_this_thread(cpu: usize) {
     );
 }
 
+/// Waits until the agent on `port` answers `/readyz` with 200; its body, or `None` after `within`.
+pub fn wait_ready(port: u16, within: Duration) -> Option<String> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        // Once the port accepts, the API is up; /readyz then says whether the agent is ready.
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            let (status, text) = http(port, "GET", "/readyz", None, "");
+            if status == 200 {
+                return Some(text);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");

@@ -16,11 +16,11 @@ use std::{
     collections::BTreeMap,
     path::PathBuf,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use hugepage_agent_tests::{
-    HugetlbController, TestCgroup, free_port, host_lock, http, spawn_in, wait_timeout,
+    HugetlbController, TestCgroup, free_port, host_lock, http, spawn_in, wait_ready, wait_timeout,
 };
 
 struct Args {
@@ -196,20 +196,7 @@ fn main() {
     let mut agent = agent
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", args.agent.display()));
-    let start = Instant::now();
-    let ready = loop {
-        if start.elapsed() > Duration::from_secs(30) {
-            break None;
-        }
-        // Once the port accepts, the API is up; /readyz then says whether the agent is ready.
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            let (status, text) = http(port, "GET", "/readyz", None, "");
-            if status == 200 {
-                break Some(text);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let ready = wait_ready(port, Duration::from_secs(30));
     let Some(ready) = ready else {
         let _ = agent.kill();
         panic!("the agent was not ready within 30 s; see {}", log.display());

@@ -25,7 +25,9 @@ use hugepage_agent::{
     probes::watch::CgroupV2,
     sysfs::HostFs,
 };
-use hugepage_agent_tests::{Percentiles, TestCgroup, free_port, host_lock, http, wait_timeout};
+use hugepage_agent_tests::{
+    Percentiles, TestCgroup, free_port, host_lock, wait_ready, wait_timeout,
+};
 
 struct Args {
     agent: PathBuf,
@@ -187,14 +189,9 @@ fn main() {
         .stderr(fs::File::create(&log).expect("log file"))
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", args.agent.display()));
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-            && http(port, "GET", "/readyz", None, "").0 == 200
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    if wait_ready(port, Duration::from_secs(30)).is_none() {
+        let _ = agent.kill();
+        panic!("the agent was not ready within 30 s; see {}", log.display());
     }
     let root = TestCgroup::create(&lock, "inventory");
     let pairs = args.rate / 2 * args.seconds;
