@@ -106,12 +106,12 @@ pub fn admit(
     if !json {
         return Err(ApiError::unsupported_media(content_type));
     }
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_json(e.to_string()))?;
-    let (pod, request, nodes) = if value.get("spec").is_some() {
-        from_pod(value)?
+    // A first pass that skips every value (no allocation) tells the two forms apart.
+    let shape: Shape = serde_json::from_slice(body).map_err(json_error)?;
+    let (pod, request, nodes) = if shape.spec.is_some() {
+        from_pod(body)?
     } else {
-        from_short(value)?
+        from_short(body)?
     };
     let nodes = nodes.unwrap_or_else(|| state.verifier.nodes());
     // Held from the fresh read to the reservation: no other admission sees the pages in between.
@@ -192,15 +192,35 @@ fn refuse_under_pressure(verdict: &mut Verdict, true_conditions: &[NodeCondition
 
 type Parsed = (PodRef, Hugepages, Option<Vec<NumaNode>>);
 
-fn deserialize<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
+/// Which form a body is: a `v1.Pod` has a `spec`.
+#[derive(Deserialize)]
+struct Shape {
+    #[serde(default)]
+    spec: Option<serde::de::IgnoredAny>,
+}
+
+/// Invalid JSON is 400 `invalid-json`; valid JSON of the wrong shape names the field.
+fn json_error(e: serde_json::Error) -> ApiError {
+    match e.classify() {
+        serde_json::error::Category::Data => ApiError::invalid(".", e.to_string()),
+        _ => ApiError::bad_json(e.to_string()),
+    }
+}
+
+fn deserialize<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let field = e.path().to_string();
-        ApiError::invalid(field, e.into_inner().to_string())
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => ApiError::invalid(field, inner.to_string()),
+            _ => ApiError::bad_json(inner.to_string()),
+        }
     })
 }
 
-fn from_short(value: serde_json::Value) -> Result<Parsed, ApiError> {
-    let form: ShortForm = deserialize(value)?;
+fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
+    let form: ShortForm = deserialize(body)?;
     if let Some(p) = form
         .topology_policy
         .as_deref()
@@ -232,8 +252,8 @@ fn from_short(value: serde_json::Value) -> Result<Parsed, ApiError> {
     Ok((form.pod, total, nodes))
 }
 
-fn from_pod(value: serde_json::Value) -> Result<Parsed, ApiError> {
-    let form: PodForm = deserialize(value)?;
+fn from_pod(body: &[u8]) -> Result<Parsed, ApiError> {
+    let form: PodForm = deserialize(body)?;
     let request = request::pod_hugepages(&form.spec).map_err(field_error)?;
     let pod = PodRef {
         namespace: form.metadata.namespace,
