@@ -14,8 +14,10 @@ use std::{
 
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
+mod flags;
 mod pressure;
 mod stats;
+pub use flags::BenchFlags;
 pub use pressure::MemoryPressure;
 pub use stats::Percentiles;
 

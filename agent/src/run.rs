@@ -41,7 +41,7 @@ use crate::{
         watch::{CgroupV2, WatchError},
     },
     psi::monitor::Monitor,
-    sysfs::{HostFs, SysfsError, hugetlb_cgroup},
+    sysfs::{HostFs, SysfsError, cgroup_tree, hugetlb_cgroup},
 };
 use hugepage_agent_common::counters::Counter;
 
@@ -130,7 +130,12 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         retries: RetryFilter::new(DEFAULT_WINDOW),
         writer,
         faults,
-        pods: PodCgroups::scan(&config.host),
+        pods: PodCgroups::scan(&config.host).unwrap_or_else(|err| {
+            warn!(
+                "finding pod cgroups: {err}; reservations end by expiry until the next reconcile"
+            );
+            PodCgroups::default()
+        }),
         reservations,
         pending: Pending::default(),
         last_counters: None,
@@ -305,7 +310,6 @@ impl Agent {
         Ok(rx)
     }
 
-    /// Logs one event; returns whether sysfs should be re-read.
     /// Logs one event; a fault schedules a coalesced re-read of its page size.
     fn handle(&mut self, event: ProbeEvent) {
         match event {
@@ -368,25 +372,24 @@ impl Agent {
             CgroupChange::AttachTask { pid } => Some(pid),
             _ => None,
         };
+        let owner = classify(&c.path);
+        if c.change == CgroupChange::Rmdir {
+            self.faults.forget(c.cgroup_id);
+        }
         if c.is_v2() {
             match c.change {
-                CgroupChange::Mkdir => self.pods.on_mkdir(&c.path),
+                CgroupChange::Mkdir => self.pods.on_mkdir(&c.path, &owner),
                 CgroupChange::Rmdir => {
-                    if let Some(uid) = self.pods.on_rmdir(&c.path) {
-                        self.release(Released::PodRemoved, |r, _| r.pod_uid == uid);
+                    if let Some(uid) = self.pods.on_rmdir(&owner) {
+                        self.release(|r, _| (r.pod_uid == uid).then_some(Released::PodRemoved));
                     }
                 }
                 _ => {}
             }
-        }
-        if c.change == CgroupChange::Rmdir {
-            self.faults.forget(c.cgroup_id);
-        }
-        // The watch map is updated before the event is logged: a logged mkdir is a watched cgroup.
-        if c.is_v2() {
+            // The watch map is updated before the event is logged: a logged mkdir is watched.
             self.update_watch(c);
         }
-        let (pod_uid, qos, container_id) = match classify(&c.path) {
+        let (pod_uid, qos, container_id) = match owner {
             Owner::Pod {
                 uid,
                 qos,
@@ -424,18 +427,7 @@ impl Agent {
 
     /// The safety net: full cgroup rescan and sysfs re-read; a missed fault (-EBUSY) shows here.
     fn reconcile(&mut self) {
-        if let (Some(probes), Some(v2)) = (self.probes.as_mut(), self.v2.as_ref())
-            && !probes.watches_all()
-        {
-            match v2.scan(&self.host) {
-                Ok(scan) => {
-                    if let Err(err) = probes.sync_watched(&scan.watched) {
-                        warn!("updating the watched-cgroup map: {}", err.explain());
-                    }
-                }
-                Err(err) => warn!("rescanning cgroups: {err}"),
-            }
-        }
+        self.rescan_cgroups();
         if let Some(probes) = &self.probes {
             match probes.counters() {
                 Ok(now) => {
@@ -456,13 +448,44 @@ impl Agent {
             Ok(changes) => log_changes(&changes, None),
             Err(err) => warn!("reconciling the hugepage map: {err}"),
         }
-        let pods = PodCgroups::scan(&self.host);
+        self.release_faulted();
+    }
+
+    /// One walk of the v2 tree feeds both the probe's watch set (when it filters by cgroup) and
+    /// the pod cgroups; pods gone since the last walk end their reservations. A walk that fails
+    /// changes nothing: it must not read as "every pod is gone".
+    fn rescan_cgroups(&mut self) {
+        let mut pods = match PodCgroups::v1(&self.host) {
+            Ok(pods) => pods,
+            Err(err) => return warn!("rescanning pod cgroups: {err}"),
+        };
+        let filtering = self.probes.as_ref().is_some_and(|p| !p.watches_all());
+        match (&self.v2, self.probes.as_mut()) {
+            (Some(v2), Some(probes)) if filtering => {
+                match v2.scan_visiting(&self.host, |rel| pods.on_mkdir(rel, &classify(rel))) {
+                    Ok(scan) => {
+                        if let Err(err) = probes.sync_watched(&scan.watched) {
+                            warn!("updating the watched-cgroup map: {}", err.explain());
+                        }
+                    }
+                    Err(err) => return warn!("rescanning cgroups: {err}"),
+                }
+            }
+            (Some(v2), _) => {
+                let walked = cgroup_tree::walk(&self.host, &v2.mount, |rel| {
+                    pods.on_mkdir(rel, &classify(rel))
+                });
+                if let Err(err) = walked {
+                    return warn!("rescanning pod cgroups: {err}");
+                }
+            }
+            (None, _) => {}
+        }
         let gone = self.pods.gone_in(&pods);
         self.pods = pods;
         if !gone.is_empty() {
-            self.release(Released::PodRemoved, |r, _| gone.contains(&r.pod_uid));
+            self.release(|r, _| gone.contains(&r.pod_uid).then_some(Released::PodRemoved));
         }
-        self.release_faulted();
     }
 
     /// What the probes saw over the agent's life: every counter, and the retries folded here.
@@ -510,11 +533,16 @@ impl Agent {
         self.release_faulted();
     }
 
-    /// Ends the reservations whose pods have faulted their pages, and the expired ones.
+    /// Ends the expired reservations and those whose pods have faulted their pages.
     fn release_faulted(&mut self) {
         let now = std::time::SystemTime::now();
-        self.release(Released::Expired, |r, _| r.expires_at <= now);
-        self.release(Released::Faulted, |r, agent| agent.has_faulted(r));
+        self.release(|r, agent| {
+            if r.expires_at <= now {
+                Some(Released::Expired)
+            } else {
+                agent.has_faulted(r).then_some(Released::Faulted)
+            }
+        });
     }
 
     /// Whether `r`'s pod cgroup is charged with at least the reserved bytes of every size.
@@ -536,15 +564,15 @@ impl Agent {
         }
     }
 
-    /// Releases the reservations `pick` chooses and logs why.
-    fn release(&mut self, why: Released, pick: impl Fn(&Reservation, &Agent) -> bool) {
+    /// Releases the reservations `pick` gives a reason for (one save), and logs each.
+    fn release(&self, pick: impl Fn(&Reservation, &Agent) -> Option<Released>) {
         let Ok(mut store) = self.reservations.lock() else {
             warn!("the reservation store is poisoned");
             return;
         };
         match store.release(|r| pick(r, self)) {
             Ok(gone) => {
-                for r in gone {
+                for (r, why) in gone {
                     info!(id = %r.id, pod_uid = %r.pod_uid, reason = ?why, "reservation released");
                 }
             }

@@ -8,7 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     client::{self, AgentUrl, ClientError},
-    numa::{GlobalPool, HugepageTable, NodePool, NumaNode, PageSize},
+    numa::{
+        GlobalPool, HugepageTable,
+        map::{NodeView, node_pools},
+    },
     quantity,
     sysfs::{HostFs, SysfsError, hugepages},
 };
@@ -62,42 +65,14 @@ pub struct About {
 struct RemoteMap {
     #[serde(flatten)]
     about: About,
-    nodes: Vec<RemoteNode>,
+    nodes: Vec<NodeView>,
     global: Vec<GlobalPool>,
-}
-
-#[derive(Debug, Deserialize)]
-struct RemoteNode {
-    node: NumaNode,
-    sizes: Vec<RemoteSize>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RemoteSize {
-    page_size_bytes: u64,
-    total: u64,
-    free: u64,
-    surplus: u64,
 }
 
 impl RemoteMap {
     fn table(&self) -> HugepageTable {
-        let nodes = self
-            .nodes
-            .iter()
-            .flat_map(|n| {
-                n.sizes.iter().map(|s| NodePool {
-                    node: n.node,
-                    size: PageSize(s.page_size_bytes),
-                    total: s.total,
-                    free: s.free,
-                    surplus: s.surplus,
-                })
-            })
-            .collect();
         HugepageTable {
-            nodes,
+            nodes: node_pools(&self.nodes),
             global: self.global.clone(),
         }
     }

@@ -20,7 +20,8 @@ use std::{
 };
 
 use hugepage_agent_tests::{
-    HugetlbController, TestCgroup, free_port, host_lock, http, spawn_in, wait_ready, wait_timeout,
+    BenchFlags, HugetlbController, TestCgroup, free_port, host_lock, http, spawn_in, wait_ready,
+    wait_timeout,
 };
 
 struct Args {
@@ -32,42 +33,17 @@ struct Args {
 }
 
 fn parse_args() -> Args {
-    let mut args = Args {
-        agent: PathBuf::new(),
-        oha: PathBuf::new(),
-        rate: 20_000,
-        connections: 50,
-        seconds: 10,
-    };
-    let mut it = std::env::args().skip(1);
-    let usage = || -> ! {
-        eprintln!(
-            "usage: admit-load --agent PATH --oha PATH [--rate R] [--connections C] [--seconds S]"
-        );
-        std::process::exit(2)
-    };
-    while let Some(flag) = it.next() {
-        let value = it.next().unwrap_or_else(|| usage());
-        let number = || {
-            value
-                .parse::<u32>()
-                .ok()
-                .filter(|&n| n > 0)
-                .unwrap_or_else(|| usage())
-        };
-        match flag.as_str() {
-            "--agent" => args.agent = PathBuf::from(&value),
-            "--oha" => args.oha = PathBuf::from(&value),
-            "--rate" => args.rate = number(),
-            "--connections" => args.connections = number(),
-            "--seconds" => args.seconds = number(),
-            _ => usage(),
-        }
+    let flags = BenchFlags::parse(
+        "admit-load --agent PATH --oha PATH [--rate R] [--connections C] [--seconds S]",
+        &["--agent", "--oha", "--rate", "--connections", "--seconds"],
+    );
+    Args {
+        agent: flags.path("--agent"),
+        oha: flags.path("--oha"),
+        rate: flags.number("--rate", 20_000) as u32,
+        connections: flags.number("--connections", 50) as u32,
+        seconds: flags.number("--seconds", 10) as u32,
     }
-    if args.agent.as_os_str().is_empty() || args.oha.as_os_str().is_empty() {
-        usage();
-    }
-    args
 }
 
 /// What `oha --output-format json` reported, as numbers.

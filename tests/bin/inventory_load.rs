@@ -26,7 +26,7 @@ use hugepage_agent::{
     sysfs::HostFs,
 };
 use hugepage_agent_tests::{
-    Percentiles, TestCgroup, free_port, host_lock, wait_ready, wait_timeout,
+    BenchFlags, Percentiles, TestCgroup, free_port, host_lock, wait_ready, wait_timeout,
 };
 
 struct Args {
@@ -37,38 +37,16 @@ struct Args {
 }
 
 fn parse_args() -> Args {
-    let mut args = Args {
-        agent: PathBuf::new(),
-        pods: 1000,
-        rate: 10_000,
-        seconds: 3,
-    };
-    let usage = || -> ! {
-        eprintln!("usage: inventory-load --agent PATH [--pods N] [--rate R] [--seconds S]");
-        std::process::exit(2)
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().unwrap_or_else(|| usage());
-        let number = || {
-            value
-                .parse::<u64>()
-                .ok()
-                .filter(|&n| n > 0)
-                .unwrap_or_else(|| usage())
-        };
-        match flag.as_str() {
-            "--agent" => args.agent = PathBuf::from(&value),
-            "--pods" => args.pods = number() as usize,
-            "--rate" => args.rate = number(),
-            "--seconds" => args.seconds = number(),
-            _ => usage(),
-        }
+    let flags = BenchFlags::parse(
+        "inventory-load --agent PATH [--pods N] [--rate R] [--seconds S]",
+        &["--agent", "--pods", "--rate", "--seconds"],
+    );
+    Args {
+        agent: flags.path("--agent"),
+        pods: flags.number("--pods", 1000) as usize,
+        rate: flags.number("--rate", 10_000),
+        seconds: flags.number("--seconds", 3),
     }
-    if args.agent.as_os_str().is_empty() {
-        usage();
-    }
-    args
 }
 
 /// Peak resident memory of this process, in KiB.
@@ -149,7 +127,7 @@ fn main() {
     let mut listed = 0;
     for _ in 0..5 {
         let start = Instant::now();
-        let pods = PodCgroups::scan(&host);
+        let pods = PodCgroups::scan(&host).expect("walks the generated tree");
         scans.push(start.elapsed());
         std::hint::black_box(pods);
         let start = Instant::now();

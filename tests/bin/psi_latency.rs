@@ -19,24 +19,15 @@ use hugepage_agent::{
     },
     sysfs::HostFs,
 };
-use hugepage_agent_tests::{MemoryPressure, Percentiles, host_lock};
+use hugepage_agent_tests::{BenchFlags, MemoryPressure, Percentiles, host_lock};
 
 fn main() {
-    let (mut ticks, mut fires) = (20_000usize, 10usize);
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        match (
-            flag.as_str(),
-            args.next().and_then(|v| v.parse::<usize>().ok()),
-        ) {
-            ("--ticks", Some(n)) if n > 0 => ticks = n,
-            ("--fires", Some(n)) if n > 0 => fires = n,
-            _ => {
-                eprintln!("usage: psi-latency [--ticks N] [--fires N]");
-                std::process::exit(2);
-            }
-        }
-    }
+    let flags = BenchFlags::parse(
+        "psi-latency [--ticks N] [--fires N]",
+        &["--ticks", "--fires"],
+    );
+    let ticks = flags.number("--ticks", 20_000) as usize;
+    let fires = flags.number("--fires", 10) as usize;
     let host = HostFs::new("/");
     let config = PsiConfig {
         memory_threshold: 10.0,

@@ -18,23 +18,14 @@ use hugepage_agent::{
     numa::{NumaNode, PageSize},
     sysfs::HostFs,
 };
-use hugepage_agent_tests::Percentiles;
+use hugepage_agent_tests::{BenchFlags, Percentiles};
 
 const NODES: u32 = 8;
 const SIZES: [PageSize; 2] = [PageSize(2 << 20), PageSize(1 << 30)];
 
 fn main() {
-    let mut iterations = 200_000usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match (arg.as_str(), args.next().map(|v| v.parse::<usize>())) {
-            ("--iterations", Some(Ok(n))) if n > 0 => iterations = n,
-            _ => {
-                eprintln!("usage: verify-latency [--iterations N]");
-                std::process::exit(2);
-            }
-        }
-    }
+    let flags = BenchFlags::parse("verify-latency [--iterations N]", &["--iterations"]);
+    let iterations = flags.number("--iterations", 200_000) as usize;
     let tree = tempfile_in_shm();
     generate(&tree);
     println!(

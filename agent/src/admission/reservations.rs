@@ -20,7 +20,7 @@ use std::{
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::verify::{Check, REASON, Verdict, message};
+use super::verify::{REASON, Verdict, message};
 use crate::numa::{NumaNode, PageSize};
 
 const FILE: &str = "reservations.json";
@@ -173,10 +173,13 @@ impl Store {
         self.entries.values().cloned().collect()
     }
 
-    /// Bytes of `size` reserved for pods other than `pod_uid` on nodes that meet `nodes`.
-    pub fn held(&self, size: PageSize, nodes: &[NumaNode], pod_uid: &str) -> u64 {
+    /// Bytes of `size` reserved for pods other than `pod_uid` on nodes that meet `nodes`, by
+    /// reservations still in force at `now` (an expired one holds nothing even before the run
+    /// loop removes it, so admission never has to write the file to expire one).
+    pub fn held(&self, size: PageSize, nodes: &[NumaNode], pod_uid: &str, now: SystemTime) -> u64 {
         self.entries
             .values()
+            .filter(|r| r.expires_at > now)
             .filter(|r| r.pod_uid != pod_uid && r.numa_nodes.iter().any(|n| nodes.contains(n)))
             .filter_map(|r| r.bytes.get(&size))
             .sum()
@@ -208,7 +211,7 @@ impl Store {
             bytes: verdict
                 .checks
                 .iter()
-                .filter_map(|c| Some((c.page_size()?, c.requested_bytes)))
+                .map(|c| (c.page_size, c.requested_bytes))
                 .collect(),
             created_at: now,
             expires_at: now + self.ttl,
@@ -226,19 +229,27 @@ impl Store {
         })
     }
 
-    /// Removes the reservations `drop` picks, saves, and returns them.
-    pub fn release(
+    /// Removes the reservations `pick` gives a reason for, saves once, and returns them with it.
+    pub fn release<R>(
         &mut self,
-        mut drop: impl FnMut(&Reservation) -> bool,
-    ) -> Result<Vec<Reservation>, ReservationError> {
-        let gone: Vec<Reservation> = self.entries.values().filter(|r| drop(r)).cloned().collect();
+        mut pick: impl FnMut(&Reservation) -> Option<R>,
+    ) -> Result<Vec<(Reservation, R)>, ReservationError> {
+        let gone: Vec<(Reservation, R)> = self
+            .entries
+            .values()
+            .filter_map(|r| pick(r).map(|why| (r.clone(), why)))
+            .collect();
         if gone.is_empty() {
             return Ok(gone);
         }
-        for r in &gone {
+        let before = self.entries.clone();
+        for (r, _) in &gone {
             self.entries.remove(&r.id);
         }
-        self.save()?;
+        if let Err(err) = self.save() {
+            self.entries = before;
+            return Err(err);
+        }
         Ok(gone)
     }
 
@@ -290,23 +301,11 @@ fn parse(text: &[u8]) -> Result<Vec<Reservation>, String> {
     Ok(checkpoint.reservations)
 }
 
-impl Check {
-    /// The page size of a `hugepages-<size>` check.
-    pub fn page_size(&self) -> Option<PageSize> {
-        crate::admission::request::page_size(&self.resource, "")
-            .ok()
-            .flatten()
-    }
-}
-
-/// Subtracts other pods' reservations from each verified check of `verdict` (admission of
-/// `pod_uid`), rejecting with the KEP's message on what is left.
-pub fn apply(verdict: &mut Verdict, store: &Store, pod_uid: &str) {
+/// Subtracts other pods' reservations in force at `now` from each verified check of `verdict`
+/// (admission of `pod_uid`), rejecting with the KEP's message on what is left.
+pub fn apply(verdict: &mut Verdict, store: &Store, pod_uid: &str, now: SystemTime) {
     for check in verdict.checks.iter_mut().filter(|c| c.unverified.is_none()) {
-        let Some(size) = check.page_size() else {
-            continue;
-        };
-        let held = store.held(size, &check.numa_nodes, pod_uid);
+        let held = store.held(check.page_size, &check.numa_nodes, pod_uid, now);
         if held == 0 {
             continue;
         }

@@ -86,6 +86,9 @@ pub enum VerifyError {
 #[serde(rename_all = "camelCase")]
 pub struct Check {
     pub resource: String,
+    /// The page size `resource` names.
+    #[serde(skip)]
+    pub page_size: PageSize,
     pub numa_nodes: Vec<NumaNode>,
     pub requested_bytes: u64,
     /// What the selected mode counts as available.
@@ -200,6 +203,7 @@ impl Verifier {
                     let available = if mode == Mode::Kep { free } else { unreserved };
                     Check {
                         resource: size.resource_name(),
+                        page_size: size,
                         numa_nodes: nodes.clone(),
                         requested_bytes: requested,
                         available_bytes: available,
@@ -225,6 +229,7 @@ impl Verifier {
                     }
                     Check {
                         resource: size.resource_name(),
+                        page_size: size,
                         numa_nodes: nodes.clone(),
                         requested_bytes: requested,
                         available_bytes: 0,

@@ -10,7 +10,7 @@ use super::{AppState, error::ApiError};
 use crate::{
     admission::{
         request::{self, Hugepages, PodSpec, ResourceList},
-        reservations::{self, Reservation},
+        reservations::{self, Released, Reservation},
         verify::{Verdict, VerifyError},
     },
     numa::NumaNode,
@@ -120,12 +120,6 @@ pub fn admit(
         .lock()
         .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
     let now = SystemTime::now();
-    for gone in store
-        .release(|r| r.expires_at <= now)
-        .map_err(|e| ApiError::internal(e.to_string()))?
-    {
-        tracing::info!(id = %gone.id, pod_uid = %gone.pod_uid, "reservation expired");
-    }
     let mut verdict = state
         .verifier
         .verify(&request, &nodes, state.settings)
@@ -135,9 +129,9 @@ pub fn admit(
                 ApiError::invalid("numaNodes", "must name at least one NUMA node")
             }
         })?;
-    reservations::apply(&mut verdict, &store, &pod.uid);
+    reservations::apply(&mut verdict, &store, &pod.uid, now);
     if state.reject_under_pressure && !request.is_empty() {
-        refuse_under_pressure(&mut verdict, &state.psi.load().memory_pressure);
+        refuse_under_pressure(&mut verdict, state.psi.load().memory_pressure());
     }
     if verdict.allowed && !pod.uid.is_empty() && !verdict.checks.is_empty() {
         let made = store
@@ -163,9 +157,9 @@ pub fn delete_reservation(state: &AppState, id: &str) -> Result<Reservation, Api
         .lock()
         .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
     let removed = store
-        .release(|r| r.id == id)
+        .release(|r| (r.id == id).then_some(Released::Deleted))
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    let found = removed
+    let (found, _) = removed
         .into_iter()
         .next()
         .ok_or_else(|| ApiError::no_reservation(id))?;
@@ -178,8 +172,8 @@ pub const REASON_PRESSURE: &str = "NodeUnderMemoryContentionPressure";
 
 /// `--reject-under-pressure`: a hugepage request is refused while a memory condition is True;
 /// the checks still show what the kernel had.
-fn refuse_under_pressure(verdict: &mut Verdict, true_conditions: &[NodeCondition]) {
-    let Some(c) = true_conditions.first() else {
+fn refuse_under_pressure(verdict: &mut Verdict, true_condition: Option<&NodeCondition>) {
+    let Some(c) = true_condition else {
         return;
     };
     verdict.allowed = false;

@@ -8,7 +8,10 @@ pub mod admit;
 pub mod error;
 pub mod openapi;
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::{
+    sync::{Arc, Mutex, OnceLock},
+    time::SystemTime,
+};
 
 use axum::{
     Json, Router,
@@ -123,7 +126,12 @@ fn with_reserved_by_agent(snapshot: &Snapshot, store: &Store) -> serde_json::Val
     let mut value = serde_json::to_value(snapshot).unwrap_or_default();
     for (n, node) in snapshot.nodes.iter().enumerate() {
         for (i, size) in node.sizes.iter().enumerate() {
-            let held = store.held(PageSize(size.page_size_bytes), &[node.info.node], "");
+            let held = store.held(
+                PageSize(size.page_size_bytes),
+                &[node.info.node],
+                "",
+                SystemTime::now(),
+            );
             value["nodes"][n]["sizes"][i]["reservedByAgent"] = serde_json::json!(held);
         }
     }
@@ -134,9 +142,7 @@ async fn consumers_handler(State(state): State<AppState>) -> Response {
     // A walk of the cgroup tree: off the runtime's worker threads.
     let listed = tokio::task::spawn_blocking(move || {
         let pools = hugepages::read_table(&state.host)?;
-        consumers::list(&state.host, &pools, &state.faults).map_err(|e| match e {
-            consumers::ConsumersError::Sysfs(e) => e,
-        })
+        consumers::list(&state.host, &pools, &state.faults)
     })
     .await;
     match listed {

@@ -116,13 +116,18 @@ fn rfc3339<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Erro
     }
 }
 
-/// Walks the hierarchies and lists the consumers of the sizes in `pools`.
-pub fn list(
-    host: &HostFs,
-    pools: &HugepageTable,
-    faults: &FaultBook,
-) -> Result<Vec<Consumer>, ConsumersError> {
-    let sizes: Vec<PageSize> = pools.global.iter().map(|g| g.size).collect();
+/// A cgroup the hugetlb controller reports on.
+struct Charged {
+    /// Path in its hierarchy.
+    rel: String,
+    /// Host path of its directory.
+    dir: String,
+    usage: Vec<SizeUsage>,
+}
+
+/// Walks the v2 hierarchy and a v1 hugetlb hierarchy (the controller is bound to one of them, so
+/// nothing is counted twice) and reads every cgroup's hugetlb files.
+fn charged(host: &HostFs, sizes: &[PageSize]) -> Result<Vec<Charged>, ConsumersError> {
     let mut roots = Vec::new();
     if let Some(v2) = CgroupV2::find(host) {
         roots.push((v2.mount, Hierarchy::V2));
@@ -130,88 +135,79 @@ pub fn list(
     if host.exists(format!("{V1_HUGETLB}/cgroup.procs")) {
         roots.push((V1_HUGETLB.to_owned(), Hierarchy::V1));
     }
+    let mut rels = Vec::new();
+    for (mount, hierarchy) in roots {
+        cgroup_tree::walk(host, &mount, |rel| {
+            // The root has no hugetlb files.
+            if !rel.is_empty() {
+                rels.push((format!("{mount}{rel}"), rel.to_owned(), hierarchy));
+            }
+        })?;
+    }
+    let mut out = Vec::with_capacity(rels.len());
+    for (dir, rel, hierarchy) in rels {
+        match hugetlb_cgroup::read(host, &dir, hierarchy, sizes) {
+            Ok(usage) => out.push(Charged { rel, dir, usage }),
+            // Removed since the walk saw it.
+            Err(SysfsError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(out)
+}
+
+/// Lists the consumers of the sizes in `pools`, largest first.
+pub fn list(
+    host: &HostFs,
+    pools: &HugepageTable,
+    faults: &FaultBook,
+) -> Result<Vec<Consumer>, ConsumersError> {
+    let sizes: Vec<PageSize> = pools.global.iter().map(|g| g.size).collect();
     let mut out = Vec::new();
-    // Bytes per (size, node) charged to top-level cgroups, to find what no cgroup holds.
-    let mut top_level: BTreeMap<(PageSize, NumaNode), u64> = BTreeMap::new();
-    let mut top_level_total: BTreeMap<PageSize, u64> = BTreeMap::new();
-    let mut failed = None;
-    for (mount, hierarchy) in &roots {
-        cgroup_tree::walk(host, mount, |rel| {
-            if rel.is_empty() || failed.is_some() {
-                return; // the root has no hugetlb files
-            }
-            let rel = rel.to_owned();
-            let dir = format!("{mount}{rel}");
-            let usage = match hugetlb_cgroup::read(host, &dir, *hierarchy, &sizes) {
-                Ok(usage) => usage,
-                Err(SysfsError::Read { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound =>
-                {
-                    return; // removed while we walked
-                }
-                Err(err) => {
-                    failed = Some(err.into());
-                    return;
-                }
-            };
-            let in_use: u64 = usage.iter().map(|u| u.in_use_bytes).sum();
-            let owner = classify(&rel);
-            let is_top = rel.matches('/').count() == 1;
-            if is_top && (*hierarchy == Hierarchy::V2 || roots.len() == 1) {
-                for u in &usage {
-                    *top_level_total
-                        .entry(PageSize(u.page_size_bytes))
-                        .or_default() += u.in_use_bytes;
-                    for (&node, &bytes) in &u.per_node {
-                        *top_level
-                            .entry((PageSize(u.page_size_bytes), node))
-                            .or_default() += bytes;
-                    }
-                }
-            }
-            let id = std::fs::metadata(host.path(&dir)).map(|m| m.ino()).ok();
-            let seen = id.and_then(|id| faults.get(id));
-            let entry = |kind, pod_uid, qos, container_id| Consumer {
-                kind,
-                pod_uid,
+    let mut top_level = TopLevel::default();
+    for c in charged(host, &sizes)? {
+        let is_top = c.rel.matches('/').count() == 1;
+        if is_top {
+            top_level.add(&c.usage);
+        }
+        let (kind, pod_uid, qos, container_id) = match classify(&c.rel) {
+            Owner::Pod {
+                uid,
                 qos,
-                container_id,
-                cgroup: rel.clone(),
-                in_use_bytes: in_use,
-                sizes: usage.clone(),
-                faults: seen.map_or(0, |s| s.count),
-                first_fault: seen.map(|s| s.first),
-                last_fault: seen.map(|s| s.last),
-            };
-            match owner {
-                Owner::Pod {
-                    uid,
-                    qos,
-                    container,
-                } => {
-                    let (kind, container_id) = match container {
-                        Some(c) => (Kind::Container, Some(c.id)),
-                        None => (Kind::Pod, None),
-                    };
-                    if in_use > 0 || seen.is_some() {
-                        out.push(entry(kind, Some(uid.0), Some(qos), container_id));
-                    }
-                }
-                Owner::System if is_top && !rel.starts_with("/kubepods") => {
-                    if in_use > 0 || seen.is_some() {
-                        out.push(entry(Kind::System, None, None, None));
-                    }
-                }
-                Owner::System => {}
+                container: Some(container),
+            } => (Kind::Container, Some(uid.0), Some(qos), Some(container.id)),
+            Owner::Pod {
+                uid,
+                qos,
+                container: None,
+            } => (Kind::Pod, Some(uid.0), Some(qos), None),
+            Owner::System if is_top && !c.rel.starts_with("/kubepods") => {
+                (Kind::System, None, None, None)
             }
+            Owner::System => continue,
+        };
+        let in_use_bytes: u64 = c.usage.iter().map(|u| u.in_use_bytes).sum();
+        let seen = std::fs::metadata(host.path(&c.dir))
+            .ok()
+            .and_then(|m| faults.get(m.ino()));
+        if in_use_bytes == 0 && seen.is_none() {
+            continue;
+        }
+        out.push(Consumer {
+            kind,
+            pod_uid,
+            qos,
+            container_id,
+            cgroup: c.rel,
+            in_use_bytes,
+            sizes: c.usage,
+            faults: seen.map_or(0, |s| s.count),
+            first_fault: seen.map(|s| s.first),
+            last_fault: seen.map(|s| s.last),
         });
     }
-    if let Some(err) = failed {
-        return Err(err);
-    }
-    if let Some(rest) = outside_cgroups(pools, &top_level, &top_level_total) {
-        out.push(rest);
-    }
+    out.extend(top_level.outside_cgroups(pools));
     out.sort_by(|a, b| {
         b.in_use_bytes
             .cmp(&a.in_use_bytes)
@@ -220,53 +216,63 @@ pub fn list(
     Ok(out)
 }
 
-/// What the pools show in use (`total - free` per node) beyond every top-level cgroup.
-fn outside_cgroups(
-    pools: &HugepageTable,
-    top_level: &BTreeMap<(PageSize, NumaNode), u64>,
-    top_level_total: &BTreeMap<PageSize, u64>,
-) -> Option<Consumer> {
-    let mut sizes = Vec::new();
-    for g in &pools.global {
-        let in_use = (g.total.saturating_sub(g.free)).saturating_mul(g.size.0);
-        let charged = top_level_total.get(&g.size).copied().unwrap_or(0);
-        let rest = in_use.saturating_sub(charged);
-        if rest == 0 {
-            continue;
+/// Bytes charged to top-level cgroups, per size, in all and per node.
+#[derive(Default)]
+struct TopLevel(BTreeMap<PageSize, (u64, BTreeMap<NumaNode, u64>)>);
+
+impl TopLevel {
+    fn add(&mut self, usage: &[SizeUsage]) {
+        for u in usage {
+            let (total, nodes) = self.0.entry(PageSize(u.page_size_bytes)).or_default();
+            *total += u.in_use_bytes;
+            for (&node, &bytes) in &u.per_node {
+                *nodes.entry(node).or_default() += bytes;
+            }
         }
-        let per_node = pools
-            .nodes
-            .iter()
-            .filter(|p| p.size == g.size)
-            .filter_map(|p| {
-                let used = p.total.saturating_sub(p.free).saturating_mul(p.size.0);
-                let charged = top_level.get(&(p.size, p.node)).copied().unwrap_or(0);
-                let rest = used.saturating_sub(charged);
-                (rest > 0).then_some((p.node, rest))
-            })
-            .collect();
-        sizes.push(SizeUsage {
-            page_size_bytes: g.size.0,
-            in_use_bytes: rest,
-            reserved_bytes: None,
-            per_node,
-        });
     }
-    if sizes.is_empty() {
-        return None;
+
+    /// What the pools show in use (`total - free` per node) beyond every top-level cgroup: one
+    /// `system` entry for `/`, or none.
+    fn outside_cgroups(&self, pools: &HugepageTable) -> Option<Consumer> {
+        let mut sizes = Vec::new();
+        for g in &pools.global {
+            let (charged, charged_on) = self.0.get(&g.size).cloned().unwrap_or_default();
+            let rest = (g.total.saturating_sub(g.free))
+                .saturating_mul(g.size.0)
+                .saturating_sub(charged);
+            if rest == 0 {
+                continue;
+            }
+            let per_node = pools
+                .nodes
+                .iter()
+                .filter(|p| p.size == g.size)
+                .filter_map(|p| {
+                    let used = p.total.saturating_sub(p.free).saturating_mul(p.size.0);
+                    let rest = used.saturating_sub(charged_on.get(&p.node).copied().unwrap_or(0));
+                    (rest > 0).then_some((p.node, rest))
+                })
+                .collect();
+            sizes.push(SizeUsage {
+                page_size_bytes: g.size.0,
+                in_use_bytes: rest,
+                reserved_bytes: None,
+                per_node,
+            });
+        }
+        (!sizes.is_empty()).then(|| Consumer {
+            kind: Kind::System,
+            pod_uid: None,
+            qos: None,
+            container_id: None,
+            cgroup: "/".to_owned(),
+            in_use_bytes: sizes.iter().map(|s| s.in_use_bytes).sum(),
+            sizes,
+            faults: 0,
+            first_fault: None,
+            last_fault: None,
+        })
     }
-    Some(Consumer {
-        kind: Kind::System,
-        pod_uid: None,
-        qos: None,
-        container_id: None,
-        cgroup: "/".to_owned(),
-        in_use_bytes: sizes.iter().map(|s| s.in_use_bytes).sum(),
-        sizes,
-        faults: 0,
-        first_fault: None,
-        last_fault: None,
-    })
 }
 
 #[cfg(test)]

@@ -2,13 +2,16 @@
 //! by a walk at start-up and on each reconcile, kept current between walks by the probes' v2
 //! mkdir and rmdir events. Reservations use it to read a pod's hugetlb usage and to notice that a
 //! pod is gone.
+//!
+//! The v2 walk can be shared: [`PodCgroups::on_mkdir`] is the visitor the watch-set scan calls, so
+//! a reconcile walks the v2 tree once.
 
 use std::collections::HashMap;
 
 use super::cgroup_path::{Owner, classify};
 use crate::{
     probes::watch::CgroupV2,
-    sysfs::{HostFs, cgroup_tree, hugetlb_cgroup::Hierarchy},
+    sysfs::{HostFs, SysfsError, cgroup_tree, hugetlb_cgroup::Hierarchy},
 };
 
 /// Mount point of a cgroup v1 hugetlb hierarchy.
@@ -21,50 +24,60 @@ pub struct PodCgroups {
     dirs: HashMap<String, (String, Hierarchy)>,
 }
 
-fn pod_uid(rel: &str) -> Option<String> {
-    match classify(rel) {
+/// The UID of a pod-level cgroup.
+fn pod_uid(owner: &Owner) -> Option<&str> {
+    match owner {
         Owner::Pod {
             uid,
             container: None,
             ..
-        } => Some(uid.0),
+        } => Some(&uid.0),
         _ => None,
     }
 }
 
 impl PodCgroups {
-    /// Walks the v2 hierarchy and, when mounted, the v1 hugetlb hierarchy.
-    pub fn scan(host: &HostFs) -> PodCgroups {
+    /// The pods of the v1 hugetlb hierarchy (when mounted); v2 pods are added by a walk that
+    /// calls [`PodCgroups::on_mkdir`], or by [`PodCgroups::scan`].
+    pub fn v1(host: &HostFs) -> Result<PodCgroups, SysfsError> {
         let mut pods = PodCgroups {
             v2_mount: CgroupV2::find(host).map(|v2| v2.mount),
             dirs: HashMap::new(),
         };
         if host.exists(format!("{V1_HUGETLB}/cgroup.procs")) {
             cgroup_tree::walk(host, V1_HUGETLB, |rel| {
-                if let Some(uid) = pod_uid(rel) {
-                    pods.dirs
-                        .insert(uid, (format!("{V1_HUGETLB}{rel}"), Hierarchy::V1));
+                if let Some(uid) = pod_uid(&classify(rel)) {
+                    pods.dirs.insert(
+                        uid.to_owned(),
+                        (format!("{V1_HUGETLB}{rel}"), Hierarchy::V1),
+                    );
                 }
-            });
+            })?;
         }
+        Ok(pods)
+    }
+
+    /// Walks both hierarchies.
+    pub fn scan(host: &HostFs) -> Result<PodCgroups, SysfsError> {
+        let mut pods = PodCgroups::v1(host)?;
         if let Some(mount) = pods.v2_mount.clone() {
-            cgroup_tree::walk(host, &mount, |rel| pods.on_mkdir(rel));
+            cgroup_tree::walk(host, &mount, |rel| pods.on_mkdir(rel, &classify(rel)))?;
         }
-        pods
+        Ok(pods)
     }
 
-    /// A v2 cgroup appeared at `rel` (relative to the mount).
-    pub fn on_mkdir(&mut self, rel: &str) {
-        if let (Some(uid), Some(mount)) = (pod_uid(rel), &self.v2_mount) {
+    /// A v2 cgroup `owner` appeared at `rel` (relative to the mount).
+    pub fn on_mkdir(&mut self, rel: &str, owner: &Owner) {
+        if let (Some(uid), Some(mount)) = (pod_uid(owner), &self.v2_mount) {
             self.dirs
-                .insert(uid, (format!("{mount}{rel}"), Hierarchy::V2));
+                .insert(uid.to_owned(), (format!("{mount}{rel}"), Hierarchy::V2));
         }
     }
 
-    /// A v2 cgroup at `rel` was removed; returns the UID if it was a pod's.
-    pub fn on_rmdir(&mut self, rel: &str) -> Option<String> {
-        let uid = pod_uid(rel)?;
-        self.dirs.remove(&uid).map(|_| uid)
+    /// A v2 cgroup of `owner` was removed; returns the UID if it was a pod's.
+    pub fn on_rmdir(&mut self, owner: &Owner) -> Option<String> {
+        let uid = pod_uid(owner)?;
+        self.dirs.remove(uid).map(|_| uid.to_owned())
     }
 
     /// The pod-level cgroup of `uid` (a host path) and its hierarchy.
@@ -104,16 +117,16 @@ mod tests {
             (&format!("{V1_HUGETLB}/cgroup.procs"), ""),
             (&format!("{v1_pod}/cgroup.procs"), ""),
         ]);
-        let mut pods = PodCgroups::scan(&host);
+        let mut pods = PodCgroups::scan(&host).expect("walks");
         assert_eq!(pods.dir(UID), Some((pod.as_str(), Hierarchy::V2)));
         assert_eq!(pods.dir(OTHER), Some((v1_pod.as_str(), Hierarchy::V1)));
         let before = pods.clone();
         let rel = pod.trim_start_matches("/sys/fs/cgroup/unified");
-        assert_eq!(pods.on_rmdir("/system.slice"), None);
-        assert_eq!(pods.on_rmdir(rel), Some(UID.to_owned()));
+        assert_eq!(pods.on_rmdir(&classify("/system.slice")), None);
+        assert_eq!(pods.on_rmdir(&classify(rel)), Some(UID.to_owned()));
         assert_eq!(pods.dir(UID), None);
         assert_eq!(before.gone_in(&pods), [UID.to_owned()]);
-        pods.on_mkdir(rel);
+        pods.on_mkdir(rel, &classify(rel));
         assert_eq!(pods.dir(UID), Some((pod.as_str(), Hierarchy::V2)));
     }
 }

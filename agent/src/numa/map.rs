@@ -13,7 +13,7 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
 use super::{GlobalPool, HugepageTable, NodePool, NumaNode, PageSize};
 use crate::sysfs::{
@@ -43,7 +43,7 @@ impl std::fmt::Display for Source {
 }
 
 /// One page size on one node, as `GET /v1/hugepages` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SizeView {
     pub page_size_bytes: u64,
@@ -53,7 +53,7 @@ pub struct SizeView {
 }
 
 /// One NUMA node: its CPUs, distances and pools.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeView {
     #[serde(flatten)]
@@ -245,6 +245,22 @@ fn build(
         global: table.global.clone(),
         fault_to_map,
     }
+}
+
+/// The per-node rows of `nodes` (the inverse of how a snapshot groups them).
+pub fn node_pools(nodes: &[NodeView]) -> Vec<NodePool> {
+    nodes
+        .iter()
+        .flat_map(|n| {
+            n.sizes.iter().map(|s| NodePool {
+                node: n.info.node,
+                size: PageSize(s.page_size_bytes),
+                total: s.total,
+                free: s.free,
+                surplus: s.surplus,
+            })
+        })
+        .collect()
 }
 
 /// CLOCK_MONOTONIC now, the clock of `bpf_ktime_get_ns`.

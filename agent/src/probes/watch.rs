@@ -116,6 +116,16 @@ impl CgroupV2 {
 
     /// Walks the whole hierarchy and returns the cgroups that can use hugepages.
     pub fn scan(&self, host: &HostFs) -> Result<WatchScan, WatchError> {
+        self.scan_visiting(host, |_| {})
+    }
+
+    /// [`CgroupV2::scan`], calling `visit` with every cgroup's path on the way, so that other
+    /// inventories share the one walk.
+    pub fn scan_visiting(
+        &self,
+        host: &HostFs,
+        mut visit: impl FnMut(&str),
+    ) -> Result<WatchScan, WatchError> {
         let mut scan = WatchScan::default();
         let mut stack = vec![(String::new(), Effective::default())];
         while let Some((rel, parent)) = stack.pop() {
@@ -131,6 +141,7 @@ impl CgroupV2 {
                 Err(err) => return Err(err),
             }
             scan.cgroups += 1;
+            visit(&rel);
             if effective.allows_any() {
                 match self.id(host, &rel) {
                     Ok(id) => {

@@ -71,12 +71,8 @@ pub enum PsiError {
         content: String,
         why: String,
     },
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Sysfs(#[from] crate::sysfs::SysfsError),
     #[error("{path}: {why}")]
     Trigger { path: PathBuf, why: String },
 }

@@ -83,9 +83,15 @@ pub struct PsiView {
     pub triggers: Vec<TriggerState>,
     #[serde(skip)]
     pub events: VecDeque<Event>,
-    /// The memory conditions that are True, for admission.
-    #[serde(skip)]
-    pub memory_pressure: Vec<NodeCondition>,
+}
+
+impl PsiView {
+    /// The first *MemoryContentionPressure condition that is True, for admission.
+    pub fn memory_pressure(&self) -> Option<&NodeCondition> {
+        self.conditions
+            .iter()
+            .find(|c| c.status == Status::True && c.kind.ends_with("MemoryContentionPressure"))
+    }
 }
 
 /// A handle the API clones and loads from.
@@ -122,7 +128,6 @@ impl Monitor {
             scopes: scopes.clone(),
             triggers: Vec::new(),
             events: VecDeque::new(),
-            memory_pressure: Vec::new(),
         }));
         let monitor = Monitor {
             host,
@@ -194,18 +199,12 @@ impl Monitor {
 
     fn publish(&self) {
         let conditions = self.tracker.conditions();
-        let memory_pressure = conditions
-            .iter()
-            .filter(|c| c.status == Status::True && c.kind.ends_with("MemoryContentionPressure"))
-            .cloned()
-            .collect();
         self.shared.store(Arc::new(PsiView {
             conditions,
             readings: self.readings.clone(),
             scopes: self.scopes.clone(),
             triggers: self.triggers.clone(),
             events: self.events.clone(),
-            memory_pressure,
         }));
     }
 
@@ -371,7 +370,10 @@ mod tests {
             view.conditions.iter().all(|c| !c.kind.contains("Cpu")),
             "cpu is reported, not a condition"
         );
-        assert_eq!(view.memory_pressure.len(), 1);
+        assert_eq!(
+            view.memory_pressure().map(|c| c.kind.as_str()),
+            Some("KubepodsMemoryContentionPressure")
+        );
         assert_eq!(view.events.len(), 2);
 
         // The kubepods cgroup disappears: its conditions become Unknown, the system's stay.
@@ -393,7 +395,7 @@ mod tests {
             "{}",
             c.message
         );
-        assert!(view.memory_pressure.is_empty());
+        assert!(view.memory_pressure().is_none());
     }
 
     #[test]

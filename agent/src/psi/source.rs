@@ -5,8 +5,6 @@
 //! systemd cgroup driver, `kubepods` under cgroupfs. Cgroup v1 has no pressure files, so without
 //! a v2 hierarchy the kubepods scope is unavailable, and [`Scopes`] says why.
 
-use std::path::PathBuf;
-
 use serde::Serialize;
 
 use super::{PsiError, Resource, Scope, parse::Pressure};
@@ -104,12 +102,8 @@ impl Scopes {
 
 /// Reads and parses one pressure file (a host path).
 pub fn read(host: &HostFs, file: &str) -> Result<Pressure, PsiError> {
-    let path: PathBuf = host.path(file);
-    let text = std::fs::read_to_string(&path).map_err(|source| PsiError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    super::parse::parse(&text, &path)
+    let text = host.read_string(file)?;
+    super::parse::parse(&text, &host.path(file))
 }
 
 #[cfg(test)]

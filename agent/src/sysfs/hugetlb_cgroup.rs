@@ -63,27 +63,13 @@ pub fn read(
             Hierarchy::V2 => ("current", "rsvd.current"),
             Hierarchy::V1 => ("usage_in_bytes", "rsvd.usage_in_bytes"),
         };
-        let current_file = format!("{dir}/hugetlb.{name}.{current}");
-        if !host.exists(&current_file) {
+        let Some(in_use_bytes) = host.read_u64_opt(format!("{dir}/hugetlb.{name}.{current}"))?
+        else {
             continue;
-        }
-        let optional = |file: String| -> Result<Option<String>, SysfsError> {
-            if host.exists(&file) {
-                host.read_string(&file).map(Some)
-            } else {
-                Ok(None)
-            }
         };
-        let reserved_bytes = match optional(format!("{dir}/hugetlb.{name}.{rsvd}"))? {
-            Some(text) => Some(text.trim().parse().map_err(|_| SysfsError::Malformed {
-                path: host.path(format!("{dir}/hugetlb.{name}.{rsvd}")),
-                expected: "a number of bytes",
-                found: text.clone(),
-            })?),
-            None => None,
-        };
+        let reserved_bytes = host.read_u64_opt(format!("{dir}/hugetlb.{name}.{rsvd}"))?;
         let numa_file = format!("{dir}/hugetlb.{name}.numa_stat");
-        let per_node = match optional(numa_file.clone())? {
+        let per_node = match host.read_string_opt(&numa_file)? {
             Some(text) => parse_numa_stat(&text).ok_or_else(|| SysfsError::Malformed {
                 path: host.path(&numa_file),
                 expected: "total=<bytes> N<node>=<bytes> …",
@@ -93,7 +79,7 @@ pub fn read(
         };
         out.push(SizeUsage {
             page_size_bytes: size.0,
-            in_use_bytes: host.read_u64(&current_file)?,
+            in_use_bytes,
             reserved_bytes,
             per_node,
         });

@@ -31,6 +31,16 @@ pub enum SysfsError {
     },
 }
 
+fn not_found_is_none<T>(read: Result<T, SysfsError>) -> Result<Option<T>, SysfsError> {
+    match read {
+        Ok(value) => Ok(Some(value)),
+        Err(SysfsError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
+}
+
 /// The host's file systems, rooted at `--host-root`.
 #[derive(Debug, Clone)]
 pub struct HostFs {
@@ -67,6 +77,17 @@ impl HostFs {
             expected: "an unsigned integer",
             found: text,
         })
+    }
+
+    /// [`HostFs::read_string`] of a file that may be absent: `None` when it does not exist (one
+    /// syscall, no separate existence check).
+    pub fn read_string_opt(&self, abs: impl AsRef<Path>) -> Result<Option<String>, SysfsError> {
+        not_found_is_none(self.read_string(abs))
+    }
+
+    /// [`HostFs::read_u64`] of a file that may be absent.
+    pub fn read_u64_opt(&self, abs: impl AsRef<Path>) -> Result<Option<u64>, SysfsError> {
+        not_found_is_none(self.read_u64(abs))
     }
 
     /// Whether the host path exists (a missing optional directory is not an error).

@@ -2,7 +2,7 @@
 //! (`node<N>/cpulist`, empty for CPU-less memory nodes) and distances (`node<N>/distance`).
 //! A machine without `/sys/devices/system/node` is one node 0 with every online CPU.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{HostFs, SysfsError};
 use crate::numa::NumaNode;
@@ -10,7 +10,7 @@ use crate::numa::NumaNode;
 const NODES: &str = "/sys/devices/system/node";
 
 /// One NUMA node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeInfo {
     pub node: NumaNode,

@@ -1,5 +1,5 @@
 use super::*;
-use crate::admission::verify::Mode;
+use crate::admission::verify::{Check, Mode};
 
 const MI2: PageSize = PageSize(2 << 20);
 const GI: u64 = 1 << 30;
@@ -7,6 +7,7 @@ const GI: u64 = 1 << 30;
 fn check(nodes: &[u32], requested: u64, available: u64) -> Check {
     Check {
         resource: "hugepages-2Mi".to_owned(),
+        page_size: MI2,
         numa_nodes: nodes.iter().map(|&n| NumaNode(n)).collect(),
         requested_bytes: requested,
         available_bytes: available,
@@ -47,7 +48,7 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
         .expect("reserves");
     // Pod C asks 4 GiB: 8 free, 6 reserved for B, 2 left.
     let mut c = verdict(&[0, 1], 4 * GI, 8 * GI);
-    apply(&mut c, &store, "uid-c");
+    apply(&mut c, &store, "uid-c", t0());
     assert!(!c.allowed);
     assert_eq!(
         c.message.as_deref(),
@@ -56,16 +57,19 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
     assert_eq!(c.checks[0].reserved_by_agent_bytes, 6 * GI);
     // B itself is not held back by its own reservation.
     let mut again = verdict(&[0, 1], 6 * GI, 8 * GI);
-    apply(&mut again, &store, "uid-b");
+    apply(&mut again, &store, "uid-b", t0());
     assert!(again.allowed);
     // A reservation on node 1 only does not touch a request on node 0.
-    assert_eq!(store.held(MI2, &[NumaNode(0), NumaNode(1)], "x"), 6 * GI);
+    assert_eq!(
+        store.held(MI2, &[NumaNode(0), NumaNode(1)], "x", t0()),
+        6 * GI
+    );
     let other_dir = tempfile::tempdir().expect("tempdir");
     let (mut other, _) = Store::open(other_dir.path(), Duration::from_secs(30)).expect("opens");
     other
         .reserve(&verdict(&[1], GI, 8 * GI), "uid-d", "", "", t0())
         .expect("reserves");
-    assert_eq!(other.held(MI2, &[NumaNode(0)], "x"), 0);
+    assert_eq!(other.held(MI2, &[NumaNode(0)], "x", t0()), 0);
 }
 
 #[test]
@@ -90,7 +94,7 @@ fn reservations_survive_a_restart_and_end_when_released() {
         "the file holds what memory held"
     );
     let gone = store
-        .release(|r| r.expires_at <= t0() + Duration::from_secs(31))
+        .release(|r| (r.expires_at <= t0() + Duration::from_secs(31)).then_some(Released::Expired))
         .expect("saves");
     assert_eq!(gone.len(), 1);
     let (reopened, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
@@ -161,4 +165,27 @@ fn a_flipped_byte_is_caught_by_the_checksum() {
     let (store, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
     assert!(warning.is_some_and(|w| w.contains("checksum")));
     assert!(store.list().is_empty());
+}
+
+#[test]
+fn an_expired_reservation_holds_nothing_before_it_is_removed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    store
+        .reserve(&verdict(&[0], 2 * GI, 4 * GI), "uid-b", "", "", t0())
+        .expect("reserves");
+    let nodes = [NumaNode(0)];
+    assert_eq!(
+        store.held(MI2, &nodes, "x", t0() + Duration::from_secs(29)),
+        2 * GI
+    );
+    assert_eq!(
+        store.held(MI2, &nodes, "x", t0() + Duration::from_secs(30)),
+        0
+    );
+    assert_eq!(
+        store.list().len(),
+        1,
+        "still listed until the run loop removes it"
+    );
 }

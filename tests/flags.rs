@@ -1,0 +1,90 @@
+//! Command-line flags of the benchmark binaries: `--name value` pairs, checked against the names
+//! a binary knows. Anything malformed prints the binary's usage line and exits with 2.
+
+use std::path::PathBuf;
+
+/// The parsed `--name value` pairs of one benchmark.
+pub struct BenchFlags {
+    usage: &'static str,
+    pairs: Vec<(String, String)>,
+}
+
+impl BenchFlags {
+    /// Reads `std::env::args`; every flag must be one of `known`.
+    pub fn parse(usage: &'static str, known: &[&str]) -> BenchFlags {
+        BenchFlags::from(usage, known, std::env::args().skip(1))
+            .unwrap_or_else(|| BenchFlags::fail(usage))
+    }
+
+    fn from(
+        usage: &'static str,
+        known: &[&str],
+        args: impl Iterator<Item = String>,
+    ) -> Option<BenchFlags> {
+        let args: Vec<String> = args.collect();
+        let pairs = args
+            .chunks(2)
+            .map(|pair| match pair {
+                [name, value] if known.contains(&name.as_str()) => {
+                    Some((name.clone(), value.clone()))
+                }
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(BenchFlags { usage, pairs })
+    }
+
+    fn fail(usage: &str) -> ! {
+        eprintln!("usage: {usage}");
+        std::process::exit(2)
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A positive number, or `default` when the flag is absent.
+    pub fn number(&self, name: &str, default: u64) -> u64 {
+        match self.get(name) {
+            None => default,
+            Some(v) => v
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .unwrap_or_else(|| BenchFlags::fail(self.usage)),
+        }
+    }
+
+    /// A path that must be given.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.get(name)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| BenchFlags::fail(self.usage))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Option<BenchFlags> {
+        BenchFlags::from(
+            "u",
+            &["--rate", "--agent"],
+            args.iter().map(|s| (*s).to_owned()),
+        )
+    }
+
+    #[test]
+    fn pairs_of_known_flags_parse_and_the_rest_is_refused() {
+        let f = flags(&["--rate", "500", "--agent", "/bin/a"]).expect("valid");
+        assert_eq!((f.number("--rate", 1), f.number("--missing", 7)), (500, 7));
+        assert_eq!(f.path("--agent"), PathBuf::from("/bin/a"));
+        assert!(flags(&["--rate"]).is_none(), "a flag without its value");
+        assert!(flags(&["--speed", "1"]).is_none(), "an unknown flag");
+    }
+}
