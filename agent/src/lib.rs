@@ -13,6 +13,7 @@ pub mod config;
 pub mod consumers;
 pub mod kubelet;
 pub mod logging;
+pub mod memorymanager;
 pub mod numa;
 pub mod probes;
 pub mod psi;

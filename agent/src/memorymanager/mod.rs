@@ -1,0 +1,5 @@
+//! The kubelet Memory Manager, seen from outside: its state (from the kubelet's checkpoint or
+//! built from sysfs), the static policy's topology hints, and the gap between what it believes is
+//! free and what the kernel has.
+
+pub mod state;
