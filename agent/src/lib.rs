@@ -21,3 +21,4 @@ pub mod quantity;
 pub mod run;
 pub mod status;
 pub mod sysfs;
+pub mod topologymanager;

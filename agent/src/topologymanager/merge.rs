@@ -1,0 +1,518 @@
+//! The Topology Manager's merge: every permutation of one hint per resource of every provider is
+//! merged (the AND of its masks; preferred only if all its hints are preferred and agree), and the
+//! best merged hint wins by the kubelet's `compare` — preferred over not, then the narrowest (or,
+//! with `prefer-closest-numa-nodes`, the closest) mask, and among non-preferred hints the one
+//! closest to the widest provider's narrowest need. `single-numa-node` first keeps only preferred
+//! single-node and "don't care" hints, and reports a merged hint spanning every node as none.
+//!
+//! The kubelet walks all permutations (255³ for 8 nodes and 3 memory types). This merge returns
+//! the same hint without doing so: once a preferred candidate exists only preferred ones can win,
+//! and between preferred masks the comparison is a total order, so the best preferred candidate
+//! is found directly; otherwise every candidate is non-preferred, a candidate seen again never
+//! changes the kubelet's running best, and a subtree of permutations is fully determined by its
+//! level and the AND so far — so each (level, AND) is walked once, in the kubelet's order.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::bitmask::{BitmaskError, NumaMask};
+
+/// NUMA nodes the kubelet's Topology Manager accepts unless `max-allowable-numa-nodes` says more.
+pub const DEFAULT_MAX_NUMA_NODES: usize = 8;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MergeError {
+    #[error("unknown topology policy {0:?}: one of none, best-effort, restricted, single-numa-node")]
+    UnknownPolicy(String),
+    #[error(
+        "unknown topology policy option {0:?}: prefer-closest-numa-nodes and max-allowable-numa-nodes are known"
+    )]
+    UnknownOption(String),
+    #[error("policy option {option}: {detail}")]
+    BadOption { option: String, detail: String },
+    #[error(
+        "{count} NUMA nodes: the Topology Manager refuses machines with more than {max} (raise max-allowable-numa-nodes)"
+    )]
+    TooManyNodes { count: usize, max: usize },
+    #[error("NUMA node {0} is listed twice")]
+    DuplicateNode(usize),
+    #[error("no NUMA nodes: the machine has at least one")]
+    NoNodes,
+    #[error(
+        "prefer-closest-numa-nodes needs distances: node {node} has no distance to node {to}"
+    )]
+    MissingDistance { node: usize, to: usize },
+    #[error(transparent)]
+    Bitmask(#[from] BitmaskError),
+}
+
+/// A hint: a set of NUMA nodes (`None`: no preference, any node) and whether it is preferred.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologyHint {
+    #[serde(rename = "numaNodes")]
+    pub affinity: Option<NumaMask>,
+    pub preferred: bool,
+}
+
+/// What one provider returned: `None` is a nil map (no preference at all); per resource, `None`
+/// is a nil list (no preference for it) and an empty list means it fits nowhere.
+pub type ProviderHints = Option<BTreeMap<String, Option<Vec<TopologyHint>>>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    None,
+    BestEffort,
+    Restricted,
+    SingleNumaNode,
+}
+
+impl Policy {
+    pub const NAMES: [&'static str; 4] = ["none", "best-effort", "restricted", "single-numa-node"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::None => "none",
+            Policy::BestEffort => "best-effort",
+            Policy::Restricted => "restricted",
+            Policy::SingleNumaNode => "single-numa-node",
+        }
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = MergeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" => Ok(Policy::None),
+            "best-effort" => Ok(Policy::BestEffort),
+            "restricted" => Ok(Policy::Restricted),
+            "single-numa-node" => Ok(Policy::SingleNumaNode),
+            other => Err(MergeError::UnknownPolicy(other.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `--topology-manager-policy-options`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyOptions {
+    pub prefer_closest_numa_nodes: bool,
+    pub max_allowable_numa_nodes: usize,
+}
+
+impl Default for PolicyOptions {
+    fn default() -> Self {
+        PolicyOptions {
+            prefer_closest_numa_nodes: false,
+            max_allowable_numa_nodes: DEFAULT_MAX_NUMA_NODES,
+        }
+    }
+}
+
+impl PolicyOptions {
+    /// From `name → value` pairs; values are JSON booleans/numbers or the kubelet's strings.
+    pub fn from_map(map: &BTreeMap<String, serde_json::Value>) -> Result<Self, MergeError> {
+        let mut options = PolicyOptions::default();
+        for (name, value) in map {
+            let text = match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let bad = |detail: String| MergeError::BadOption {
+                option: name.clone(),
+                detail,
+            };
+            match name.as_str() {
+                "prefer-closest-numa-nodes" => {
+                    options.prefer_closest_numa_nodes = text
+                        .parse()
+                        .map_err(|_| bad(format!("{text:?} is not true or false")))?;
+                }
+                "max-allowable-numa-nodes" => {
+                    let max: usize = text
+                        .parse()
+                        .map_err(|_| bad(format!("{text:?} is not a whole number")))?;
+                    if max < DEFAULT_MAX_NUMA_NODES {
+                        return Err(bad(format!(
+                            "{max} is less than the default {DEFAULT_MAX_NUMA_NODES}"
+                        )));
+                    }
+                    options.max_allowable_numa_nodes = max;
+                }
+                other => return Err(MergeError::UnknownOption(other.to_string())),
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// The machine's NUMA nodes and their distances (`/sys/devices/system/node/node<N>/distance`,
+/// indexed by node id).
+#[derive(Debug, Clone)]
+pub struct NumaInfo {
+    nodes: Vec<usize>,
+    distances: BTreeMap<usize, Vec<u64>>,
+    default_affinity: NumaMask,
+}
+
+impl NumaInfo {
+    pub fn new(
+        mut nodes: Vec<usize>,
+        distances: BTreeMap<usize, Vec<u64>>,
+        options: &PolicyOptions,
+    ) -> Result<Self, MergeError> {
+        nodes.sort_unstable();
+        if let Some(w) = nodes.windows(2).find(|w| w[0] == w[1]) {
+            return Err(MergeError::DuplicateNode(w[0]));
+        }
+        if nodes.is_empty() {
+            return Err(MergeError::NoNodes);
+        }
+        if nodes.len() > options.max_allowable_numa_nodes {
+            return Err(MergeError::TooManyNodes {
+                count: nodes.len(),
+                max: options.max_allowable_numa_nodes,
+            });
+        }
+        let default_affinity = NumaMask::from_nodes(&nodes)?;
+        if options.prefer_closest_numa_nodes {
+            for &node in &nodes {
+                let row = distances.get(&node);
+                if let Some(&to) = nodes
+                    .iter()
+                    .find(|&&to| row.is_none_or(|r| r.get(to).is_none()))
+                {
+                    return Err(MergeError::MissingDistance { node, to });
+                }
+            }
+        }
+        Ok(NumaInfo {
+            nodes,
+            distances,
+            default_affinity,
+        })
+    }
+
+    pub fn nodes(&self) -> &[usize] {
+        &self.nodes
+    }
+
+    /// Every node: the affinity of "anywhere".
+    pub fn default_affinity(&self) -> NumaMask {
+        self.default_affinity
+    }
+
+    /// Mean distance over all ordered pairs of the mask's nodes (each node with itself too).
+    fn average_distance(&self, mask: NumaMask) -> f64 {
+        let nodes = mask.nodes();
+        if nodes.is_empty() {
+            return 0.0;
+        }
+        let mut sum = 0.0;
+        let mut count = 0.0;
+        for &a in &nodes {
+            for &b in &nodes {
+                sum += self
+                    .distances
+                    .get(&a)
+                    .and_then(|row| row.get(b))
+                    .copied()
+                    .unwrap_or_default() as f64;
+                count += 1.0;
+            }
+        }
+        sum / count
+    }
+
+    /// The better of two different masks: the narrower, or with `closest` among masks of as
+    /// many nodes the one with the shorter mean distance (ties: the smaller number).
+    fn better(&self, closest: bool, current: NumaMask, candidate: NumaMask) -> NumaMask {
+        if closest && current.count() == candidate.count() {
+            let (c, d) = (
+                self.average_distance(current),
+                self.average_distance(candidate),
+            );
+            if c == d {
+                return if current.0 < candidate.0 {
+                    current
+                } else {
+                    candidate
+                };
+            }
+            return if c < d { current } else { candidate };
+        }
+        if current.is_narrower_than(candidate) {
+            current
+        } else {
+            candidate
+        }
+    }
+}
+
+/// The merged hint and whether the policy admits it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Merged {
+    #[serde(flatten)]
+    pub hint: TopologyHint,
+    pub admit: bool,
+}
+
+/// Merges the providers' hints under `policy`, as the kubelet's Topology Manager does.
+pub fn merge(
+    policy: Policy,
+    options: &PolicyOptions,
+    info: &NumaInfo,
+    providers: &[ProviderHints],
+) -> Merged {
+    match policy {
+        Policy::None => Merged {
+            hint: TopologyHint {
+                affinity: None,
+                preferred: false,
+            },
+            admit: true,
+        },
+        Policy::BestEffort | Policy::Restricted => {
+            let lists = provider_lists(providers);
+            let hint = Merger::new(info, &lists, options.prefer_closest_numa_nodes).merge();
+            Merged {
+                hint,
+                admit: policy == Policy::BestEffort || hint.preferred,
+            }
+        }
+        Policy::SingleNumaNode => {
+            let lists: Vec<Vec<TopologyHint>> = provider_lists(providers)
+                .into_iter()
+                .map(|list| {
+                    list.into_iter()
+                        .filter(|h| h.preferred && h.affinity.is_none_or(|m| m.count() == 1))
+                        .collect()
+                })
+                .collect();
+            let mut hint = Merger::new(info, &lists, false).merge();
+            if hint.affinity == Some(info.default_affinity()) {
+                hint.affinity = None;
+            }
+            Merged {
+                hint,
+                admit: hint.preferred,
+            }
+        }
+    }
+}
+
+/// One list per resource of every provider; "no preference" becomes a single preferred hint for
+/// any node, "fits nowhere" a single non-preferred one.
+pub fn provider_lists(providers: &[ProviderHints]) -> Vec<Vec<TopologyHint>> {
+    let any = |preferred| {
+        vec![TopologyHint {
+            affinity: None,
+            preferred,
+        }]
+    };
+    let mut lists = Vec::new();
+    for provider in providers {
+        match provider {
+            Some(resources) if !resources.is_empty() => {
+                for hints in resources.values() {
+                    lists.push(match hints {
+                        None => any(true),
+                        Some(h) if h.is_empty() => any(false),
+                        Some(h) => h.clone(),
+                    });
+                }
+            }
+            _ => lists.push(any(true)),
+        }
+    }
+    lists
+}
+
+/// The merge over filtered lists.
+pub(crate) struct Merger<'a> {
+    info: &'a NumaInfo,
+    lists: &'a [Vec<TopologyHint>],
+    closest: bool,
+    /// The widest of the providers' narrowest hints, in nodes.
+    best_non_preferred_count: u32,
+}
+
+impl<'a> Merger<'a> {
+    pub(crate) fn new(info: &'a NumaInfo, lists: &'a [Vec<TopologyHint>], closest: bool) -> Self {
+        let best_non_preferred_count = lists
+            .iter()
+            .filter_map(|list| {
+                list.iter()
+                    .filter_map(|h| h.affinity)
+                    .reduce(|narrowest, m| {
+                        if m.is_narrower_than(narrowest) {
+                            m
+                        } else {
+                            narrowest
+                        }
+                    })
+            })
+            .map(NumaMask::count)
+            .max()
+            .unwrap_or(0);
+        Merger {
+            info,
+            lists,
+            closest,
+            best_non_preferred_count,
+        }
+    }
+
+    pub(crate) fn merge(&self) -> TopologyHint {
+        let default = self.info.default_affinity();
+        let fallback = TopologyHint {
+            affinity: Some(default),
+            preferred: false,
+        };
+        if self.lists.iter().any(Vec::is_empty) {
+            return fallback;
+        }
+        if let Some(mask) = self.best_preferred() {
+            return TopologyHint {
+                affinity: Some(mask),
+                preferred: true,
+            };
+        }
+        let mut search = Search {
+            merger: self,
+            seen: Seen::new(self.lists.len() + 1, default),
+            best: None,
+        };
+        search.visit(0, default.0);
+        search.best.map_or(fallback, |mask| TopologyHint {
+            affinity: Some(mask),
+            preferred: false,
+        })
+    }
+
+    /// The best mask among preferred merged candidates: those where every list offers that mask
+    /// (or "any node") as a preferred hint.
+    fn best_preferred(&self) -> Option<NumaMask> {
+        let default = self.info.default_affinity();
+        let offers = |list: &Vec<TopologyHint>, mask: Option<NumaMask>| {
+            list.iter()
+                .any(|h| h.preferred && (h.affinity.is_none() || h.affinity == mask))
+        };
+        let mut best: Option<NumaMask> = None;
+        let mut consider = |mask: NumaMask| {
+            let merged = mask.and(default);
+            if merged.count() == 0 {
+                return;
+            }
+            best = Some(match best {
+                Some(current) if current == merged => current,
+                Some(current) => self.info.better(self.closest, current, merged),
+                None => merged,
+            });
+        };
+        if self.lists.iter().all(|l| offers(l, None)) {
+            consider(default);
+        }
+        let mut tried = HashSet::new();
+        for hint in self.lists.iter().flatten() {
+            if let (true, Some(mask)) = (hint.preferred, hint.affinity)
+                && tried.insert(mask)
+                && self.lists.iter().all(|l| offers(l, Some(mask)))
+            {
+                consider(mask);
+            }
+        }
+        best
+    }
+
+    /// The kubelet's `compare` between two non-preferred masks: whether `candidate` replaces
+    /// `current`.
+    fn replaces(&self, current: NumaMask, candidate: NumaMask) -> bool {
+        let target = self.best_non_preferred_count;
+        let (now, next) = (current.count(), candidate.count());
+        let contest = now > target
+            || (now == target && next == target)
+            || (now < target && next <= target);
+        contest
+            && candidate != current
+            && self.info.better(self.closest, current, candidate) == candidate
+    }
+}
+
+/// The walk over non-preferred candidates in the kubelet's permutation order.
+struct Search<'a, 'm> {
+    merger: &'m Merger<'a>,
+    seen: Seen,
+    best: Option<NumaMask>,
+}
+
+impl Search<'_, '_> {
+    fn visit(&mut self, level: usize, and: u64) {
+        if !self.seen.insert(level, and) {
+            return;
+        }
+        let lists = self.merger.lists;
+        let Some(list) = lists.get(level) else {
+            let candidate = NumaMask(and);
+            if candidate.count() > 0 {
+                self.best = Some(match self.best {
+                    Some(current) if !self.merger.replaces(current, candidate) => current,
+                    _ => candidate,
+                });
+            }
+            return;
+        };
+        for hint in list {
+            self.visit(level + 1, and & hint.affinity.map_or(u64::MAX, |m| m.0));
+        }
+    }
+}
+
+/// (level, AND) pairs already walked: a dense bitmap when node ids are small, else a set.
+enum Seen {
+    Dense { bits: Vec<u64>, width: usize },
+    Sparse(HashSet<(usize, u64)>),
+}
+
+impl Seen {
+    const DENSE_MAX_BITS: u32 = 16;
+
+    fn new(levels: usize, default: NumaMask) -> Seen {
+        let high = 64 - default.0.leading_zeros();
+        if high <= Self::DENSE_MAX_BITS {
+            let width = 1usize << high;
+            Seen::Dense {
+                bits: vec![0; (levels * width).div_ceil(64)],
+                width,
+            }
+        } else {
+            Seen::Sparse(HashSet::new())
+        }
+    }
+
+    /// False when already there.
+    fn insert(&mut self, level: usize, and: u64) -> bool {
+        match self {
+            Seen::Dense { bits, width } => {
+                // `and` is within the default affinity, so below `width`.
+                let index = level * *width + and as usize;
+                let (word, bit) = (index / 64, 1u64 << (index % 64));
+                let fresh = bits[word] & bit == 0;
+                bits[word] |= bit;
+                fresh
+            }
+            Seen::Sparse(set) => set.insert((level, and)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
