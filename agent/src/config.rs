@@ -10,9 +10,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::{
     admission::verify::{Gate, Mode, OnSysfsError, Settings},
     client::{AgentUrl, ClientError},
+    kubelet::features::FeatureGates,
     logging::LogFormat,
+    memorymanager::hints::Scope,
     psi::monitor::PsiConfig,
     sysfs::HostFs,
+    topologymanager::Policy,
 };
 
 #[derive(Debug, Parser)]
@@ -132,22 +135,48 @@ pub enum CliCommand {
         /// NUMA nodes to check, e.g. `0,1` (default: every node).
         #[arg(long)]
         numa: Option<String>,
-        /// Topology Manager policy; NUMA selection by policy comes with topology hints, until then
-        /// a check without `--numa` covers every node.
+        /// Topology Manager policy for picking NUMA nodes when `--numa` is not given (default:
+        /// `--topology-policy`).
         #[arg(long, value_enum)]
-        policy: Option<TopologyPolicy>,
+        policy: Option<Policy>,
         /// The whole answer as JSON on stdout.
         #[arg(long)]
         json: bool,
     },
+    /// The kubelet Memory Manager's topology hints for a pod on a given state, as JSON.
+    Hints {
+        /// A kubelet checkpoint (`memory_manager_state`, checksum verified) or the same JSON
+        /// without `checksum` (hand-written, not verified).
+        #[arg(long, value_name = "STATE.json")]
+        state: PathBuf,
+        /// A `v1.Pod` as JSON.
+        #[arg(long, value_name = "POD.json")]
+        pod: PathBuf,
+        /// The container to hint for in container scope (default: the only app container).
+        #[arg(long)]
+        container: Option<String>,
+        /// Topology Manager scope.
+        #[arg(long, default_value = "container", value_parser = parse_scope)]
+        scope: Scope,
+        /// Kubelet feature gates, e.g. `PodLevelResources=true,PodLevelResourceManagers=true`.
+        #[arg(long, default_value = "", value_parser = parse_gates)]
+        feature_gates: FeatureGates,
+    },
+    /// The Topology Manager's merge of given hints under a policy, as JSON.
+    Merge {
+        /// `{"policy":…,"policyOptions":{…},"numaNodes":[…],"distances":{…},"providers":[…]}`.
+        #[arg(long, value_name = "MERGE.json")]
+        input: PathBuf,
+    },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TopologyPolicy {
-    None,
-    BestEffort,
-    Restricted,
-    SingleNumaNode,
+fn parse_scope(text: &str) -> Result<Scope, String> {
+    text.parse()
+}
+
+fn parse_gates(text: &str) -> Result<FeatureGates, String> {
+    text.parse()
+        .map_err(|e: crate::kubelet::features::FeatureGateError| e.to_string())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -173,8 +202,18 @@ pub enum Command {
     Check {
         requests: Vec<String>,
         numa: Option<String>,
-        policy: Option<TopologyPolicy>,
+        policy: Option<Policy>,
         json: bool,
+    },
+    Hints {
+        state: PathBuf,
+        pod: PathBuf,
+        container: Option<String>,
+        scope: Scope,
+        feature_gates: FeatureGates,
+    },
+    Merge {
+        input: PathBuf,
     },
 }
 
@@ -263,6 +302,20 @@ impl TryFrom<Cli> for Config {
                     policy,
                     json,
                 },
+                Some(CliCommand::Hints {
+                    state,
+                    pod,
+                    container,
+                    scope,
+                    feature_gates,
+                }) => Command::Hints {
+                    state,
+                    pod,
+                    container,
+                    scope,
+                    feature_gates,
+                },
+                Some(CliCommand::Merge { input }) => Command::Merge { input },
             },
             host: HostFs::new(cli.host_root),
             ebpf: cli.ebpf,

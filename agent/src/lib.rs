@@ -22,3 +22,4 @@ pub mod run;
 pub mod status;
 pub mod sysfs;
 pub mod topologymanager;
+pub mod whatif;

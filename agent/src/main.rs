@@ -7,7 +7,7 @@ use clap::Parser;
 use hugepage_agent::{
     check,
     config::{Cli, Command, Config},
-    logging, run, status,
+    logging, run, status, whatif,
 };
 
 fn main() -> ExitCode {
@@ -35,6 +35,39 @@ fn main() -> ExitCode {
             ..
         } => {
             return check::run(&config, requests, numa.as_deref(), json);
+        }
+        Command::Hints {
+            ref state,
+            ref pod,
+            ref container,
+            scope,
+            feature_gates,
+        } => {
+            return match whatif::hints(state, pod, container.as_deref(), scope, feature_gates) {
+                Ok(answer) => {
+                    if let Some(note) = answer.note {
+                        eprintln!("hugepage-agent: {note}");
+                    }
+                    println!("{}", whatif::hints_json(&answer.hints));
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("hugepage-agent: {err}");
+                    ExitCode::from(2)
+                }
+            };
+        }
+        Command::Merge { ref input } => {
+            return match whatif::merge_file(input) {
+                Ok(line) => {
+                    println!("{line}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("hugepage-agent: {err}");
+                    ExitCode::from(2)
+                }
+            };
         }
     };
     match outcome {

@@ -72,6 +72,18 @@ fn suffix(text: &str, suffix: &str) -> Result<Multiplier, QuantityError> {
 
 /// Parses a quantity of bytes.
 pub fn parse_bytes(text: &str) -> Result<u64, QuantityError> {
+    let bytes = parse_scaled(text, 0)?;
+    u64::try_from(bytes).map_err(|_| QuantityError::TooLarge(text.to_owned()))
+}
+
+/// Parses any quantity (CPU too) in billionths, Kubernetes' finest precision: `500m` → 5·10⁸,
+/// `1` → 10⁹. Two quantities are equal exactly when these are.
+pub fn parse_nanos(text: &str) -> Result<u128, QuantityError> {
+    parse_scaled(text, 9)
+}
+
+/// `text` × 10^`exp10`, a remaining fraction rounded up.
+fn parse_scaled(text: &str, exp10: i32) -> Result<u128, QuantityError> {
     let syntax = || QuantityError::Syntax(text.to_owned());
     let (negative, unsigned) = match text.as_bytes().first() {
         Some(b'-') => (true, &text[1..]),
@@ -99,7 +111,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, QuantityError> {
     if numerator != 0 && negative {
         return Err(QuantityError::Negative(text.to_owned()));
     }
-    let mut denominator_exp = fraction.len() as i32;
+    let mut denominator_exp = fraction.len() as i32 - exp10;
     match multiplier {
         Multiplier::Binary(shift) => {
             numerator = numerator
@@ -118,8 +130,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, QuantityError> {
     let denominator = 10u128
         .checked_pow(denominator_exp as u32)
         .ok_or_else(too_large)?;
-    let bytes = numerator.div_ceil(denominator);
-    u64::try_from(bytes).map_err(|_| too_large())
+    Ok(numerator.div_ceil(denominator))
 }
 
 /// Formats `bytes` in Kubernetes' canonical binary form.
@@ -154,6 +165,16 @@ mod tests {
         ] {
             assert_eq!(format_binary(bytes), text, "{bytes}");
         }
+    }
+
+    #[test]
+    fn cpu_quantities_compare_exactly_in_nanos() {
+        assert_eq!(parse_nanos("1").unwrap(), parse_nanos("1000m").unwrap());
+        assert_eq!(parse_nanos("0.5").unwrap(), 500_000_000);
+        assert_eq!(parse_nanos("1n").unwrap(), 1);
+        assert_eq!(parse_nanos("2k").unwrap(), 2_000_000_000_000);
+        assert_ne!(parse_nanos("1").unwrap(), parse_nanos("999m").unwrap());
+        assert!(parse_nanos("1x").is_err());
     }
 
     #[test]

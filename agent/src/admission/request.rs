@@ -177,6 +177,36 @@ pub struct PodSpec {
     pub resources: Option<Requirements>,
 }
 
+/// A whole `v1.Pod`: what admission and hints read of it (Kubernetes objects carry many more
+/// fields; they are ignored).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    pub spec: PodSpec,
+    #[serde(default)]
+    pub status: PodStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ObjectMeta {
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub uid: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    /// `Guaranteed`, `Burstable` or `BestEffort`, when the API server has set it.
+    #[serde(default)]
+    pub qos_class: Option<String>,
+}
+
 /// The pod's hugepage need, by the kubelet's rules (see the module documentation).
 pub fn pod_hugepages(spec: &PodSpec) -> Result<Hugepages, RequestError> {
     let mut running = Hugepages::new();

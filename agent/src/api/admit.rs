@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::{AppState, error::ApiError};
 use crate::{
     admission::{
-        request::{self, Hugepages, PodSpec, ResourceList},
+        request::{self, Hugepages, Pod, ResourceList},
         reservations::{self, Released, Reservation},
         verify::{Verdict, VerifyError},
     },
@@ -51,34 +51,6 @@ struct ShortForm {
 struct ShortContainer {
     #[serde(default)]
     resources: ResourceList,
-}
-
-/// A whole `v1.Pod` (only what admission reads; other fields are ignored, as Kubernetes objects
-/// carry many).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PodForm {
-    #[serde(default)]
-    metadata: Metadata,
-    spec: PodSpec,
-    #[serde(default)]
-    status: Status,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct Metadata {
-    #[serde(default)]
-    namespace: String,
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    uid: String,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Status {
-    qos_class: Option<String>,
 }
 
 /// The answer: the verdict and who it is for.
@@ -247,7 +219,7 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
 }
 
 fn from_pod(body: &[u8]) -> Result<Parsed, ApiError> {
-    let form: PodForm = deserialize(body)?;
+    let form: Pod = deserialize(body)?;
     let request = request::pod_hugepages(&form.spec).map_err(field_error)?;
     let pod = PodRef {
         namespace: form.metadata.namespace,

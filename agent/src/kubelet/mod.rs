@@ -3,4 +3,5 @@
 //! ([`pods`]).
 
 pub mod cgroup_path;
+pub mod features;
 pub mod pods;

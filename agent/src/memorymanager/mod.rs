@@ -2,4 +2,6 @@
 //! built from sysfs), the static policy's topology hints, and the gap between what it believes is
 //! free and what the kernel has.
 
+pub mod hints;
+pub mod requests;
 pub mod state;

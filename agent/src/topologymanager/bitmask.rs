@@ -144,7 +144,10 @@ mod tests {
 
     #[test]
     fn node_ids_past_63_are_refused() {
-        assert_eq!(NumaMask::from_nodes(&[64]), Err(BitmaskError::OutOfRange(64)));
+        assert_eq!(
+            NumaMask::from_nodes(&[64]),
+            Err(BitmaskError::OutOfRange(64))
+        );
         assert!(iterate_masks(&[0, 70], |_| {}).is_err());
         let parsed: Result<NumaMask, _> = serde_json::from_str("[0,64]");
         assert!(parsed.unwrap_err().to_string().contains("NUMA node 64"));

@@ -23,7 +23,9 @@ pub const DEFAULT_MAX_NUMA_NODES: usize = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MergeError {
-    #[error("unknown topology policy {0:?}: one of none, best-effort, restricted, single-numa-node")]
+    #[error(
+        "unknown topology policy {0:?}: one of none, best-effort, restricted, single-numa-node"
+    )]
     UnknownPolicy(String),
     #[error(
         "unknown topology policy option {0:?}: prefer-closest-numa-nodes and max-allowable-numa-nodes are known"
@@ -39,9 +41,7 @@ pub enum MergeError {
     DuplicateNode(usize),
     #[error("no NUMA nodes: the machine has at least one")]
     NoNodes,
-    #[error(
-        "prefer-closest-numa-nodes needs distances: node {node} has no distance to node {to}"
-    )]
+    #[error("prefer-closest-numa-nodes needs distances: node {node} has no distance to node {to}")]
     MissingDistance { node: usize, to: usize },
     #[error(transparent)]
     Bitmask(#[from] BitmaskError),
@@ -59,7 +59,7 @@ pub struct TopologyHint {
 /// is a nil list (no preference for it) and an empty list means it fits nowhere.
 pub type ProviderHints = Option<BTreeMap<String, Option<Vec<TopologyHint>>>>;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
     None,
@@ -438,9 +438,8 @@ impl<'a> Merger<'a> {
     fn replaces(&self, current: NumaMask, candidate: NumaMask) -> bool {
         let target = self.best_non_preferred_count;
         let (now, next) = (current.count(), candidate.count());
-        let contest = now > target
-            || (now == target && next == target)
-            || (now < target && next <= target);
+        let contest =
+            now > target || (now == target && next == target) || (now < target && next <= target);
         contest
             && candidate != current
             && self.info.better(self.closest, current, candidate) == candidate

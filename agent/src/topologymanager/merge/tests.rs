@@ -18,7 +18,13 @@ fn info(n: usize) -> NumaInfo {
         .map(|&a| {
             let row = nodes
                 .iter()
-                .map(|&b| if a == b { 10 } else { 10 + 10 * a.abs_diff(b) as u64 })
+                .map(|&b| {
+                    if a == b {
+                        10
+                    } else {
+                        10 + 10 * a.abs_diff(b) as u64
+                    }
+                })
                 .collect();
             (a, row)
         })
@@ -169,7 +175,10 @@ fn agrees_with_the_kubelets_exhaustive_walk_on_random_hints() {
         for closest in [false, true] {
             let fast = Merger::new(&info, &lists, closest).merge();
             let slow = exhaustive(&info, &lists, closest);
-            assert_eq!(fast, slow, "round {round}, closest {closest}, lists {lists:?}");
+            assert_eq!(
+                fast, slow,
+                "round {round}, closest {closest}, lists {lists:?}"
+            );
         }
         // The walk order matters to the kubelet; check the random cases do reach such cases.
         let mut reversed: Vec<Vec<TopologyHint>> = lists.clone();
@@ -178,7 +187,10 @@ fn agrees_with_the_kubelets_exhaustive_walk_on_random_hints() {
             differing_orders += 1;
         }
     }
-    assert!(differing_orders > 0, "no order-sensitive case was generated");
+    assert!(
+        differing_orders > 0,
+        "no order-sensitive case was generated"
+    );
 }
 
 #[test]
@@ -193,10 +205,20 @@ fn no_providers_merge_to_every_node_preferred() {
 fn a_resource_that_fits_nowhere_is_rejected_by_restricted_but_not_best_effort() {
     let info = info(2);
     let providers = vec![Some(BTreeMap::from([("memory".to_string(), Some(vec![]))]))];
-    let best = merge(Policy::BestEffort, &PolicyOptions::default(), &info, &providers);
+    let best = merge(
+        Policy::BestEffort,
+        &PolicyOptions::default(),
+        &info,
+        &providers,
+    );
     assert_eq!(best.hint, hint(Some(&[0, 1]), false));
     assert!(best.admit);
-    let restricted = merge(Policy::Restricted, &PolicyOptions::default(), &info, &providers);
+    let restricted = merge(
+        Policy::Restricted,
+        &PolicyOptions::default(),
+        &info,
+        &providers,
+    );
     assert!(!restricted.admit);
 }
 
@@ -224,16 +246,33 @@ fn prefer_closest_picks_the_pair_with_the_shorter_distance() {
     let info = info(4);
     let list = vec![hint(Some(&[0, 2]), true), hint(Some(&[1, 2]), true)];
     let lists = [list];
-    assert_eq!(Merger::new(&info, &lists, false).merge(), hint(Some(&[0, 2]), true));
-    assert_eq!(Merger::new(&info, &lists, true).merge(), hint(Some(&[1, 2]), true));
+    assert_eq!(
+        Merger::new(&info, &lists, false).merge(),
+        hint(Some(&[0, 2]), true)
+    );
+    assert_eq!(
+        Merger::new(&info, &lists, true).merge(),
+        hint(Some(&[1, 2]), true)
+    );
 }
 
 #[test]
 fn options_and_machines_are_validated() {
     let parse = |json: &str| PolicyOptions::from_map(&serde_json::from_str(json).unwrap());
-    assert!(parse(r#"{"prefer-closest-numa-nodes":"true"}"#).unwrap().prefer_closest_numa_nodes);
-    assert!(parse(r#"{"prefer-closest-numa-nodes":true}"#).unwrap().prefer_closest_numa_nodes);
-    assert!(matches!(parse(r#"{"prefer-closest":true}"#), Err(MergeError::UnknownOption(_))));
+    assert!(
+        parse(r#"{"prefer-closest-numa-nodes":"true"}"#)
+            .unwrap()
+            .prefer_closest_numa_nodes
+    );
+    assert!(
+        parse(r#"{"prefer-closest-numa-nodes":true}"#)
+            .unwrap()
+            .prefer_closest_numa_nodes
+    );
+    assert!(matches!(
+        parse(r#"{"prefer-closest":true}"#),
+        Err(MergeError::UnknownOption(_))
+    ));
     assert!(matches!(
         parse(r#"{"max-allowable-numa-nodes":"x"}"#),
         Err(MergeError::BadOption { .. })

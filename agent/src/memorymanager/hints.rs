@@ -1,0 +1,215 @@
+//! The static policy's topology hints, as the kubelet's Memory Manager computes them: every NUMA
+//! mask (in the kubelet's order) whose nodes have enough allocatable *and* free memory of every
+//! requested type is a hint for each type; a single node already grouped with others, or a node
+//! already used alone or in another group, may not join a multi-node mask; a hint is preferred
+//! when it has as few nodes as the smallest mask whose *allocatable* memory suffices — capacity,
+//! not what is free. A container (or pod) the checkpoint already holds blocks for gets its blocks
+//! back as preferred hints. Pods that are not Guaranteed get no hints at all.
+
+use std::collections::BTreeMap;
+
+use super::{
+    requests::{self, QosClass, Requested},
+    state::{Block, MachineState, MemoryManagerState, MemoryTable},
+};
+use crate::{
+    admission::request::{Container, Pod, RequestError},
+    kubelet::features::FeatureGates,
+    topologymanager::{
+        NumaMask, TopologyHint,
+        bitmask::{self, BitmaskError},
+    },
+};
+
+/// Resource → hints; `None` is the kubelet's nil (no hints at all, "no preference").
+pub type Hints = Option<BTreeMap<String, Vec<TopologyHint>>>;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HintError {
+    /// The kubelet logs these and returns no hints.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("the pod has no container named {0:?}")]
+    NoSuchContainer(String),
+    #[error("machine state: {0}")]
+    Machine(#[from] BitmaskError),
+}
+
+/// Topology Manager scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Container,
+    Pod,
+}
+
+impl std::str::FromStr for Scope {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "container" => Ok(Scope::Container),
+            "pod" => Ok(Scope::Pod),
+            other => Err(format!("{other:?} is not container or pod")),
+        }
+    }
+}
+
+/// Finds a container (app or init) by name.
+pub fn find_container<'p>(pod: &'p Pod, name: &str) -> Result<&'p Container, HintError> {
+    pod.spec
+        .containers
+        .iter()
+        .chain(&pod.spec.init_containers)
+        .find(|c| c.name == name)
+        .ok_or_else(|| HintError::NoSuchContainer(name.to_string()))
+}
+
+/// Container scope: `GetTopologyHints`.
+pub fn container_hints(
+    state: &MemoryManagerState,
+    pod: &Pod,
+    container: &Container,
+    gates: FeatureGates,
+) -> Result<Hints, HintError> {
+    if requests::qos_class(pod, gates)? != QosClass::Guaranteed {
+        return Ok(None);
+    }
+    let field = format!("container {:?}", container.name);
+    let requested = requests::container_requests(container, &field)?;
+    if let Some(blocks) = state.container_blocks(&pod.metadata.uid, &container.name) {
+        return Ok(regenerate(blocks, &requested));
+    }
+    Ok(Some(calculate(&state.machine_state, &requested)?))
+}
+
+/// Pod scope: `GetPodTopologyHints`.
+pub fn pod_hints(
+    state: &MemoryManagerState,
+    pod: &Pod,
+    gates: FeatureGates,
+) -> Result<Hints, HintError> {
+    if requests::qos_class(pod, gates)? != QosClass::Guaranteed {
+        return Ok(None);
+    }
+    let requested = requests::pod_requests(pod, gates)?;
+    let uid = &pod.metadata.uid;
+    if gates.pod_level_resources && gates.pod_level_resource_managers {
+        if let Some(blocks) = state.pod_blocks(uid) {
+            return Ok(regenerate(blocks, &requested));
+        }
+    }
+    let containers = pod.spec.init_containers.iter().chain(&pod.spec.containers);
+    for c in containers {
+        if let Some(blocks) = state.container_blocks(uid, &c.name) {
+            return Ok(regenerate(blocks, &requested));
+        }
+    }
+    Ok(Some(calculate(&state.machine_state, &requested)?))
+}
+
+/// Hints from blocks already assigned: one preferred hint per block, or none at all when the
+/// blocks do not match the request (type for type, size for size).
+pub fn regenerate(blocks: &[Block], requested: &Requested) -> Hints {
+    if blocks.len() != requested.len() {
+        return None;
+    }
+    let mut hints: BTreeMap<String, Vec<TopologyHint>> = requested
+        .keys()
+        .map(|name| (name.clone(), Vec::new()))
+        .collect();
+    for block in blocks {
+        if requested.get(&block.resource) != Some(&block.size) {
+            return None;
+        }
+        let affinity = NumaMask::from_nodes(&block.numa_affinity).ok()?;
+        hints
+            .entry(block.resource.clone())
+            .or_default()
+            .push(TopologyHint {
+                affinity: Some(affinity),
+                preferred: true,
+            });
+    }
+    Some(hints)
+}
+
+/// Hints from the machine state (see the module documentation). A resource the machine state
+/// has no table for counts as none available.
+pub fn calculate(
+    machine: &MachineState,
+    requested: &Requested,
+) -> Result<BTreeMap<String, Vec<TopologyHint>>, BitmaskError> {
+    let nodes: Vec<usize> = machine.keys().copied().collect();
+    let table = |node: usize, resource: &str| -> MemoryTable {
+        machine
+            .get(&node)
+            .and_then(|n| n.memory_map.get(resource))
+            .copied()
+            .unwrap_or_default()
+    };
+    let mut min_affinity = nodes.len() as u32;
+    let mut fitting = Vec::new();
+    bitmask::iterate_masks(&nodes, |mask| {
+        let members = mask.nodes();
+        let sum = |resource: &str, field: fn(&MemoryTable) -> u64| -> u64 {
+            members
+                .iter()
+                .map(|&n| field(&table(n, resource)))
+                .fold(0u64, u64::saturating_add)
+        };
+        let enough = |field: fn(&MemoryTable) -> u64| {
+            requested
+                .iter()
+                .all(|(resource, &bytes)| sum(resource, field) >= bytes)
+        };
+        if !enough(|t| t.allocatable) {
+            return;
+        }
+        min_affinity = min_affinity.min(mask.count());
+        let state = |n: usize| machine.get(&n);
+        if members.len() == 1 {
+            if state(members[0]).is_some_and(|s| s.cells.len() > 1) {
+                return;
+            }
+        } else {
+            let blocked = members.iter().any(|&n| {
+                state(n).is_some_and(|s| {
+                    s.number_of_assignments > 0
+                        && (s.cells.len() == 1 || !same_group(&s.cells, &members))
+                })
+            });
+            if blocked {
+                return;
+            }
+        }
+        if enough(|t| t.free) {
+            fitting.push(mask);
+        }
+    })?;
+    if fitting.is_empty() {
+        // The kubelet adds a resource's entry with its first hint: no hint, no entry.
+        return Ok(BTreeMap::new());
+    }
+    Ok(requested
+        .keys()
+        .map(|resource| {
+            let hints = fitting
+                .iter()
+                .map(|&mask| TopologyHint {
+                    affinity: Some(mask),
+                    preferred: mask.count() == min_affinity,
+                })
+                .collect();
+            (resource.clone(), hints)
+        })
+        .collect())
+}
+
+fn same_group(cells: &[usize], members: &[usize]) -> bool {
+    let mut cells = cells.to_vec();
+    cells.sort_unstable();
+    cells == members
+}
+
+#[cfg(test)]
+mod tests;

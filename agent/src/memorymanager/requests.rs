@@ -1,0 +1,192 @@
+//! What the Memory Manager sees of a pod: its QoS class (from `status.qosClass`, else computed as
+//! Kubernetes computes it) and the memory and hugepages each container — or, in pod scope, the
+//! pod — requests, by the kubelet's rules. Hugepage resource names are canonical
+//! (`hugepages-2048Ki` is `hugepages-2Mi`), as the machine state names them.
+
+use std::collections::BTreeMap;
+
+use crate::{
+    admission::request::{self, Container, Pod, QuantityValue, RequestError, ResourceList},
+    kubelet::features::FeatureGates,
+    quantity,
+};
+
+/// Resource name → bytes.
+pub type Requested = BTreeMap<String, u64>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QosClass {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+/// The pod's QoS class: `status.qosClass` when set, else computed.
+pub fn qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, RequestError> {
+    match pod.status.qos_class.as_deref() {
+        Some("Guaranteed") => Ok(QosClass::Guaranteed),
+        Some("Burstable") => Ok(QosClass::Burstable),
+        Some("BestEffort") => Ok(QosClass::BestEffort),
+        Some("") | None => compute_qos_class(pod, gates),
+        Some(other) => Err(RequestError {
+            field: "status.qosClass".into(),
+            detail: format!("{other:?} is not Guaranteed, Burstable or BestEffort"),
+        }),
+    }
+}
+
+/// Kubernetes' `ComputePodQOS`: Guaranteed when every container (or the pod-level resources)
+/// limits CPU and memory and the requests, where given, equal the limits; BestEffort when nothing
+/// asks for CPU or memory; Burstable otherwise.
+fn compute_qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, RequestError> {
+    let mut requests: BTreeMap<&str, u128> = BTreeMap::new();
+    let mut limits: BTreeMap<&str, u128> = BTreeMap::new();
+    let mut guaranteed = true;
+    let sum = |into: &mut BTreeMap<&'static str, u128>,
+               list: &ResourceList,
+               field: &str|
+     -> Result<Vec<&'static str>, RequestError> {
+        let mut found = Vec::new();
+        for name in ["cpu", "memory"] {
+            let Some(value) = list.get(name) else {
+                continue;
+            };
+            let amount = nanos(value, &format!("{field}.{name}"))?;
+            if amount > 0 {
+                *into.entry(name).or_default() += amount;
+                found.push(name);
+            }
+        }
+        Ok(found)
+    };
+    match (&pod.spec.resources, gates.pod_level_resources) {
+        (Some(pod_level), true) => {
+            sum(
+                &mut requests,
+                &pod_level.requests,
+                "spec.resources.requests",
+            )?;
+            if !pod_level.limits.is_empty() {
+                let found = sum(&mut limits, &pod_level.limits, "spec.resources.limits")?;
+                guaranteed &= found.len() == 2;
+            }
+        }
+        _ => {
+            let all = pod.spec.containers.iter().map(|c| ("containers", c));
+            let init = pod
+                .spec
+                .init_containers
+                .iter()
+                .map(|c| ("initContainers", c));
+            for (i, (kind, c)) in all.chain(init).enumerate() {
+                let field = format!("spec.{kind}[{i}].resources");
+                sum(
+                    &mut requests,
+                    &c.resources.requests,
+                    &format!("{field}.requests"),
+                )?;
+                let found = sum(&mut limits, &c.resources.limits, &format!("{field}.limits"))?;
+                guaranteed &= found.len() == 2;
+            }
+        }
+    }
+    if requests.is_empty() && limits.is_empty() {
+        return Ok(QosClass::BestEffort);
+    }
+    guaranteed &= requests
+        .iter()
+        .all(|(name, amount)| limits.get(name) == Some(amount));
+    if guaranteed && requests.len() == limits.len() {
+        Ok(QosClass::Guaranteed)
+    } else {
+        Ok(QosClass::Burstable)
+    }
+}
+
+fn nanos(value: &QuantityValue, field: &str) -> Result<u128, RequestError> {
+    let parsed = match value {
+        QuantityValue::Text(text) => quantity::parse_nanos(text),
+        QuantityValue::Number(n) => Ok(u128::from(*n) * 1_000_000_000),
+    };
+    parsed.map_err(|e| RequestError {
+        field: field.into(),
+        detail: e.to_string(),
+    })
+}
+
+/// The memory and hugepages a container requests (its `requests`; the kubelet's admitted
+/// values). A quantity that is not a whole number of bytes is an error, as the kubelet's
+/// `AsInt64` refuses it.
+pub fn container_requests(container: &Container, field: &str) -> Result<Requested, RequestError> {
+    list_requests(
+        &container.resources.requests,
+        &format!("{field}.resources.requests"),
+    )
+}
+
+fn list_requests(list: &ResourceList, field: &str) -> Result<Requested, RequestError> {
+    let mut requested = Requested::new();
+    for (name, value) in list {
+        let at = format!("{field}.{name}");
+        let resource = if name == "memory" {
+            name.clone()
+        } else if let Some(size) = request::page_size(name, &at)? {
+            format!("hugepages-{}", quantity::format_binary(size.0))
+        } else {
+            continue;
+        };
+        let amount = nanos(value, &at)?;
+        if amount % 1_000_000_000 != 0 {
+            return Err(RequestError {
+                field: at,
+                detail: "is not a whole number of bytes".into(),
+            });
+        }
+        let bytes = u64::try_from(amount / 1_000_000_000).map_err(|_| RequestError {
+            field: at,
+            detail: "is too large".into(),
+        })?;
+        requested.insert(resource, bytes);
+    }
+    Ok(requested)
+}
+
+/// The pod's requests in pod scope: sidecars (restartable init containers) run with the app
+/// containers and add up; each other init container runs alone beside the sidecars started before
+/// it; the larger wins. As in the kubelet, only resources the app containers request are counted.
+/// With both pod-level gates on and `spec.resources` set, the pod-level requests stand instead.
+pub fn pod_requests(pod: &Pod, gates: FeatureGates) -> Result<Requested, RequestError> {
+    if gates.pod_level_resources && gates.pod_level_resource_managers {
+        if let Some(pod_level) = &pod.spec.resources {
+            return list_requests(&pod_level.requests, "spec.resources.requests");
+        }
+    }
+    let mut init_peak = Requested::new();
+    let mut sidecars = Requested::new();
+    for (i, c) in pod.spec.init_containers.iter().enumerate() {
+        for (name, bytes) in container_requests(c, &format!("spec.initContainers[{i}]"))? {
+            let running = sidecars.entry(name.clone()).or_default();
+            if c.restart_policy.as_deref() == Some("Always") {
+                *running += bytes;
+            } else {
+                let alone = *running + bytes;
+                let peak = init_peak.entry(name).or_default();
+                *peak = (*peak).max(alone);
+            }
+        }
+    }
+    let mut apps = Requested::new();
+    for (i, c) in pod.spec.containers.iter().enumerate() {
+        for (name, bytes) in container_requests(c, &format!("spec.containers[{i}]"))? {
+            *apps.entry(name).or_default() += bytes;
+        }
+    }
+    Ok(apps
+        .into_iter()
+        .map(|(name, bytes)| {
+            let long_running = bytes + sidecars.get(&name).copied().unwrap_or(0);
+            let init = init_peak.get(&name).copied().unwrap_or(0);
+            (name, long_running.max(init))
+        })
+        .collect())
+}

@@ -1,0 +1,147 @@
+//! The what-if commands, for operators explaining a rejection and for checking parity with the
+//! kubelet case by case: `hints` (the Memory Manager's hints for a pod on a given state) and
+//! `merge` (the Topology Manager's merge of given hints). Both take files and print the kubelet's
+//! answer as one line of JSON; they read nothing of the host.
+
+use std::{collections::BTreeMap, path::Path};
+
+use serde::Deserialize;
+
+use crate::{
+    admission::request::Pod,
+    kubelet::features::FeatureGates,
+    memorymanager::{
+        hints::{self, HintError, Hints, Scope},
+        state::{ContainerAssignments, MachineState, MemoryManagerState, PodAssignments},
+    },
+    topologymanager::{
+        NumaInfo, Policy, PolicyOptions, ProviderHints, merge::MergeError, merge::merge,
+    },
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WhatIfError {
+    #[error("{path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {detail}")]
+    Json { path: String, detail: String },
+    #[error("{0}")]
+    Hints(HintError),
+    #[error("{path}: {source}")]
+    Merge { path: String, source: MergeError },
+    #[error("--container is needed in container scope: the pod has {0:?}")]
+    NoContainer(Vec<String>),
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, WhatIfError> {
+    std::fs::read(path).map_err(|source| WhatIfError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn json<T: serde::de::DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, WhatIfError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| WhatIfError::Json {
+        path: path.display().to_string(),
+        detail: format!("at {}: {}", e.path(), e.inner()),
+    })
+}
+
+/// What `hints` prints, and why the kubelet would return no hints when it does not.
+pub struct HintsAnswer {
+    pub hints: Hints,
+    pub note: Option<String>,
+}
+
+/// `hints --state STATE.json --pod POD.json [--container NAME] [--scope S] [--feature-gates G]`.
+pub fn hints(
+    state_path: &Path,
+    pod_path: &Path,
+    container: Option<&str>,
+    scope: Scope,
+    gates: FeatureGates,
+) -> Result<HintsAnswer, WhatIfError> {
+    let raw: RawState = json(state_path, &read(state_path)?)?;
+    let state = MemoryManagerState {
+        policy_name: raw.policy_name,
+        machine_state: raw.machine_state,
+        entries: raw.entries,
+        pod_entries: raw.pod_entries,
+    };
+    let pod: Pod = json(pod_path, &read(pod_path)?)?;
+    let result = match scope {
+        Scope::Pod => hints::pod_hints(&state, &pod, gates),
+        Scope::Container => {
+            let name = match container {
+                Some(name) => name,
+                None if pod.spec.containers.len() == 1 => pod.spec.containers[0].name.as_str(),
+                None => {
+                    let names = pod.spec.containers.iter().map(|c| c.name.clone()).collect();
+                    return Err(WhatIfError::NoContainer(names));
+                }
+            };
+            let container = hints::find_container(&pod, name).map_err(WhatIfError::Hints)?;
+            hints::container_hints(&state, &pod, container, gates)
+        }
+    };
+    match result {
+        Ok(hints) => Ok(HintsAnswer { hints, note: None }),
+        // The kubelet logs a request it cannot read and returns no hints.
+        Err(HintError::Request(e)) => Ok(HintsAnswer {
+            hints: None,
+            note: Some(format!("the kubelet returns no hints: {e}")),
+        }),
+        Err(e) => Err(WhatIfError::Hints(e)),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawState {
+    #[serde(default)]
+    policy_name: String,
+    machine_state: MachineState,
+    #[serde(default)]
+    entries: ContainerAssignments,
+    #[serde(default)]
+    pod_entries: PodAssignments,
+}
+
+/// Hints as the kubelet's JSON: `null`, `{}` or `{"<resource>":[{"numaNodes":[0],"preferred":true}]}`.
+pub fn hints_json(hints: &Hints) -> String {
+    serde_json::to_string(hints).unwrap_or_else(|e| format!("{{\"error\":{:?}}}", e.to_string()))
+}
+
+/// The `merge --input` file.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MergeInput {
+    policy: Policy,
+    #[serde(default)]
+    policy_options: BTreeMap<String, serde_json::Value>,
+    numa_nodes: Vec<usize>,
+    #[serde(default)]
+    distances: BTreeMap<usize, Vec<u64>>,
+    #[serde(default)]
+    providers: Vec<ProviderHints>,
+}
+
+/// `merge --input MERGE.json`: the merged hint and the admit decision, as JSON.
+pub fn merge_file(path: &Path) -> Result<String, WhatIfError> {
+    let input: MergeInput = json(path, &read(path)?)?;
+    let merge_error = |source| WhatIfError::Merge {
+        path: path.display().to_string(),
+        source,
+    };
+    let options = PolicyOptions::from_map(&input.policy_options).map_err(merge_error)?;
+    let info = NumaInfo::new(input.numa_nodes, input.distances, &options).map_err(merge_error)?;
+    let merged = merge(input.policy, &options, &info, &input.providers);
+    serde_json::to_string(&merged).map_err(|e| WhatIfError::Json {
+        path: "(answer)".into(),
+        detail: e.to_string(),
+    })
+}
