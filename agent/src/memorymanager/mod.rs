@@ -3,5 +3,6 @@
 //! free and what the kernel has.
 
 pub mod hints;
+pub mod machine;
 pub mod requests;
 pub mod state;

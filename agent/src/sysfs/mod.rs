@@ -8,6 +8,7 @@ pub mod cgroup_tree;
 pub mod fake;
 pub mod hugepages;
 pub mod hugetlb_cgroup;
+pub mod meminfo;
 pub mod topology;
 
 use std::{
