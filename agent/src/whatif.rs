@@ -11,8 +11,8 @@ use crate::{
     admission::request::Pod,
     kubelet::features::FeatureGates,
     memorymanager::{
+        checkpoint::{self, CheckpointError},
         hints::{self, HintError, Hints, Scope},
-        state::{ContainerAssignments, MachineState, MemoryManagerState, PodAssignments},
     },
     topologymanager::{
         NumaInfo, Policy, PolicyOptions, ProviderHints, merge::MergeError, merge::merge,
@@ -28,6 +28,8 @@ pub enum WhatIfError {
     },
     #[error("{path}: {detail}")]
     Json { path: String, detail: String },
+    #[error(transparent)]
+    State(#[from] CheckpointError),
     #[error("{0}")]
     Hints(HintError),
     #[error("{path}: {source}")]
@@ -65,13 +67,7 @@ pub fn hints(
     scope: Scope,
     gates: FeatureGates,
 ) -> Result<HintsAnswer, WhatIfError> {
-    let raw: RawState = json(state_path, &read(state_path)?)?;
-    let state = MemoryManagerState {
-        policy_name: raw.policy_name,
-        machine_state: raw.machine_state,
-        entries: raw.entries,
-        pod_entries: raw.pod_entries,
-    };
+    let state = checkpoint::parse(state_path, &read(state_path)?, gates)?;
     let pod: Pod = json(pod_path, &read(pod_path)?)?;
     let result = match scope {
         Scope::Pod => hints::pod_hints(&state, &pod, gates),
@@ -97,18 +93,6 @@ pub fn hints(
         }),
         Err(e) => Err(WhatIfError::Hints(e)),
     }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawState {
-    #[serde(default)]
-    policy_name: String,
-    machine_state: MachineState,
-    #[serde(default)]
-    entries: ContainerAssignments,
-    #[serde(default)]
-    pod_entries: PodAssignments,
 }
 
 /// Hints as the kubelet's JSON: `null`, `{}` or `{"<resource>":[{"numaNodes":[0],"preferred":true}]}`.

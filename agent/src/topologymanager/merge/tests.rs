@@ -296,3 +296,64 @@ fn options_and_machines_are_validated() {
         MergeError::UnknownPolicy("best".into())
     );
 }
+
+/// One case of the kubelet's topology policy tests, as data (`testdata/kubelet_cases.json`,
+/// transcribed from `pkg/kubelet/cm/topologymanager/policy*_test.go`; each names its source).
+#[derive(serde::Deserialize)]
+struct KubeletCase {
+    name: String,
+    source: String,
+    input: serde_json::Value,
+    expected: Expected,
+}
+
+#[derive(serde::Deserialize, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct Expected {
+    numa_nodes: Option<NumaMask>,
+    preferred: bool,
+    admit: bool,
+}
+
+#[test]
+fn every_kubelet_topology_policy_case() {
+    let cases: Vec<KubeletCase> =
+        serde_json::from_str(include_str!("testdata/kubelet_cases.json")).unwrap();
+    assert!(cases.len() >= 100, "{} cases", cases.len());
+    let mut failures = Vec::new();
+    for case in &cases {
+        let input = &case.input;
+        let policy: Policy = serde_json::from_value(input["policy"].clone()).unwrap();
+        let options = PolicyOptions::from_map(
+            &serde_json::from_value(input.get("policyOptions").cloned().unwrap_or_default())
+                .unwrap_or_default(),
+        )
+        .unwrap();
+        let nodes: Vec<usize> = serde_json::from_value(input["numaNodes"].clone()).unwrap();
+        let distances: BTreeMap<usize, Vec<u64>> =
+            serde_json::from_value(input.get("distances").cloned().unwrap_or_default())
+                .unwrap_or_default();
+        let providers: Vec<ProviderHints> =
+            serde_json::from_value(input["providers"].clone()).unwrap();
+        let info = NumaInfo::new(nodes, distances, &options).unwrap();
+        let merged = merge(policy, &options, &info, &providers);
+        let got = Expected {
+            numa_nodes: merged.hint.affinity,
+            preferred: merged.hint.preferred,
+            admit: merged.admit,
+        };
+        if got != case.expected {
+            failures.push(format!(
+                "{} ({}, {}): expected {:?}, got {:?}",
+                case.name, case.source, policy, case.expected, got
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}

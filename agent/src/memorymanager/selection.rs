@@ -1,0 +1,266 @@
+//! NUMA selection for admission, the kubelet's way: the Memory Manager's hints for each container
+//! (container scope: init containers, then app containers) or for the whole pod (pod scope),
+//! merged under the Topology Manager policy, then the static policy's `Allocate`: a merged hint
+//! without nodes takes the best default hint, a hint whose nodes lack free memory is extended to
+//! the best hint containing it, and failing either rejects the pod as the kubelet does. In
+//! container scope each app container's nodes are then taken from the state (free becomes
+//! reserved node by node, the nodes become one group) before the next container's hints; init
+//! containers run before the app containers and are not charged, as the kubelet reuses their
+//! memory.
+//! The Memory Manager is the only hint provider the agent knows: CPU and device hints are not
+//! seen, so a pod the kubelet rejects for CPU alignment alone is not rejected here.
+
+use serde::Serialize;
+
+use super::{
+    hints::{self, HintError, Hints, Scope},
+    requests::{self, QosClass, Requested},
+    state::{MachineState, MemoryManagerState},
+};
+use crate::{
+    admission::request::Pod,
+    kubelet::features::FeatureGates,
+    topologymanager::{
+        Merged, NumaInfo, NumaMask, Policy, PolicyOptions, ProviderHints, TopologyHint, merge,
+    },
+};
+
+/// The decision for one container (container scope) or the pod (pod scope).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// The container, or `None` in pod scope.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// Whether it is an init container.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub init: bool,
+    pub hints: Hints,
+    pub merged: Merged,
+    /// The nodes its memory and hugepages come from (Guaranteed containers that request them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocated: Option<NumaMask>,
+}
+
+/// Every placement, up to and including the first that is refused.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Selection {
+    pub admit: bool,
+    /// The kubelet's reason for a refusal: `TopologyAffinityError` or `UnexpectedAdmissionError`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub placements: Vec<Placement>,
+}
+
+/// The kubelet's reason when the Topology Manager's policy refuses the merged hint.
+pub const REASON_TOPOLOGY: &str = "TopologyAffinityError";
+/// The kubelet's reason when the Memory Manager's `Allocate` fails.
+pub const REASON_ALLOCATE: &str = "UnexpectedAdmissionError";
+
+impl Selection {
+    fn admitted(placements: Vec<Placement>) -> Self {
+        Selection {
+            admit: true,
+            reason: None,
+            message: None,
+            placements,
+        }
+    }
+
+    fn refused(placements: Vec<Placement>, reason: &'static str, message: String) -> Self {
+        Selection {
+            admit: false,
+            reason: Some(reason),
+            message: Some(message),
+            placements,
+        }
+    }
+}
+
+/// What the selection needs besides the pod.
+#[derive(Debug, Clone, Copy)]
+pub struct Topology<'a> {
+    pub info: &'a NumaInfo,
+    pub policy: Policy,
+    pub options: &'a PolicyOptions,
+    pub scope: Scope,
+    pub gates: FeatureGates,
+}
+
+/// Selects NUMA nodes for `pod` on `state`.
+pub fn select(
+    state: &MemoryManagerState,
+    pod: &Pod,
+    topology: Topology<'_>,
+) -> Result<Selection, HintError> {
+    let merge_one = |hints: &Hints| {
+        let provider: ProviderHints = hints.as_ref().map(|h| {
+            h.iter()
+                .map(|(k, v)| (k.clone(), Some(v.clone())))
+                .collect()
+        });
+        merge::merge(
+            topology.policy,
+            topology.options,
+            topology.info,
+            &[provider],
+        )
+    };
+    let guaranteed = requests::qos_class(pod, topology.gates)? == QosClass::Guaranteed;
+    let mut working = state.clone();
+    let mut placements = Vec::new();
+    let pod_scope = topology.scope == Scope::Pod;
+    let whole = std::iter::once(None).filter(|_| pod_scope);
+    let init = pod.spec.init_containers.iter().map(|c| Some((c, true)));
+    let apps = pod.spec.containers.iter().map(|c| Some((c, false)));
+    let units: Vec<_> = if pod_scope {
+        whole.collect()
+    } else {
+        init.chain(apps).collect()
+    };
+    for unit in units {
+        let (hints, requested) = match unit {
+            None => (
+                hints::pod_hints(&working, pod, topology.gates)?,
+                requests::pod_requests(pod, topology.gates)?,
+            ),
+            Some((c, _)) => (
+                hints::container_hints(&working, pod, c, topology.gates)?,
+                requests::container_requests(c, &format!("container {:?}", c.name))?,
+            ),
+        };
+        let merged = merge_one(&hints);
+        let mut placement = Placement {
+            container: unit.map(|(c, _)| c.name.clone()),
+            init: unit.is_some_and(|(_, init)| init),
+            hints,
+            merged,
+            allocated: None,
+        };
+        if !merged.admit {
+            placements.push(placement);
+            return Ok(Selection::refused(
+                placements,
+                REASON_TOPOLOGY,
+                "Resources cannot be allocated with Topology locality".into(),
+            ));
+        }
+        if guaranteed && !requested.is_empty() {
+            match allocation(&working.machine_state, merged.hint, &requested)? {
+                Ok(nodes) => {
+                    if !placement.init {
+                        allocate(&mut working.machine_state, &nodes.nodes(), &requested);
+                    }
+                    placement.allocated = Some(nodes);
+                }
+                Err(why) => {
+                    placements.push(placement);
+                    return Ok(Selection::refused(
+                        placements,
+                        REASON_ALLOCATE,
+                        format!(
+                            "Allocate failed due to [memorymanager] {why}, which is unexpected"
+                        ),
+                    ));
+                }
+            }
+        }
+        placements.push(placement);
+    }
+    Ok(Selection::admitted(placements))
+}
+
+/// The static policy's choice of nodes for a merged hint, or why there is none.
+fn allocation(
+    machine: &MachineState,
+    merged: TopologyHint,
+    requested: &Requested,
+) -> Result<Result<NumaMask, &'static str>, HintError> {
+    let all = hints::calculate(machine, requested)?;
+    // Every memory type has the same masks; the kubelet looks at regular memory.
+    let list = all.get("memory").or_else(|| all.values().next());
+    let best = match merged.affinity {
+        Some(mask) => TopologyHint {
+            affinity: Some(mask),
+            preferred: merged.preferred,
+        },
+        None => {
+            let Some(default) = list.and_then(|l| best_hint(l.iter())) else {
+                return Ok(Err(
+                    "failed to get the default NUMA affinity, no NUMA nodes with enough memory is available",
+                ));
+            };
+            if !default.preferred && merged.preferred {
+                return Ok(Err("failed to find the default preferred hint"));
+            }
+            default
+        }
+    };
+    let Some(mask) = best.affinity else {
+        return Ok(Err("failed to find the default preferred hint"));
+    };
+    let satisfied = requested.iter().all(|(resource, &bytes)| {
+        mask.nodes()
+            .iter()
+            .filter_map(|n| machine.get(n)?.memory_map.get(resource))
+            .map(|t| t.free)
+            .fold(0u64, u64::saturating_add)
+            >= bytes
+    });
+    if satisfied {
+        return Ok(Ok(mask));
+    }
+    let containing = list
+        .into_iter()
+        .flatten()
+        .filter(|h| h.affinity.is_some_and(|m| m.and(mask) == mask));
+    let Some(extended) = best_hint(containing) else {
+        return Ok(Err(
+            "failed to find NUMA nodes to extend the current topology hint",
+        ));
+    };
+    if !extended.preferred && best.preferred {
+        return Ok(Err("failed to find the extended preferred hint"));
+    }
+    Ok(extended
+        .affinity
+        .ok_or("failed to find NUMA nodes to extend the current topology hint"))
+}
+
+/// The first preferred hint with the fewest nodes, else the first with the fewest nodes.
+fn best_hint<'h>(hints: impl Iterator<Item = &'h TopologyHint>) -> Option<TopologyHint> {
+    let count = |h: &TopologyHint| h.affinity.map_or(0, NumaMask::count);
+    hints
+        .copied()
+        .reduce(|best, hint| match (best.preferred, hint.preferred) {
+            (true, false) => best,
+            (false, true) => hint,
+            _ if count(&hint) < count(&best) => hint,
+            _ => best,
+        })
+}
+
+/// Takes `requested` from the free memory of `nodes`, in node order, and makes them one group.
+fn allocate(machine: &mut MachineState, nodes: &[usize], requested: &Requested) {
+    for (resource, &bytes) in requested {
+        let mut left = bytes;
+        for node in nodes {
+            let Some(state) = machine.get_mut(node) else {
+                continue;
+            };
+            state.number_of_assignments += 1;
+            state.cells = nodes.to_vec();
+            let table = state.memory_map.entry(resource.clone()).or_default();
+            let take = table.free.min(left);
+            table.free -= take;
+            table.reserved += take;
+            left -= take;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
