@@ -12,10 +12,13 @@ use crate::{
     client::{AgentUrl, ClientError},
     kubelet::features::FeatureGates,
     logging::LogFormat,
-    memorymanager::hints::Scope,
+    memorymanager::{
+        hints::Scope,
+        machine::{MachineError, ReservedMemory, parse_reserved_memory},
+    },
     psi::monitor::PsiConfig,
     sysfs::HostFs,
-    topologymanager::Policy,
+    topologymanager::{Policy, PolicyOptions},
 };
 
 #[derive(Debug, Parser)]
@@ -112,6 +115,35 @@ pub struct Cli {
     /// When a sysfs file cannot be read during verification: admit (the KEP's choice) or reject.
     #[arg(long, env = "HUGEPAGE_AGENT_ON_SYSFS_ERROR", value_enum, default_value_t = OnSysfsError::Admit, global = true)]
     pub on_sysfs_error: OnSysfsError,
+    /// The kubelet's Topology Manager policy, for picking NUMA nodes when a request names none.
+    #[arg(long, env = "HUGEPAGE_AGENT_TOPOLOGY_POLICY", value_enum, default_value_t = Policy::SingleNumaNode, global = true)]
+    pub topology_policy: Policy,
+    /// The kubelet's `--topology-manager-policy-options`, e.g. `prefer-closest-numa-nodes=true`.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_TOPOLOGY_POLICY_OPTIONS",
+        default_value = "",
+        global = true
+    )]
+    pub topology_policy_options: String,
+    /// The kubelet's Topology Manager scope: container or pod.
+    #[arg(long, env = "HUGEPAGE_AGENT_TOPOLOGY_SCOPE", default_value = "container", value_parser = parse_scope, global = true)]
+    pub topology_scope: Scope,
+    /// The kubelet Memory Manager checkpoint (default: <host-root>/var/lib/kubelet/memory_manager_state).
+    #[arg(long, env = "HUGEPAGE_AGENT_KUBELET_STATE", global = true)]
+    pub kubelet_state: Option<PathBuf>,
+    /// The kubelet's `--reserved-memory`, used when there is no checkpoint, e.g.
+    /// `0:memory=1Gi,hugepages-1Gi=2Gi`; repeat or separate nodes with `;`.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_RESERVED_MEMORY",
+        value_delimiter = ' ',
+        global = true
+    )]
+    pub reserved_memory: Vec<String>,
+    /// Kubelet feature gates that change hints, e.g. `PodLevelResources=true,PodLevelResourceManagers=true`.
+    #[arg(long, env = "HUGEPAGE_AGENT_FEATURE_GATES", default_value = "", value_parser = parse_gates, global = true)]
+    pub feature_gates: FeatureGates,
 }
 
 #[derive(Debug, Subcommand)]
@@ -155,12 +187,9 @@ pub enum CliCommand {
         /// The container to hint for in container scope (default: the only app container).
         #[arg(long)]
         container: Option<String>,
-        /// Topology Manager scope.
-        #[arg(long, default_value = "container", value_parser = parse_scope)]
-        scope: Scope,
-        /// Kubelet feature gates, e.g. `PodLevelResources=true,PodLevelResourceManagers=true`.
-        #[arg(long, default_value = "", value_parser = parse_gates)]
-        feature_gates: FeatureGates,
+        /// Topology Manager scope (default: `--topology-scope`).
+        #[arg(long, value_parser = parse_scope)]
+        scope: Option<Scope>,
     },
     /// The Topology Manager's merge of given hints under a policy, as JSON.
     Merge {
@@ -210,7 +239,6 @@ pub enum Command {
         pod: PathBuf,
         container: Option<String>,
         scope: Scope,
-        feature_gates: FeatureGates,
     },
     Merge {
         input: PathBuf,
@@ -233,6 +261,40 @@ pub enum ConfigError {
     },
     #[error("{flag} {value}: expected a percentage above 0 and at most 100")]
     Threshold { flag: &'static str, value: String },
+    #[error("--topology-policy-options {given:?}: {detail}")]
+    PolicyOptions { given: String, detail: String },
+    #[error("{0}")]
+    ReservedMemory(String),
+}
+
+/// How the kubelet picks NUMA nodes on this node.
+#[derive(Debug, Clone, Copy)]
+pub struct TopologyConfig {
+    pub policy: Policy,
+    pub options: PolicyOptions,
+    pub scope: Scope,
+    pub gates: FeatureGates,
+}
+
+/// Parses `name=value[,name=value…]` as the kubelet's `--topology-manager-policy-options`.
+fn policy_options(text: &str) -> Result<PolicyOptions, ConfigError> {
+    let mut map = std::collections::BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or_else(|| ConfigError::PolicyOptions {
+                given: text.to_owned(),
+                detail: format!("{pair:?} is not name=value"),
+            })?;
+        map.insert(
+            name.trim().to_owned(),
+            serde_json::Value::String(value.trim().to_owned()),
+        );
+    }
+    PolicyOptions::from_map(&map).map_err(|e| ConfigError::PolicyOptions {
+        given: text.to_owned(),
+        detail: e.to_string(),
+    })
 }
 
 /// The validated configuration.
@@ -250,6 +312,10 @@ pub struct Config {
     pub reject_under_pressure: bool,
     pub reservation_ttl: Duration,
     pub state_dir: PathBuf,
+    pub topology: TopologyConfig,
+    /// The kubelet Memory Manager checkpoint, as a path on this machine.
+    pub kubelet_state: PathBuf,
+    pub reserved_memory: ReservedMemory,
 }
 
 impl TryFrom<Cli> for Config {
@@ -283,6 +349,19 @@ impl TryFrom<Cli> for Config {
             .listen
             .parse()
             .map_err(|_| ConfigError::Listen(cli.listen.clone()))?;
+        let topology = TopologyConfig {
+            policy: cli.topology_policy,
+            options: policy_options(&cli.topology_policy_options)?,
+            scope: cli.topology_scope,
+            gates: cli.feature_gates,
+        };
+        let reserved_memory = parse_reserved_memory(&cli.reserved_memory)
+            .map_err(|e: MachineError| ConfigError::ReservedMemory(e.to_string()))?;
+        let host = HostFs::new(cli.host_root.clone());
+        let kubelet_state = cli
+            .kubelet_state
+            .clone()
+            .unwrap_or_else(|| host.path("/var/lib/kubelet/memory_manager_state"));
         Ok(Config {
             listen,
             command: match cli.command {
@@ -307,17 +386,18 @@ impl TryFrom<Cli> for Config {
                     pod,
                     container,
                     scope,
-                    feature_gates,
                 }) => Command::Hints {
                     state,
                     pod,
                     container,
-                    scope,
-                    feature_gates,
+                    scope: scope.unwrap_or(cli.topology_scope),
                 },
                 Some(CliCommand::Merge { input }) => Command::Merge { input },
             },
-            host: HostFs::new(cli.host_root),
+            host,
+            topology,
+            kubelet_state,
+            reserved_memory,
             ebpf: cli.ebpf,
             fault_scope: cli.fault_scope,
             reconcile_interval,

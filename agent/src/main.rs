@@ -41,9 +41,9 @@ fn main() -> ExitCode {
             ref pod,
             ref container,
             scope,
-            feature_gates,
         } => {
-            return match whatif::hints(state, pod, container.as_deref(), scope, feature_gates) {
+            let gates = config.topology.gates;
+            return match whatif::hints(state, pod, container.as_deref(), scope, gates) {
                 Ok(answer) => {
                     if let Some(note) = answer.note {
                         eprintln!("hugepage-agent: {note}");

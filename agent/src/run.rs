@@ -13,6 +13,7 @@ use std::{
     time::Duration,
 };
 
+use arc_swap::ArcSwap;
 use tokio::{
     net::TcpListener,
     signal::unix::{Signal, SignalKind, signal},
@@ -29,6 +30,7 @@ use crate::{
     consumers::FaultBook,
     kubelet::cgroup_path::{Owner, classify},
     kubelet::pods::PodCgroups,
+    memorymanager::live::{MemoryManagerView, StateLoader, StateSource},
     numa::{
         PageSize,
         map::{Change, MapWriter, Snapshot, Source},
@@ -41,7 +43,8 @@ use crate::{
         watch::{CgroupV2, WatchError},
     },
     psi::monitor::Monitor,
-    sysfs::{HostFs, SysfsError, cgroup_tree, hugetlb_cgroup},
+    sysfs::{HostFs, SysfsError, cgroup_tree, hugetlb_cgroup, topology},
+    topologymanager::NumaInfo,
 };
 use hugepage_agent_common::counters::Counter;
 
@@ -55,6 +58,8 @@ const FOLLOW_UPS: u32 = 8;
 const DRAIN: Duration = Duration::from_secs(5);
 /// Decoded events buffered between the ring-buffer readers and the loop.
 const CHANNEL: usize = 4096;
+/// How often the kubelet's checkpoint is checked for changes (a `stat`).
+const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -109,7 +114,24 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
     let reservations = Arc::new(Mutex::new(store));
     let (mut psi_monitor, psi_reader) = Monitor::new(config.host.clone(), config.psi);
     psi_monitor.evaluate(std::time::SystemTime::now());
+    let numa_info =
+        NumaInfo::from_topology(&topology::read(&config.host)?, &config.topology.options)
+            .map_err(|e| RunError::State(format!("the Topology Manager: {e}")))?;
+    let mut state_loader = StateLoader::new(
+        config.host.clone(),
+        config.kubelet_state.clone(),
+        config.reserved_memory.clone(),
+        config.topology.gates,
+    );
+    let view = state_loader
+        .load(&writer.current())
+        .map_err(|e| RunError::State(format!("the Memory Manager state: {e}")))?;
+    log_memory_manager(&view);
+    let memory_manager = Arc::new(ArcSwap::from_pointee(view));
     let state = AppState {
+        memory_manager: memory_manager.clone(),
+        numa_info: Arc::new(numa_info),
+        topology: config.topology,
         map,
         verifier: Arc::new(Verifier::new(config.host.clone())?),
         settings: config.verification,
@@ -139,6 +161,8 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         reservations,
         pending: Pending::default(),
         last_counters: None,
+        state_loader,
+        memory_manager,
     };
     let (mut events, probes_state) = match start_probes(config)? {
         Ok((probes, streams)) => {
@@ -153,6 +177,7 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
     let shutdown = shutdown.wait();
     tokio::pin!(shutdown);
     let mut reconcile = tokio::time::interval(config.reconcile_interval);
+    let mut checkpoint_poll = tokio::time::interval(CHECKPOINT_POLL);
     loop {
         tokio::select! {
             signal = &mut shutdown => {
@@ -162,6 +187,11 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
             Some(event) = events.recv() => agent.handle(event),
             () = sleep_until(agent.pending.due), if agent.pending.due.is_some() => agent.refresh(),
             _ = reconcile.tick() => agent.reconcile(),
+            _ = checkpoint_poll.tick() => {
+                if agent.state_loader.changed() {
+                    agent.reload_memory_manager();
+                }
+            }
         }
     }
     let _ = stop_server.send(true);
@@ -254,6 +284,9 @@ struct Agent {
     reservations: Arc<Mutex<Store>>,
     pending: Pending,
     last_counters: Option<crate::probes::Counters>,
+    /// Reads the kubelet's checkpoint (or builds its state) for NUMA selection.
+    state_loader: StateLoader,
+    memory_manager: Arc<ArcSwap<MemoryManagerView>>,
 }
 
 /// Page sizes that faults touched since the last re-read, and when that re-read is due.
@@ -449,6 +482,27 @@ impl Agent {
             Err(err) => warn!("reconciling the hugepage map: {err}"),
         }
         self.release_faulted();
+        // Built from the pools when there is no checkpoint: follow them.
+        if self.memory_manager.load().source == StateSource::Sysfs {
+            self.reload_memory_manager();
+        }
+    }
+
+    /// Re-reads the Memory Manager state; a failure keeps the last good one.
+    fn reload_memory_manager(&mut self) {
+        let before = self.memory_manager.load();
+        match self.state_loader.load(&self.writer.current()) {
+            Ok(view) => {
+                if view.source != before.source
+                    || view.checkpoint_error != before.checkpoint_error
+                    || view.source == StateSource::Checkpoint
+                {
+                    log_memory_manager(&view);
+                }
+                self.memory_manager.store(Arc::new(view));
+            }
+            Err(err) => warn!("re-reading the Memory Manager state: {err}; keeping the last one"),
+        }
     }
 
     /// One walk of the v2 tree feeds both the probe's watch set (when it filters by cgroup) and
@@ -578,6 +632,24 @@ impl Agent {
             }
             Err(err) => warn!("saving the reservations: {err}"),
         }
+    }
+}
+
+fn log_memory_manager(view: &MemoryManagerView) {
+    match (&view.source, &view.checkpoint_error) {
+        (StateSource::Checkpoint, _) => info!(
+            path = %view.checkpoint_path.display(),
+            nodes = view.state.machine_state.len(),
+            pods = view.state.entries.len(),
+            "Memory Manager state read from the kubelet's checkpoint"
+        ),
+        (StateSource::Sysfs, Some(err)) => warn!(
+            "the kubelet's checkpoint is refused: {err}; NUMA selection uses the state built from sysfs"
+        ),
+        (StateSource::Sysfs, None) => info!(
+            path = %view.checkpoint_path.display(),
+            "no kubelet Memory Manager checkpoint: NUMA selection uses the state built from sysfs and --reserved-memory"
+        ),
     }
 }
 

@@ -2,6 +2,7 @@
 //! the selected NUMA nodes right now ([`verify`], KEP-5759's check, read fresh from sysfs), and
 //! what admitted pods hold until they start ([`reservations`]).
 
+pub mod plan;
 pub mod request;
 pub mod reservations;
 pub mod verify;

@@ -1,20 +1,30 @@
-//! `POST /v1/admit`: both body forms, validated, then verified on the requested NUMA nodes (all
-//! nodes until topology hints select them). The logic is [`admit`], a plain function of the
-//! state and the raw request; the handler only extracts and maps.
+//! `POST /v1/admit`: both body forms, validated, then verified on the requested NUMA nodes or,
+//! without `numaNodes`, on those the kubelet's hints and Topology Manager policy select. The
+//! logic is [`admit`], a plain function of the state and the raw request; the handler only
+//! extracts and maps.
 
-use std::time::SystemTime;
+use std::{collections::BTreeMap, time::SystemTime};
 
 use serde::{Deserialize, Serialize};
 
 use super::{AppState, error::ApiError};
 use crate::{
     admission::{
-        request::{self, Hugepages, Pod, ResourceList},
+        plan::{self, Plan, PlanError},
+        request::{
+            self, Container, Hugepages, ObjectMeta, Pod, PodSpec, PodStatus, Requirements,
+            ResourceList,
+        },
         reservations::{self, Released, Reservation},
         verify::{Verdict, VerifyError},
     },
+    memorymanager::{
+        hints::{HintError, Scope},
+        selection::{Selection, Topology},
+    },
     numa::NumaNode,
     psi::condition::NodeCondition,
+    topologymanager::Policy,
 };
 
 /// Largest body accepted.
@@ -46,30 +56,38 @@ struct ShortForm {
     scope: Option<String>,
 }
 
-/// A container of the short form (its `name`, if given, is not needed for the check).
+/// A container of the short form: its resources are requests and limits at once.
 #[derive(Debug, Deserialize)]
 struct ShortContainer {
+    #[serde(default)]
+    name: Option<String>,
     #[serde(default)]
     resources: ResourceList,
 }
 
-/// The answer: the verdict and who it is for.
+/// The answer: the verdict, who it is for, and how its NUMA nodes were selected.
 #[derive(Debug, Clone, Serialize)]
 pub struct Answer {
     #[serde(flatten)]
     pub verdict: Verdict,
     pub pod: PodRef,
+    /// The kubelet's selection (hints, merged hint, allocation), when the request named no nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selection: Option<Selection>,
 }
 
-const POLICIES: [&str; 4] = ["none", "best-effort", "restricted", "single-numa-node"];
-const SCOPES: [&str; 2] = ["container", "pod"];
+/// A request, validated: who, what, and where (given, or to be selected with what policy).
+pub struct Parsed {
+    pub pod_ref: PodRef,
+    pub pod: Pod,
+    pub request: Hugepages,
+    pub nodes: Option<Vec<NumaNode>>,
+    pub policy: Option<Policy>,
+    pub scope: Option<Scope>,
+}
 
-/// Validates and verifies one admission request.
-pub fn admit(
-    state: &AppState,
-    content_type: Option<&str>,
-    body: &[u8],
-) -> Result<Answer, ApiError> {
+/// Parses either body form.
+pub fn parse(content_type: Option<&str>, body: &[u8]) -> Result<Parsed, ApiError> {
     let json = content_type.is_some_and(|t| {
         t.split(';')
             .next()
@@ -80,31 +98,91 @@ pub fn admit(
     }
     // A first pass that skips every value (no allocation) tells the two forms apart.
     let shape: Shape = serde_json::from_slice(body).map_err(json_error)?;
-    let (pod, request, nodes) = if shape.spec.is_some() {
-        from_pod(body)?
+    if shape.spec.is_some() {
+        from_pod(body)
     } else {
-        from_short(body)?
+        from_short(body)
+    }
+}
+
+/// Where to verify: the request's nodes, or the kubelet's selection on the live state.
+fn placement(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
+    let all = state.verifier.nodes();
+    if let Some(nodes) = &parsed.nodes {
+        let groups = BTreeMap::from([(nodes.clone(), parsed.request.clone())]);
+        let selection = Selection {
+            admit: true,
+            reason: None,
+            message: None,
+            placements: Vec::new(),
+        };
+        return Ok((Plan { groups, selection }, false));
+    }
+    let view = state.memory_manager.load();
+    let topology = Topology {
+        info: &state.numa_info,
+        policy: parsed.policy.unwrap_or(state.topology.policy),
+        options: &state.topology.options,
+        scope: parsed.scope.unwrap_or(state.topology.scope),
+        gates: state.topology.gates,
     };
-    let nodes = nodes.unwrap_or_else(|| state.verifier.nodes());
+    let plan = plan::plan(&view.state, &parsed.pod, topology, &all).map_err(|e| match e {
+        PlanError::Request(e) => field_error(e),
+        PlanError::Hints(HintError::Request(e)) => field_error(e),
+        PlanError::Hints(e) => ApiError::internal(e.to_string()),
+    })?;
+    Ok((plan, true))
+}
+
+/// Validates and verifies one admission request.
+pub fn admit(
+    state: &AppState,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<Answer, ApiError> {
+    let parsed = parse(content_type, body)?;
+    let (plan, selected) = placement(state, &parsed)?;
     // Held from the fresh read to the reservation: no other admission sees the pages in between.
     let mut store = state
         .reservations
         .lock()
         .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
     let now = SystemTime::now();
-    let mut verdict = state
-        .verifier
-        .verify(&request, &nodes, state.settings)
-        .map_err(|e| match e {
-            VerifyError::UnknownNode { .. } => ApiError::invalid("numaNodes", e.to_string()),
-            VerifyError::NoNodes => {
-                ApiError::invalid("numaNodes", "must name at least one NUMA node")
-            }
-        })?;
-    reservations::apply(&mut verdict, &store, &pod.uid, now);
-    if state.reject_under_pressure && !request.is_empty() {
+    let mut verdicts = Vec::with_capacity(plan.groups.len());
+    for (nodes, pages) in &plan.groups {
+        verdicts.push(
+            state
+                .verifier
+                .verify(pages, nodes, state.settings)
+                .map_err(|e| match e {
+                    VerifyError::UnknownNode { .. } => {
+                        ApiError::invalid("numaNodes", e.to_string())
+                    }
+                    VerifyError::NoNodes => {
+                        ApiError::invalid("numaNodes", "must name at least one NUMA node")
+                    }
+                })?,
+        );
+    }
+    let mut verdict = plan::combine(verdicts).unwrap_or_else(|| Verdict {
+        allowed: true,
+        reason: None,
+        message: None,
+        numa_nodes: Vec::new(),
+        mode: state.settings.mode,
+        checks: Vec::new(),
+        reservation: None,
+    });
+    if !plan.selection.admit {
+        verdict.allowed = false;
+        verdict.reason = plan.selection.reason;
+        verdict.message = plan.selection.message.clone();
+    }
+    reservations::apply(&mut verdict, &store, &parsed.pod_ref.uid, now);
+    if state.reject_under_pressure && !parsed.request.is_empty() {
         refuse_under_pressure(&mut verdict, state.psi.load().memory_pressure());
     }
+    let pod = parsed.pod_ref;
     if verdict.allowed && !pod.uid.is_empty() && !verdict.checks.is_empty() {
         let made = store
             .reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now)
@@ -119,7 +197,11 @@ pub fn admit(
         message = verdict.message.as_deref().unwrap_or(""),
         "admission"
     );
-    Ok(Answer { verdict, pod })
+    Ok(Answer {
+        verdict,
+        pod,
+        selection: selected.then_some(plan.selection),
+    })
 }
 
 /// `DELETE /v1/reservations/{id}`: the removed reservation, or 404.
@@ -156,8 +238,6 @@ fn refuse_under_pressure(verdict: &mut Verdict, true_condition: Option<&NodeCond
     ));
 }
 
-type Parsed = (PodRef, Hugepages, Option<Vec<NumaNode>>);
-
 /// Which form a body is: a `v1.Pod` has a `spec`.
 #[derive(Deserialize)]
 struct Shape {
@@ -187,47 +267,92 @@ fn deserialize<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiErro
 
 fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
     let form: ShortForm = deserialize(body)?;
-    if let Some(p) = form
+    let policy = form
         .topology_policy
         .as_deref()
-        .filter(|p| !POLICIES.contains(p))
-    {
-        return Err(ApiError::invalid(
-            "topologyPolicy",
-            format!("{p:?} is not one of {POLICIES:?}"),
-        ));
-    }
-    if let Some(s) = form.scope.as_deref().filter(|s| !SCOPES.contains(s)) {
-        return Err(ApiError::invalid(
-            "scope",
-            format!("{s:?} is not one of {SCOPES:?}"),
-        ));
-    }
+        .map(|p| {
+            p.parse::<Policy>().map_err(|_| {
+                ApiError::invalid(
+                    "topologyPolicy",
+                    format!("{p:?} is not one of {:?}", Policy::NAMES),
+                )
+            })
+        })
+        .transpose()?;
+    let scope = form
+        .scope
+        .as_deref()
+        .map(|s| {
+            s.parse::<Scope>().map_err(|_| {
+                ApiError::invalid(
+                    "scope",
+                    format!("{s:?} is not one of [\"container\", \"pod\"]"),
+                )
+            })
+        })
+        .transpose()?;
     let mut total = Hugepages::new();
-    for (i, c) in form.containers.iter().enumerate() {
+    let mut containers = Vec::with_capacity(form.containers.len());
+    for (i, c) in form.containers.into_iter().enumerate() {
         let pages = request::from_list(&c.resources, &format!("containers[{i}].resources"))
             .map_err(field_error)?;
         for (size, bytes) in pages {
             let slot = total.entry(size).or_default();
             *slot = slot.saturating_add(bytes);
         }
+        containers.push(Container {
+            name: c.name.unwrap_or_else(|| format!("container-{i}")),
+            resources: Requirements {
+                requests: c.resources.clone(),
+                limits: c.resources,
+            },
+            restart_policy: None,
+        });
     }
     let nodes = form
         .numa_nodes
         .map(|n| n.into_iter().map(NumaNode).collect());
-    Ok((form.pod, total, nodes))
+    let pod = Pod {
+        metadata: ObjectMeta {
+            namespace: form.pod.namespace.clone(),
+            name: form.pod.name.clone(),
+            uid: form.pod.uid.clone(),
+        },
+        spec: PodSpec {
+            containers,
+            ..PodSpec::default()
+        },
+        status: PodStatus {
+            qos_class: form.pod.qos_class.clone(),
+        },
+    };
+    Ok(Parsed {
+        pod_ref: form.pod,
+        pod,
+        request: total,
+        nodes,
+        policy,
+        scope,
+    })
 }
 
 fn from_pod(body: &[u8]) -> Result<Parsed, ApiError> {
-    let form: Pod = deserialize(body)?;
-    let request = request::pod_hugepages(&form.spec).map_err(field_error)?;
-    let pod = PodRef {
-        namespace: form.metadata.namespace,
-        name: form.metadata.name,
-        uid: form.metadata.uid,
-        qos_class: form.status.qos_class,
+    let pod: Pod = deserialize(body)?;
+    let request = request::pod_hugepages(&pod.spec).map_err(field_error)?;
+    let pod_ref = PodRef {
+        namespace: pod.metadata.namespace.clone(),
+        name: pod.metadata.name.clone(),
+        uid: pod.metadata.uid.clone(),
+        qos_class: pod.status.qos_class.clone(),
     };
-    Ok((pod, request, None))
+    Ok(Parsed {
+        pod_ref,
+        pod,
+        request,
+        nodes: None,
+        policy: None,
+        scope: None,
+    })
 }
 
 fn field_error(e: request::RequestError) -> ApiError {

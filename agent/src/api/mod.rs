@@ -1,12 +1,12 @@
 //! The HTTP API (axum): `POST /v1/admit`, `GET /v1/hugepages`, `GET /v1/consumers`,
 //! `GET /v1/reservations`, `DELETE /v1/reservations/{id}`,
-//! `GET /v1/conditions`,
-//! `GET /v1/events`, `/healthz`, `/readyz`, `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
+//! `GET /v1/conditions`, `GET /v1/events`, `POST /v1/hints`, `GET /v1/discrepancy`, `/healthz`, `/readyz`, `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
 //! handlers extract, call a plain function, and map the result; errors are [`error::ApiError`].
 
 pub mod admit;
 pub mod error;
 pub mod openapi;
+pub mod topology;
 
 use std::{
     sync::{Arc, Mutex, OnceLock},
@@ -29,14 +29,18 @@ use crate::{
         reservations::Store,
         verify::{Settings, Verifier},
     },
+    config::TopologyConfig,
     consumers::{self, FaultBook},
+    memorymanager::live::MemoryManagerView,
     numa::{
         PageSize,
         map::{MapReader, Snapshot},
     },
     psi::monitor::PsiReader,
     sysfs::{HostFs, hugepages},
+    topologymanager::NumaInfo,
 };
+use arc_swap::ArcSwap;
 use error::ApiError;
 
 /// Released once: the first map exists and the probes are attached, refused, or off.
@@ -71,11 +75,19 @@ pub struct AppState {
     pub host: HostFs,
     /// Refuse hugepage pods while a *MemoryContentionPressure condition is True.
     pub reject_under_pressure: bool,
+    /// The kubelet Memory Manager's state, kept current by the run loop.
+    pub memory_manager: Arc<ArcSwap<MemoryManagerView>>,
+    /// The machine's NUMA nodes and distances, for the Topology Manager merge.
+    pub numa_info: Arc<NumaInfo>,
+    /// The kubelet's policy, options, scope and feature gates.
+    pub topology: TopologyConfig,
 }
 
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/admit", post(admit_handler))
+        .route("/v1/hints", post(hints_handler))
+        .route("/v1/discrepancy", get(discrepancy_handler))
         .route("/v1/hugepages", get(hugepages))
         .route("/v1/consumers", get(consumers_handler))
         .route("/v1/reservations", get(reservations_list))
@@ -136,6 +148,40 @@ fn with_reserved_by_agent(snapshot: &Snapshot, store: &Store) -> serde_json::Val
         }
     }
     value
+}
+
+async fn hints_handler(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return ApiError::too_large(admit::BODY_LIMIT).into_response();
+        }
+        Err(rejection) => return ApiError::bad_json(rejection.body_text()).into_response(),
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    match topology::hints(&state, content_type, &body) {
+        Ok(answer) => Json(answer).into_response(),
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn discrepancy_handler(State(state): State<AppState>) -> Response {
+    // The explanation walks the cgroup tree: off the runtime's worker threads.
+    let inventory = state.clone();
+    let consumers = tokio::task::spawn_blocking(move || {
+        let pools = hugepages::read_table(&inventory.host).ok()?;
+        consumers::list(&inventory.host, &pools, &inventory.faults).ok()
+    })
+    .await
+    .ok()
+    .flatten();
+    Json(topology::discrepancy(&state, consumers.as_deref())).into_response()
 }
 
 async fn consumers_handler(State(state): State<AppState>) -> Response {

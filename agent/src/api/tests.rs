@@ -32,6 +32,10 @@ fn state() -> (tempfile::TempDir, AppState) {
             &format!("{n}/distance"),
             if node == 0 { "10 20\n" } else { "20 10\n" },
         );
+        w(
+            &format!("{n}/meminfo"),
+            &format!("Node {node} MemTotal:       16777216 kB\nNode {node} MemFree: 1 kB\n"),
+        );
         for (file, v) in [
             ("nr_hugepages", "2048\n"),
             ("free_hugepages", "1024\n"),
@@ -55,6 +59,20 @@ fn state() -> (tempfile::TempDir, AppState) {
     let (_writer, map) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
     let (_monitor, psi) = Monitor::new(host.clone(), PSI);
     let verifier = Arc::new(Verifier::new(host.clone()).expect("verifier"));
+    let topology = TopologyConfig {
+        policy: crate::topologymanager::Policy::SingleNumaNode,
+        options: crate::topologymanager::PolicyOptions::default(),
+        scope: crate::memorymanager::hints::Scope::Container,
+        gates: crate::kubelet::features::FeatureGates::default(),
+    };
+    let numa_info = NumaInfo::from_topology(
+        &crate::sysfs::topology::read(&host).expect("topology"),
+        &topology.options,
+    )
+    .expect("numa info");
+    let view = loader(&host, dir.path().join("memory_manager_state"))
+        .load(&map.load())
+        .expect("memory manager state");
     let state = AppState {
         map,
         verifier,
@@ -76,8 +94,23 @@ fn state() -> (tempfile::TempDir, AppState) {
             .0,
         )),
         host,
+        memory_manager: Arc::new(ArcSwap::from_pointee(view)),
+        numa_info: Arc::new(numa_info),
+        topology,
     };
     (dir, state)
+}
+
+fn loader(
+    host: &HostFs,
+    checkpoint: std::path::PathBuf,
+) -> crate::memorymanager::live::StateLoader {
+    crate::memorymanager::live::StateLoader::new(
+        host.clone(),
+        checkpoint,
+        Default::default(),
+        Default::default(),
+    )
 }
 
 const PSI: PsiConfig = PsiConfig {
@@ -171,12 +204,103 @@ async fn story_2_is_rejected_with_the_kep_message() {
 }
 
 #[tokio::test]
-async fn a_request_that_fits_is_allowed_and_without_nodes_all_are_checked() {
+async fn without_nodes_the_kubelets_selection_picks_them_and_the_os_is_checked_there() {
     let (_d, state) = state();
+    // The Memory Manager (state from sysfs: 4Gi of 2Mi pages per node) puts 3Gi on node 0 under
+    // single-numa-node; the kernel has 2Gi free there: KEP-5759 rejects on node 0 only.
     let (_, _, answer) = admit(&state, short("3Gi", None)).await;
-    assert_eq!(answer["allowed"], true);
+    assert_eq!(answer["allowed"], false);
+    assert_eq!(
+        answer["message"],
+        "insufficient hugepages-2Mi on NUMA node(s) [0]: requested 3Gi, available 2Gi"
+    );
+    assert_eq!(
+        answer["selection"]["placements"][0]["allocated"],
+        json!([0])
+    );
+    assert_eq!(
+        answer["selection"]["placements"][0]["merged"],
+        json!({"numaNodes": [0], "preferred": true, "admit": true})
+    );
+    // 2Gi fits node 0.
+    let (_, _, answer) = admit(&state, short("2Gi", None)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    assert_eq!(answer["numaNodes"], json!([0]));
+    // A Burstable pod gets no hints: any node may serve it, so all are checked (2Gi of the 4Gi
+    // free are held for the pod just admitted).
+    let mut burstable = short("2Gi", None);
+    burstable["pod"]["qosClass"] = json!("Burstable");
+    burstable["pod"]["uid"] = json!("u-2");
+    let (_, _, answer) = admit(&state, burstable).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
     assert_eq!(answer["numaNodes"], json!([0, 1]));
     assert!(answer.get("message").is_none());
+    // A request the policy cannot place is the kubelet's TopologyAffinityError.
+    let (_, _, answer) = admit(&state, short("6Gi", None)).await;
+    assert_eq!(answer["allowed"], false);
+    assert_eq!(answer["reason"], "TopologyAffinityError");
+    assert_eq!(
+        answer["message"],
+        "Resources cannot be allocated with Topology locality"
+    );
+}
+
+#[tokio::test]
+async fn hints_for_a_request_on_the_live_state() {
+    let (_d, state) = state();
+    let (status, _, answer) = send(
+        &state,
+        "POST",
+        "/v1/hints",
+        Some("application/json"),
+        short("3Gi", None).to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let single = |n: u64| json!({"numaNodes": [n], "preferred": true});
+    let both = json!({"numaNodes": [0, 1], "preferred": false});
+    let expected = json!([single(0), single(1), both]);
+    assert_eq!(answer["hints"]["hugepages-2Mi"], expected);
+    assert_eq!(answer["hints"]["memory"], expected);
+    assert_eq!(answer["containers"][0]["name"], "main");
+    assert_eq!(answer["source"], "sysfs");
+    assert_eq!(answer["selection"]["admit"], true);
+}
+
+#[tokio::test]
+async fn discrepancy_needs_a_checkpoint_and_then_compares_it_with_the_kernel() {
+    let (dir, state) = state();
+    let (_, _, answer) = send(&state, "GET", "/v1/discrepancy", None, String::new()).await;
+    assert_eq!(answer["nodes"], json!([]));
+    assert!(
+        answer["note"]
+            .as_str()
+            .unwrap()
+            .contains("no usable kubelet Memory Manager checkpoint")
+    );
+    // The kubelet believes all 4Gi of node 0 are free; the kernel has 2Gi.
+    let table = |free: u64| json!({"total": 4u64 << 30, "systemReserved": 0, "allocatable": 4u64 << 30, "reserved": (4u64 << 30) - free, "free": free});
+    let checkpoint = json!({"policyName": "Static", "machineState": {
+        "0": {"numberOfAssignments": 0, "memoryMap": {"hugepages-2Mi": table(4 << 30)}, "cells": [0]},
+        "1": {"numberOfAssignments": 0, "memoryMap": {"hugepages-2Mi": table(2 << 30)}, "cells": [1]}
+    }});
+    let path = dir.path().join("memory_manager_state");
+    std::fs::write(&path, checkpoint.to_string()).expect("checkpoint");
+    let view = loader(&state.host, path)
+        .load(&state.map.load())
+        .expect("load");
+    state.memory_manager.store(Arc::new(view));
+    let (_, _, answer) = send(&state, "GET", "/v1/discrepancy", None, String::new()).await;
+    assert_eq!(answer["source"], "checkpoint");
+    assert_eq!(answer["nodes"][0]["discrepancyBytes"], 2u64 << 30);
+    assert_eq!(answer["nodes"][1]["discrepancyBytes"], 0);
+    assert!(
+        answer["nodes"][0]["explanation"]
+            .as_str()
+            .unwrap()
+            .starts_with("the Memory Manager believes 2Gi more is free than the kernel has"),
+        "{answer}"
+    );
 }
 
 #[tokio::test]

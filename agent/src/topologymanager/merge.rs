@@ -201,6 +201,26 @@ impl NumaInfo {
         })
     }
 
+    /// From the sysfs topology (distance rows in node-list order, re-indexed here by node id).
+    pub fn from_topology(
+        nodes: &[crate::sysfs::topology::NodeInfo],
+        options: &PolicyOptions,
+    ) -> Result<Self, MergeError> {
+        let ids: Vec<usize> = nodes.iter().map(|n| n.node.0 as usize).collect();
+        let width = ids.iter().max().map_or(0, |m| m + 1);
+        let distances = nodes
+            .iter()
+            .map(|n| {
+                let mut row = vec![0; width];
+                for (&to, &d) in ids.iter().zip(&n.distances) {
+                    row[to] = u64::from(d);
+                }
+                (n.node.0 as usize, row)
+            })
+            .collect();
+        NumaInfo::new(ids, distances, options)
+    }
+
     pub fn nodes(&self) -> &[usize] {
         &self.nodes
     }

@@ -1,0 +1,119 @@
+//! Which NUMA nodes each part of a pod's hugepage request is verified on (KEP-5759: verification
+//! after NUMA selection, on the selected nodes only). Without `numaNodes` in the request the
+//! kubelet's selection decides: the nodes each Guaranteed container (container scope) or the pod
+//! (pod scope) is allocated on; hugepages of containers with no allocation (not Guaranteed), and
+//! whatever the pod needs beyond its app containers (init containers, overhead, pod-level
+//! resources), are verified on every node. Groups with the same nodes are checked together, and
+//! their verdicts combined.
+
+use std::collections::BTreeMap;
+
+use super::{
+    request::{self, Hugepages, Pod, RequestError},
+    verify::Verdict,
+};
+use crate::{
+    memorymanager::{
+        hints::{HintError, Scope},
+        selection::{self, Selection, Topology},
+        state::MemoryManagerState,
+    },
+    numa::NumaNode,
+};
+
+/// Hugepages to verify per set of NUMA nodes, and the selection behind them.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub groups: BTreeMap<Vec<NumaNode>, Hugepages>,
+    pub selection: Selection,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Hints(#[from] HintError),
+}
+
+/// Selects nodes for `pod` on `state` and groups its hugepages by the nodes they come from.
+pub fn plan(
+    state: &MemoryManagerState,
+    pod: &Pod,
+    topology: Topology<'_>,
+    all_nodes: &[NumaNode],
+) -> Result<Plan, PlanError> {
+    let total = request::pod_hugepages(&pod.spec)?;
+    let selection = selection::select(state, pod, topology)?;
+    let mut groups: BTreeMap<Vec<NumaNode>, Hugepages> = BTreeMap::new();
+    if !selection.admit {
+        return Ok(Plan { groups, selection });
+    }
+    let nodes_of = |allocated: Option<crate::topologymanager::NumaMask>| -> Vec<NumaNode> {
+        allocated.map_or_else(
+            || all_nodes.to_vec(),
+            |mask| {
+                mask.nodes()
+                    .into_iter()
+                    .map(|n| NumaNode(n as u32))
+                    .collect()
+            },
+        )
+    };
+    let mut placed = Hugepages::new();
+    if topology.scope == Scope::Pod {
+        let nodes = nodes_of(selection.placements.first().and_then(|p| p.allocated));
+        placed = total.clone();
+        groups.insert(nodes, total.clone());
+    } else {
+        for (i, container) in pod.spec.containers.iter().enumerate() {
+            let pages = container
+                .resources
+                .hugepages(&format!("spec.containers[{i}].resources"))?;
+            let allocated = selection
+                .placements
+                .iter()
+                .find(|p| !p.init && p.container.as_deref() == Some(container.name.as_str()))
+                .and_then(|p| p.allocated);
+            let group = groups.entry(nodes_of(allocated)).or_default();
+            for (&size, &bytes) in &pages {
+                *group.entry(size).or_default() += bytes;
+                *placed.entry(size).or_default() += bytes;
+            }
+        }
+    }
+    let rest: Hugepages = total
+        .iter()
+        .filter_map(|(&size, &bytes)| {
+            let left = bytes.saturating_sub(placed.get(&size).copied().unwrap_or(0));
+            (left > 0).then_some((size, left))
+        })
+        .collect();
+    if !rest.is_empty() {
+        let group = groups.entry(all_nodes.to_vec()).or_default();
+        for (size, bytes) in rest {
+            *group.entry(size).or_default() += bytes;
+        }
+    }
+    groups.retain(|_, pages| !pages.is_empty());
+    Ok(Plan { groups, selection })
+}
+
+/// One verdict from the verdicts of several groups: allowed only if all are, the first refusal's
+/// reason and message, every check, and the union of the nodes.
+pub fn combine(verdicts: Vec<Verdict>) -> Option<Verdict> {
+    let mut iter = verdicts.into_iter();
+    let mut combined = iter.next()?;
+    for v in iter {
+        if combined.allowed && !v.allowed {
+            combined.allowed = false;
+            combined.reason = v.reason;
+            combined.message = v.message;
+        }
+        combined.numa_nodes.extend(v.numa_nodes);
+        combined.checks.extend(v.checks);
+    }
+    combined.numa_nodes.sort();
+    combined.numa_nodes.dedup();
+    Some(combined)
+}

@@ -1,0 +1,114 @@
+//! `POST /v1/hints` (the kubelet's hints and selection for a request on the live Memory Manager
+//! state) and `GET /v1/discrepancy` (that state against the kernel, per node and size, with who
+//! holds what it does not track). Plain functions of the state; the handlers only map.
+
+use serde::Serialize;
+
+use super::{AppState, admit, error::ApiError};
+use crate::{
+    admission::request::RequestError,
+    consumers::Consumer,
+    memorymanager::{
+        discrepancy::{self, Discrepancy},
+        hints::{self, HintError, Hints},
+        live::MemoryManagerView,
+        selection::{self, Selection, Topology},
+    },
+};
+
+/// One container's hints.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContainerHints {
+    pub name: String,
+    pub hints: Hints,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HintsAnswer {
+    /// The pod's hints (pod scope); `null` when the kubelet gives none (not Guaranteed).
+    pub hints: Hints,
+    /// Each container's hints (container scope), init containers first.
+    pub containers: Vec<ContainerHints>,
+    /// The selection under the configured (or requested) policy and scope.
+    pub selection: Selection,
+    #[serde(flatten)]
+    pub state: MemoryManagerView,
+}
+
+fn request_error(e: RequestError) -> ApiError {
+    ApiError::invalid(e.field, e.detail)
+}
+
+fn hint_error(e: HintError) -> ApiError {
+    match e {
+        HintError::Request(e) => request_error(e),
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+/// `POST /v1/hints`.
+pub fn hints(
+    state: &AppState,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<HintsAnswer, ApiError> {
+    let parsed = admit::parse(content_type, body)?;
+    let view = state.memory_manager.load();
+    let gates = state.topology.gates;
+    let pod = &parsed.pod;
+    let pod_hints = hints::pod_hints(&view.state, pod, gates).map_err(hint_error)?;
+    let mut containers = Vec::new();
+    for c in pod.spec.init_containers.iter().chain(&pod.spec.containers) {
+        containers.push(ContainerHints {
+            name: c.name.clone(),
+            hints: hints::container_hints(&view.state, pod, c, gates).map_err(hint_error)?,
+        });
+    }
+    let topology = Topology {
+        info: &state.numa_info,
+        policy: parsed.policy.unwrap_or(state.topology.policy),
+        options: &state.topology.options,
+        scope: parsed.scope.unwrap_or(state.topology.scope),
+        gates,
+    };
+    let selection = selection::select(&view.state, pod, topology).map_err(hint_error)?;
+    Ok(HintsAnswer {
+        hints: pod_hints,
+        containers,
+        selection,
+        state: (**view).clone(),
+    })
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscrepancyAnswer {
+    #[serde(flatten)]
+    pub state: MemoryManagerView,
+    /// Why there is nothing to compare, when there is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub nodes: Vec<Discrepancy>,
+}
+
+/// `GET /v1/discrepancy`; `consumers` from the cgroup inventory explain it when available.
+pub fn discrepancy(state: &AppState, consumers: Option<&[Consumer]>) -> DiscrepancyAnswer {
+    let view = state.memory_manager.load();
+    let snapshot = state.map.load();
+    if view.source != crate::memorymanager::live::StateSource::Checkpoint {
+        return DiscrepancyAnswer {
+            note: Some(format!(
+                "no usable kubelet Memory Manager checkpoint at {}: without the static policy's state there is no bookkeeping to compare with the kernel",
+                view.checkpoint_path.display()
+            )),
+            state: (**view).clone(),
+            nodes: Vec::new(),
+        };
+    }
+    DiscrepancyAnswer {
+        nodes: discrepancy::compute(&view.state, &snapshot, consumers),
+        state: (**view).clone(),
+        note: None,
+    }
+}
