@@ -20,6 +20,8 @@ pub enum Bench {
     Inventory,
     /// POST /v1/admit over loopback under `oha`: a fixed rate, then unthrottled.
     AdmitLoad,
+    /// Hint generation and merge for 8 NUMA nodes x 3 memory types.
+    Hints,
 }
 
 pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
@@ -28,6 +30,7 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
         Bench::ProbeOverhead => ("probe-overhead", Vec::new()),
         Bench::Verify => ("verify-latency", Vec::new()),
         Bench::Psi => ("psi-latency", Vec::new()),
+        Bench::Hints => ("hints-latency", Vec::new()),
         Bench::Inventory => {
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
             let agent = release.join("hugepage-agent");

@@ -140,49 +140,71 @@ pub fn calculate(
     requested: &Requested,
 ) -> Result<BTreeMap<String, Vec<TopologyHint>>, BitmaskError> {
     let nodes: Vec<usize> = machine.keys().copied().collect();
-    let table = |node: usize, resource: &str| -> MemoryTable {
-        machine
-            .get(&node)
-            .and_then(|n| n.memory_map.get(resource))
-            .copied()
-            .unwrap_or_default()
-    };
+    let amounts: Vec<u64> = requested.values().copied().collect();
+    // Per node id: (allocatable, free) per requested resource, and its grouping.
+    let mut facts: Vec<Option<NodeFacts>> = vec![None; bitmask::MAX_NODE + 1];
+    for (&id, state) in machine {
+        let Some(slot) = facts.get_mut(id) else {
+            return Err(BitmaskError::OutOfRange(id));
+        };
+        let table = |resource: &str| state.memory_map.get(resource).copied().unwrap_or_default();
+        *slot = Some(NodeFacts {
+            amounts: requested
+                .keys()
+                .map(|r| {
+                    let t: MemoryTable = table(r);
+                    (t.allocatable, t.free)
+                })
+                .collect(),
+            cells: state.cells.len(),
+            group: NumaMask::from_nodes(&state.cells).ok(),
+            assigned: state.number_of_assignments > 0,
+        });
+    }
     let mut min_affinity = nodes.len() as u32;
     let mut fitting = Vec::new();
+    let mut sums = vec![(0u64, 0u64); amounts.len()];
     bitmask::iterate_masks(&nodes, |mask| {
-        let members = mask.nodes();
-        let sum = |resource: &str, field: fn(&MemoryTable) -> u64| -> u64 {
-            members
-                .iter()
-                .map(|&n| field(&table(n, resource)))
-                .fold(0u64, u64::saturating_add)
+        sums.iter_mut().for_each(|s| *s = (0, 0));
+        let members = || {
+            let mut bits = mask.0;
+            std::iter::from_fn(move || {
+                let n = (bits != 0).then(|| bits.trailing_zeros() as usize)?;
+                bits &= bits - 1;
+                Some(n)
+            })
         };
-        let enough = |field: fn(&MemoryTable) -> u64| {
-            requested
-                .iter()
-                .all(|(resource, &bytes)| sum(resource, field) >= bytes)
-        };
-        if !enough(|t| t.allocatable) {
+        for n in members() {
+            if let Some(f) = &facts[n] {
+                for (sum, &(allocatable, free)) in sums.iter_mut().zip(&f.amounts) {
+                    sum.0 = sum.0.saturating_add(allocatable);
+                    sum.1 = sum.1.saturating_add(free);
+                }
+            }
+        }
+        if sums.iter().zip(&amounts).any(|(s, &want)| s.0 < want) {
             return;
         }
         min_affinity = min_affinity.min(mask.count());
-        let state = |n: usize| machine.get(&n);
-        if members.len() == 1 {
-            if state(members[0]).is_some_and(|s| s.cells.len() > 1) {
+        let fact = |n: usize| facts[n].as_ref();
+        if mask.count() == 1 {
+            if members().any(|n| fact(n).is_some_and(|f| f.cells > 1)) {
                 return;
             }
         } else {
-            let blocked = members.iter().any(|&n| {
-                state(n).is_some_and(|s| {
-                    s.number_of_assignments > 0
-                        && (s.cells.len() == 1 || !same_group(&s.cells, &members))
+            let blocked = members().any(|n| {
+                fact(n).is_some_and(|f| {
+                    f.assigned
+                        && (f.cells == 1
+                            || f.group != Some(mask)
+                            || f.cells != mask.count() as usize)
                 })
             });
             if blocked {
                 return;
             }
         }
-        if enough(|t| t.free) {
+        if sums.iter().zip(&amounts).all(|(s, &want)| s.1 >= want) {
             fitting.push(mask);
         }
     })?;
@@ -190,25 +212,28 @@ pub fn calculate(
         // The kubelet adds a resource's entry with its first hint: no hint, no entry.
         return Ok(BTreeMap::new());
     }
+    let hints: Vec<TopologyHint> = fitting
+        .iter()
+        .map(|&mask| TopologyHint {
+            affinity: Some(mask),
+            preferred: mask.count() == min_affinity,
+        })
+        .collect();
     Ok(requested
         .keys()
-        .map(|resource| {
-            let hints = fitting
-                .iter()
-                .map(|&mask| TopologyHint {
-                    affinity: Some(mask),
-                    preferred: mask.count() == min_affinity,
-                })
-                .collect();
-            (resource.clone(), hints)
-        })
+        .map(|resource| (resource.clone(), hints.clone()))
         .collect())
 }
 
-fn same_group(cells: &[usize], members: &[usize]) -> bool {
-    let mut cells = cells.to_vec();
-    cells.sort_unstable();
-    cells == members
+/// What the hint rules need of one node.
+#[derive(Debug, Clone)]
+struct NodeFacts {
+    /// (allocatable, free) per requested resource, in request order.
+    amounts: Vec<(u64, u64)>,
+    /// Nodes in its group (`cells`), the group itself, and whether anything is assigned on it.
+    cells: usize,
+    group: Option<NumaMask>,
+    assigned: bool,
 }
 
 #[cfg(test)]

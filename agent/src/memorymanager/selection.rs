@@ -10,12 +10,14 @@
 //! The Memory Manager is the only hint provider the agent knows: CPU and device hints are not
 //! seen, so a pod the kubelet rejects for CPU alignment alone is not rejected here.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::{
     hints::{self, HintError, Hints, Scope},
     requests::{self, QosClass, Requested},
-    state::{MachineState, MemoryManagerState},
+    state::{Block, MachineState, MemoryManagerState},
 };
 use crate::{
     admission::request::Pod,
@@ -148,8 +150,20 @@ pub fn select(
                 "Resources cannot be allocated with Topology locality".into(),
             ));
         }
-        if guaranteed && !requested.is_empty() {
-            match allocation(&working.machine_state, merged.hint, &requested)? {
+        let assigned = match unit {
+            None => assigned_nodes(state.pod_blocks(&pod.metadata.uid)).or_else(|| {
+                let all = pod.spec.init_containers.iter().chain(&pod.spec.containers);
+                all.filter_map(|c| state.container_blocks(&pod.metadata.uid, &c.name))
+                    .find_map(|b| assigned_nodes(Some(b)))
+            }),
+            Some((c, _)) => assigned_nodes(state.container_blocks(&pod.metadata.uid, &c.name)),
+        };
+        if let Some(nodes) = assigned {
+            // Allocated before (a kubelet restart): the kubelet keeps what it assigned.
+            placement.allocated = Some(nodes);
+        } else if guaranteed && !requested.is_empty() {
+            let computed = placement.hints.as_ref();
+            match allocation(&working.machine_state, computed, merged.hint, &requested)? {
                 Ok(nodes) => {
                     if !placement.init {
                         allocate(&mut working.machine_state, &nodes.nodes(), &requested);
@@ -173,13 +187,27 @@ pub fn select(
     Ok(Selection::admitted(placements))
 }
 
-/// The static policy's choice of nodes for a merged hint, or why there is none.
+/// The nodes of blocks already assigned.
+fn assigned_nodes(blocks: Option<&[Block]>) -> Option<NumaMask> {
+    let nodes: Vec<usize> = blocks?
+        .iter()
+        .flat_map(|b| b.numa_affinity.iter().copied())
+        .collect();
+    NumaMask::from_nodes(&nodes).ok().filter(|m| m.count() > 0)
+}
+
+/// The static policy's choice of nodes for a merged hint, or why there is none. `computed` are
+/// the hints just calculated on this same state, when they were.
 fn allocation(
     machine: &MachineState,
+    computed: Option<&BTreeMap<String, Vec<TopologyHint>>>,
     merged: TopologyHint,
     requested: &Requested,
 ) -> Result<Result<NumaMask, &'static str>, HintError> {
-    let all = hints::calculate(machine, requested)?;
+    let all = match computed {
+        Some(hints) => hints.clone(),
+        None => hints::calculate(machine, requested)?,
+    };
     // Every memory type has the same masks; the kubelet looks at regular memory.
     let list = all.get("memory").or_else(|| all.values().next());
     let best = match merged.affinity {

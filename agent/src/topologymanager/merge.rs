@@ -10,7 +10,9 @@
 //! and between preferred masks the comparison is a total order, so the best preferred candidate
 //! is found directly; otherwise every candidate is non-preferred, a candidate seen again never
 //! changes the kubelet's running best, and a subtree of permutations is fully determined by its
-//! level and the AND so far — so each (level, AND) is walked once, in the kubelet's order.
+//! level and the AND so far — so each (level, AND) is walked once, in the kubelet's order. The
+//! running best only ever improves and the rules for replacing it only tighten, so a subtree none
+//! of whose masks (subsets of its AND) could replace the best now is skipped.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -159,7 +161,9 @@ impl PolicyOptions {
 #[derive(Debug, Clone)]
 pub struct NumaInfo {
     nodes: Vec<usize>,
-    distances: BTreeMap<usize, Vec<u64>>,
+    /// `distances[from * width + to]`, node ids as indices; 0 where unknown.
+    distances: Vec<u64>,
+    width: usize,
     default_affinity: NumaMask,
 }
 
@@ -194,9 +198,17 @@ impl NumaInfo {
                 }
             }
         }
+        let width = nodes.iter().max().map_or(0, |&m| m + 1);
+        let mut dense = vec![0; width * width];
+        for (&from, row) in distances.iter().filter(|(from, _)| **from < width) {
+            for (to, &d) in row.iter().enumerate().take(width) {
+                dense[from * width + to] = d;
+            }
+        }
         Ok(NumaInfo {
             nodes,
-            distances,
+            distances: dense,
+            width,
             default_affinity,
         })
     }
@@ -230,6 +242,14 @@ impl NumaInfo {
         self.default_affinity
     }
 
+    fn distance(&self, from: usize, to: usize) -> u64 {
+        if from < self.width && to < self.width {
+            self.distances[from * self.width + to]
+        } else {
+            0
+        }
+    }
+
     /// Mean distance over all ordered pairs of the mask's nodes (each node with itself too).
     fn average_distance(&self, mask: NumaMask) -> f64 {
         let nodes = mask.nodes();
@@ -240,12 +260,7 @@ impl NumaInfo {
         let mut count = 0.0;
         for &a in &nodes {
             for &b in &nodes {
-                sum += self
-                    .distances
-                    .get(&a)
-                    .and_then(|row| row.get(b))
-                    .copied()
-                    .unwrap_or_default() as f64;
+                sum += self.distance(a, b) as f64;
                 count += 1.0;
             }
         }
@@ -363,6 +378,8 @@ pub(crate) struct Merger<'a> {
     closest: bool,
     /// The widest of the providers' narrowest hints, in nodes.
     best_non_preferred_count: u32,
+    /// The shortest distance of a node to itself and to another node, over the machine.
+    machine_distances: (u64, u64),
 }
 
 impl<'a> Merger<'a> {
@@ -383,11 +400,24 @@ impl<'a> Merger<'a> {
             .map(NumaMask::count)
             .max()
             .unwrap_or(0);
+        let nodes = info.nodes();
+        let pairs = nodes
+            .iter()
+            .flat_map(|&a| nodes.iter().map(move |&b| (a, b)));
+        let machine_distances = pairs.fold((u64::MAX, u64::MAX), |(selves, nearest), (a, b)| {
+            let d = info.distance(a, b);
+            if a == b {
+                (selves.min(d), nearest)
+            } else {
+                (selves, nearest.min(d))
+            }
+        });
         Merger {
             info,
             lists,
             closest,
             best_non_preferred_count,
+            machine_distances,
         }
     }
 
@@ -466,6 +496,68 @@ impl<'a> Merger<'a> {
     }
 }
 
+impl Merger<'_> {
+    /// Whether some non-empty subset of `within` could replace the non-preferred `best` (false
+    /// only when none can; a lower bound on distances keeps it safe with `closest`).
+    fn could_improve(&self, best: NumaMask, within: NumaMask) -> bool {
+        let (count, available) = (best.count(), within.count());
+        if available == 0 {
+            return false;
+        }
+        // A subset with fewer nodes is narrower, and allowed unless the best sits on the target.
+        if count > 1 && count != self.best_non_preferred_count {
+            return true;
+        }
+        if available < count {
+            return false;
+        }
+        // As many nodes as the best: the numerically smallest such subset is the lowest bits.
+        let mut lowest = 0u64;
+        let mut bits = within.0;
+        for _ in 0..count {
+            lowest |= bits & bits.wrapping_neg();
+            bits &= bits - 1;
+        }
+        if !self.closest {
+            return lowest < best.0;
+        }
+        let k = f64::from(count);
+        let current = self.info.average_distance(best);
+        let bound = |selves: u64, nearest: u64| {
+            let nearest = if nearest == u64::MAX {
+                0.0
+            } else {
+                nearest as f64
+            };
+            (k * selves as f64 + (k * k - k) * nearest) / (k * k)
+        };
+        let could = |bound: f64| bound < current || (bound == current && lowest < best.0);
+        // The machine-wide bound first: it holds for every subset, and is usually enough.
+        if !could(bound(self.machine_distances.0, self.machine_distances.1)) {
+            return false;
+        }
+        let (mut selves, mut nearest) = (u64::MAX, u64::MAX);
+        let mut from = within.0;
+        while from != 0 {
+            let a = from.trailing_zeros() as usize;
+            from &= from - 1;
+            let mut to = within.0;
+            while to != 0 {
+                let b = to.trailing_zeros() as usize;
+                to &= to - 1;
+                let d = self.info.distance(a, b);
+                if a == b {
+                    selves = selves.min(d);
+                } else {
+                    nearest = nearest.min(d);
+                }
+            }
+        }
+        // Below the best's mean distance a subset could be closer; at it, only as close and smaller.
+        could(bound(selves, nearest))
+    }
+}
+
 /// The walk over non-preferred candidates in the kubelet's permutation order.
 struct Search<'a, 'm> {
     merger: &'m Merger<'a>,
@@ -476,6 +568,11 @@ struct Search<'a, 'm> {
 impl Search<'_, '_> {
     fn visit(&mut self, level: usize, and: u64) {
         if !self.seen.insert(level, and) {
+            return;
+        }
+        if let Some(best) = self.best
+            && !self.merger.could_improve(best, NumaMask(and))
+        {
             return;
         }
         let lists = self.merger.lists;

@@ -1,1 +1,167 @@
 use super::*;
+use crate::memorymanager::testing::{GI, guaranteed, node, state};
+
+fn hint(nodes: &[usize], preferred: bool) -> TopologyHint {
+    TopologyHint {
+        affinity: Some(NumaMask::from_nodes(nodes).unwrap()),
+        preferred,
+    }
+}
+
+fn both(hints: Vec<TopologyHint>) -> Hints {
+    Some(BTreeMap::from([
+        ("hugepages-1Gi".to_string(), hints.clone()),
+        ("memory".to_string(), hints),
+    ]))
+}
+
+fn ask(state: &MemoryManagerState, memory: &str, huge: &str) -> Hints {
+    let pod = guaranteed(&[("c", memory, huge)]);
+    container_hints(
+        state,
+        &pod,
+        &pod.spec.containers[0],
+        FeatureGates::default(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn preferred_is_by_capacity_not_by_what_is_free() {
+    // Node 0 could hold 2Gi of 1Gi pages but has 1Gi free: only the pair fits, and it is not
+    // preferred, since one node has the capacity.
+    let state = state(vec![
+        (
+            0,
+            node(
+                &[("memory", 8 * GI, 8 * GI), ("hugepages-1Gi", 2 * GI, GI)],
+                &[0],
+                0,
+            ),
+        ),
+        (
+            1,
+            node(
+                &[("memory", 8 * GI, 8 * GI), ("hugepages-1Gi", 2 * GI, GI)],
+                &[1],
+                0,
+            ),
+        ),
+    ]);
+    assert_eq!(ask(&state, "1Gi", "2Gi"), both(vec![hint(&[0, 1], false)]));
+    assert_eq!(
+        ask(&state, "1Gi", "1Gi"),
+        both(vec![
+            hint(&[0], true),
+            hint(&[1], true),
+            hint(&[0, 1], false)
+        ])
+    );
+    // Nothing fits: an empty map, not null.
+    assert_eq!(ask(&state, "1Gi", "3Gi"), Some(BTreeMap::new()));
+}
+
+#[test]
+fn groups_may_not_be_split_or_joined() {
+    // Nodes 0 and 1 already serve one container together; node 2 serves one alone.
+    let state = state(vec![
+        (
+            0,
+            node(
+                &[
+                    ("memory", 8 * GI, 8 * GI),
+                    ("hugepages-1Gi", 4 * GI, 4 * GI),
+                ],
+                &[0, 1],
+                2,
+            ),
+        ),
+        (
+            1,
+            node(
+                &[
+                    ("memory", 8 * GI, 8 * GI),
+                    ("hugepages-1Gi", 4 * GI, 4 * GI),
+                ],
+                &[0, 1],
+                2,
+            ),
+        ),
+        (
+            2,
+            node(
+                &[
+                    ("memory", 8 * GI, 8 * GI),
+                    ("hugepages-1Gi", 4 * GI, 4 * GI),
+                ],
+                &[2],
+                2,
+            ),
+        ),
+    ]);
+    // Singles 0 and 1 are grouped; pairs with 2 include a node used alone; {0,1} is the group.
+    assert_eq!(
+        ask(&state, "1Gi", "1Gi"),
+        both(vec![hint(&[2], true), hint(&[0, 1], false)])
+    );
+}
+
+#[test]
+fn assigned_blocks_come_back_as_preferred_hints_or_none_at_all() {
+    let mut state = state(vec![
+        (
+            0,
+            node(
+                &[("memory", 8 * GI, 7 * GI), ("hugepages-1Gi", 2 * GI, GI)],
+                &[0],
+                2,
+            ),
+        ),
+        (
+            1,
+            node(
+                &[
+                    ("memory", 8 * GI, 8 * GI),
+                    ("hugepages-1Gi", 2 * GI, 2 * GI),
+                ],
+                &[1],
+                0,
+            ),
+        ),
+    ]);
+    let blocks = vec![
+        Block {
+            numa_affinity: vec![0],
+            resource: "memory".into(),
+            size: GI,
+        },
+        Block {
+            numa_affinity: vec![0],
+            resource: "hugepages-1Gi".into(),
+            size: GI,
+        },
+    ];
+    state
+        .entries
+        .insert("pod-1".into(), BTreeMap::from([("c".to_string(), blocks)]));
+    assert_eq!(ask(&state, "1Gi", "1Gi"), both(vec![hint(&[0], true)]));
+    // A request that no longer matches what was assigned: the kubelet gives no hints.
+    assert_eq!(ask(&state, "2Gi", "1Gi"), None);
+}
+
+#[test]
+fn pods_that_are_not_guaranteed_get_no_hints() {
+    let state = state(vec![(0, node(&[("memory", 8 * GI, 8 * GI)], &[0], 0))]);
+    let mut pod = guaranteed(&[("c", "1Gi", "1Gi")]);
+    pod.spec.containers[0].resources.limits.remove("cpu");
+    assert_eq!(
+        container_hints(
+            &state,
+            &pod,
+            &pod.spec.containers[0],
+            FeatureGates::default()
+        ),
+        Ok(None)
+    );
+    assert_eq!(pod_hints(&state, &pod, FeatureGates::default()), Ok(None));
+}
