@@ -93,10 +93,11 @@ pub fn pod_hints(
     }
     let requested = requests::pod_requests(pod, gates)?;
     let uid = &pod.metadata.uid;
-    if gates.pod_level_resources && gates.pod_level_resource_managers {
-        if let Some(blocks) = state.pod_blocks(uid) {
-            return Ok(regenerate(blocks, &requested));
-        }
+    if gates.pod_level_resources
+        && gates.pod_level_resource_managers
+        && let Some(blocks) = state.pod_blocks(uid)
+    {
+        return Ok(regenerate(blocks, &requested));
     }
     let containers = pod.spec.init_containers.iter().chain(&pod.spec.containers);
     for c in containers {

@@ -156,10 +156,11 @@ fn list_requests(list: &ResourceList, field: &str) -> Result<Requested, RequestE
 /// it; the larger wins. As in the kubelet, only resources the app containers request are counted.
 /// With both pod-level gates on and `spec.resources` set, the pod-level requests stand instead.
 pub fn pod_requests(pod: &Pod, gates: FeatureGates) -> Result<Requested, RequestError> {
-    if gates.pod_level_resources && gates.pod_level_resource_managers {
-        if let Some(pod_level) = &pod.spec.resources {
-            return list_requests(&pod_level.requests, "spec.resources.requests");
-        }
+    if gates.pod_level_resources
+        && gates.pod_level_resource_managers
+        && let Some(pod_level) = &pod.spec.resources
+    {
+        return list_requests(&pod_level.requests, "spec.resources.requests");
     }
     let mut init_peak = Requested::new();
     let mut sidecars = Requested::new();
