@@ -758,3 +758,138 @@ fn story_2_end_to_end_reservation_holds_across_a_kill_and_ends_when_the_pod_faul
     assert!(status.success());
     let _ = fs::remove_dir_all(&state);
 }
+
+/// A kubelet Memory Manager checkpoint for node 0 of this host that believes `free_2m` bytes of
+/// 2 MiB pages are free (and has plenty of memory).
+fn checkpoint(total_2m: u64, free_2m: u64) -> String {
+    let table = |total: u64, free: u64| serde_json::json!({"total": total, "systemReserved": 0, "allocatable": total, "reserved": total - free, "free": free});
+    serde_json::json!({
+        "policyName": "Static",
+        "machineState": {"0": {
+            "numberOfAssignments": 0,
+            "memoryMap": {"memory": table(64 << 30, 64 << 30), "hugepages-2Mi": table(total_2m, free_2m)},
+            "cells": [0]
+        }}
+    })
+    .to_string()
+}
+
+/// kubernetes/kubernetes#134395 on the real kernel: the kubelet's checkpoint says every page is
+/// free, a Burstable pod the Memory Manager does not track holds some. The agent shows the gap,
+/// names the pod, and rejects what the checkpoint would admit; it follows the file as it changes.
+#[test]
+fn the_checkpoint_believes_pages_free_that_an_untracked_pod_holds() {
+    const UID: &str = "13439500-0000-4000-8000-000000000001";
+    const ID: &str = "1343950000000000000000000000000000000000000000000000000000000001";
+    const PAGES: u64 = 16;
+    const HELD: usize = 5;
+    const MI2: u64 = 2 << 20;
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, PAGES);
+    let _controller = HugetlbController::enable(&lock);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("memory_manager_state");
+    fs::write(&state, checkpoint(PAGES * MI2, PAGES * MI2)).expect("checkpoint");
+    let mut running = Agent::start(agent(&[
+        "run",
+        "--ebpf",
+        "off",
+        "--kubelet-state",
+        state.to_str().expect("utf-8 path"),
+    ]));
+    running.wait_for(
+        "Memory Manager state read from the kubelet's checkpoint",
+        Duration::from_secs(20),
+        |_| true,
+    );
+    running.wait_for("agent running", Duration::from_secs(20), |_| true);
+    let root = TestCgroup::create(&lock, "untracked");
+    let (nested, cgroup) = pod_cgroups(&root, &["kubepods", "burstable", &format!("pod{UID}"), ID]);
+    let toucher = Toucher::run(TOUCHER, Some(&cgroup), HELD, 0);
+    let discrepancy = || {
+        let (status, body) = http(running.port, "GET", "/v1/discrepancy", None, "");
+        assert_eq!(status, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        answer["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .find(|n| n["numaNode"] == 0 && n["resource"] == "hugepages-2Mi")
+            .cloned()
+            .unwrap_or_else(|| panic!("no node 0 hugepages-2Mi in {answer:#}"))
+    };
+    let held = HELD as u64 * MI2;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let node = loop {
+        let node = discrepancy();
+        if node["discrepancyBytes"].as_u64() == Some(held) {
+            break node;
+        }
+        assert!(std::time::Instant::now() < deadline, "{node:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(node["memoryManagerFreeBytes"].as_u64(), Some(PAGES * MI2));
+    assert_eq!(
+        node["osFreeBytes"].as_u64(),
+        Some((PAGES - HELD as u64) * MI2)
+    );
+    assert_eq!(node["untracked"][0]["podUid"], UID, "{node:#}");
+    assert_eq!(
+        node["untracked"][0]["bytes"].as_u64(),
+        Some(held),
+        "{node:#}"
+    );
+    let explanation = node["explanation"].as_str().expect("explanation");
+    assert!(
+        explanation.contains(&format!("pod {UID} (Burstable) 10Mi")),
+        "{explanation}"
+    );
+    // A Guaranteed pod the checkpoint has room for: selected on node 0, refused by the kernel.
+    let want = (PAGES - HELD as u64 + 1) * MI2;
+    let body = serde_json::json!({
+        "pod": {"namespace": "ns", "name": "dpdk", "uid": "13439500-0000-4000-8000-000000000002", "qosClass": "Guaranteed"},
+        "containers": [{"name": "fwd", "resources": {"memory": "1Gi", "hugepages-2Mi": want.to_string()}}]
+    });
+    let (status, answer) = http(
+        running.port,
+        "POST",
+        "/v1/admit",
+        Some("application/json"),
+        &body.to_string(),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let answer: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
+    assert_eq!(
+        answer["selection"]["placements"][0]["allocated"],
+        serde_json::json!([0]),
+        "{answer:#}"
+    );
+    assert_eq!(
+        answer["message"],
+        format!(
+            "insufficient hugepages-2Mi on NUMA node(s) [0]: requested {}Mi, available {}Mi",
+            want >> 20,
+            (PAGES - HELD as u64) * 2
+        ),
+        "{answer:#}"
+    );
+    // The kubelet rewrites its checkpoint: the agent reads the new one.
+    fs::write(&state, checkpoint(PAGES * MI2, (PAGES - HELD as u64) * MI2)).expect("checkpoint");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let node = discrepancy();
+        if node["discrepancyBytes"].as_i64() == Some(0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rewrite was not picked up: {node:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(toucher);
+    drop(nested);
+    drop(root);
+    let (status, _) = running.terminate();
+    assert!(status.success());
+}

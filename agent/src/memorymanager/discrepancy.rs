@@ -96,6 +96,14 @@ fn holders(
     node: NumaNode,
     page_size: u64,
 ) -> Vec<Holder> {
+    let bytes_of = |c: &Consumer| -> u64 {
+        c.sizes
+            .iter()
+            .filter(|s| s.page_size_bytes == page_size)
+            .filter_map(|s| s.per_node.get(&node))
+            .sum()
+    };
+    let pods: Vec<&Consumer> = consumers.iter().filter(|c| c.kind == Kind::Pod).collect();
     let mut out: Vec<Holder> = consumers
         .iter()
         // Pods stand for their containers; system entries are top-level cgroups and the rest.
@@ -106,12 +114,17 @@ fn holders(
                 .is_none_or(|uid| !tracked.contains(uid))
         })
         .filter_map(|c| {
-            let bytes = c
-                .sizes
-                .iter()
-                .filter(|s| s.page_size_bytes == page_size)
-                .filter_map(|s| s.per_node.get(&node))
-                .sum::<u64>();
+            let mut bytes = bytes_of(c);
+            if c.kind == Kind::System {
+                // A system cgroup's figure includes any pod cgroups below it: those are named.
+                let below = format!("{}/", c.cgroup);
+                let nested: u64 = pods
+                    .iter()
+                    .filter(|p| p.cgroup.starts_with(&below))
+                    .map(|p| bytes_of(p))
+                    .sum();
+                bytes = bytes.saturating_sub(nested);
+            }
             (bytes > 0).then(|| Holder {
                 cgroup: c.cgroup.clone(),
                 pod_uid: c.pod_uid.clone(),

@@ -76,7 +76,9 @@ fn the_issue_134395_node_shows_twelve_gigabytes_the_kubelet_cannot_see() {
         8 * GI,
     );
     let system = holder(Kind::System, None, "/system.slice", 4 * GI);
-    let consumers = [burstable, container, system];
+    // A top-level cgroup above the pod counts the pod's pages too: only its own share is named.
+    let above = holder(Kind::System, None, "/kubepods", 8 * GI);
+    let consumers = [burstable, container, system, above];
     let found = compute(&state, &snapshot(os_free_pages), Some(&consumers));
     assert_eq!(found.len(), 1);
     let d = &found[0];
