@@ -893,3 +893,87 @@ fn the_checkpoint_believes_pages_free_that_an_untracked_pod_holds() {
     let (status, _) = running.terminate();
     assert!(status.success());
 }
+
+#[test]
+fn check_without_numa_picks_nodes_as_the_kubelet_would() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 16);
+    let total = read_u64(&format!("{NODE0_2M}/nr_hugepages"));
+    // Fits node 0: selected there (this host's one node) and verified.
+    let (code, out, err) = check("hugepages-2Mi=8Mi", &["--policy", "single-numa-node"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("hugepages-2Mi on NUMA node(s) [0]"), "{out}");
+    // More than any node holds: no hint fits, and the Memory Manager's Allocate refuses.
+    let more = format!("hugepages-2Mi={}Mi", (total + 4) * 2);
+    let (code, out, err) = check(&more, &[]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("rejected (UnexpectedAdmissionError)"), "{out}");
+    assert_eq!(
+        err.trim(),
+        "Allocate failed due to [memorymanager] failed to get the default NUMA affinity, no NUMA nodes with enough memory is available, which is unexpected"
+    );
+}
+
+#[test]
+fn hints_and_merge_print_the_kubelets_answer_and_bad_files_are_exit_code_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = |name: &str, body: serde_json::Value| {
+        let path = dir.path().join(name);
+        fs::write(&path, body.to_string()).expect("write");
+        path.to_str().expect("utf-8").to_owned()
+    };
+    let table = |allocatable: u64, free: u64| serde_json::json!({"total": allocatable, "systemReserved": 0, "allocatable": allocatable, "reserved": allocatable - free, "free": free});
+    let gi = 1u64 << 30;
+    let node = |free: u64| serde_json::json!({"numberOfAssignments": 0, "memoryMap": {"memory": table(8 * gi, 8 * gi), "hugepages-1Gi": table(2 * gi, free)}, "cells": []});
+    let state = file(
+        "state.json",
+        serde_json::json!({"policyName": "Static", "machineState": {"0": node(gi), "1": node(2 * gi)}}),
+    );
+    let resources = serde_json::json!({"cpu": "2", "memory": "1Gi", "hugepages-1Gi": "2Gi"});
+    let pod = file(
+        "pod.json",
+        serde_json::json!({"metadata": {"uid": "u"}, "spec": {"containers": [{"name": "app", "resources": {"requests": resources, "limits": resources}}]}}),
+    );
+    let (status, out, err) = output(agent(&["hints", "--state", &state, "--pod", &pod]));
+    assert!(status.success(), "{err}");
+    let expected = r#"[{"numaNodes":[1],"preferred":true},{"numaNodes":[0,1],"preferred":false}]"#;
+    assert_eq!(
+        out.trim(),
+        format!(r#"{{"hugepages-1Gi":{expected},"memory":{expected}}}"#)
+    );
+    let burstable = file(
+        "burstable.json",
+        serde_json::json!({"spec": {"containers": [{"name": "app", "resources": {"requests": {"memory": "1Gi"}}}]}}),
+    );
+    let (status, out, _) = output(agent(&["hints", "--state", &state, "--pod", &burstable]));
+    assert!(status.success());
+    assert_eq!(out.trim(), "null");
+    let merge = file(
+        "merge.json",
+        serde_json::json!({"policy": "best-effort", "policyOptions": {"prefer-closest-numa-nodes": true},
+            "numaNodes": [0, 1, 2, 3], "distances": {"0": [10, 11, 21, 21], "1": [11, 10, 21, 21], "2": [21, 21, 10, 11], "3": [21, 21, 11, 10]},
+            "providers": [{"memory": [{"numaNodes": [0, 2], "preferred": true}, {"numaNodes": [2, 3], "preferred": true}]}, null]}),
+    );
+    let (status, out, err) = output(agent(&["merge", "--input", &merge]));
+    assert!(status.success(), "{err}");
+    assert_eq!(
+        out.trim(),
+        r#"{"numaNodes":[2,3],"preferred":true,"admit":true}"#
+    );
+    let bad = file(
+        "bad.json",
+        serde_json::json!({"policy": "static", "numaNodes": [0]}),
+    );
+    let (status, _, err) = output(agent(&["merge", "--input", &bad]));
+    assert_eq!(status.code(), Some(2));
+    assert!(err.contains("bad.json") && err.contains("policy"), "{err}");
+    let (status, _, err) = output(agent(&[
+        "hints",
+        "--state",
+        "/no/such/state.json",
+        "--pod",
+        &pod,
+    ]));
+    assert_eq!(status.code(), Some(2));
+    assert!(err.contains("/no/such/state.json"), "{err}");
+}

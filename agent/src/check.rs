@@ -1,16 +1,28 @@
-//! `hugepage-agent check`: one verification from the shell. Exit 0 admitted, 1 rejected (the
-//! KEP's message on stderr), 2 bad input (the flag at fault on stderr).
+//! `hugepage-agent check`: one verification from the shell. Without `--numa`, the NUMA nodes are
+//! those the kubelet would pick for a Guaranteed pod asking these hugepages (`--policy`, else
+//! `--topology-policy`), then verified there. Exit 0 admitted, 1 rejected (the KEP's message, or
+//! the kubelet's topology refusal, on stderr), 2 bad input (the flag at fault on stderr).
 
 use std::{collections::BTreeMap, process::ExitCode};
 
 use crate::{
     admission::{
-        request::{self, QuantityValue, ResourceList},
+        plan,
+        request::{
+            self, Container, Hugepages, Pod, PodSpec, PodStatus, QuantityValue, Requirements,
+            ResourceList,
+        },
         verify::{Verdict, Verifier},
     },
     config::Config,
-    numa::NumaNode,
+    memorymanager::{live::StateLoader, selection::Topology},
+    numa::{
+        NumaNode,
+        map::{MapWriter, Source},
+    },
     quantity::format_binary,
+    sysfs::topology,
+    topologymanager::{NumaInfo, Policy},
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -61,7 +73,13 @@ pub fn parse_numa(text: &str) -> Result<Vec<NumaNode>, CheckError> {
 }
 
 /// Runs the check and prints the outcome; returns the exit code.
-pub fn run(config: &Config, requests: &[String], numa: Option<&str>, json: bool) -> ExitCode {
+pub fn run(
+    config: &Config,
+    requests: &[String],
+    numa: Option<&str>,
+    policy: Option<Policy>,
+    json: bool,
+) -> ExitCode {
     let bad = |err: &dyn std::fmt::Display| {
         eprintln!("hugepage-agent: {err}");
         ExitCode::from(2)
@@ -77,13 +95,32 @@ pub fn run(config: &Config, requests: &[String], numa: Option<&str>, json: bool)
             return ExitCode::FAILURE;
         }
     };
-    let nodes = match numa.map(parse_numa).transpose() {
-        Ok(n) => n.unwrap_or_else(|| verifier.nodes()),
+    let groups = match numa.map(parse_numa).transpose() {
+        Ok(Some(nodes)) => BTreeMap::from([(nodes, request.clone())]),
+        Ok(None) => match select(config, policy, &request, &verifier.nodes()) {
+            Ok(Ok(groups)) => groups,
+            Ok(Err((reason, message))) => {
+                println!("rejected ({reason})");
+                eprintln!("{message}");
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("hugepage-agent: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
         Err(e) => return bad(&e),
     };
-    let verdict = match verifier.verify(&request, &nodes, config.verification) {
-        Ok(v) => v,
-        Err(e) => return bad(&e),
+    let mut verdicts = Vec::new();
+    for (nodes, pages) in &groups {
+        match verifier.verify(pages, nodes, config.verification) {
+            Ok(v) => verdicts.push(v),
+            Err(e) => return bad(&e),
+        }
+    }
+    let Some(verdict) = plan::combine(verdicts) else {
+        println!("admitted");
+        return ExitCode::SUCCESS;
     };
     if json {
         println!(
@@ -100,6 +137,68 @@ pub fn run(config: &Config, requests: &[String], numa: Option<&str>, json: bool)
         }
         _ => ExitCode::SUCCESS,
     }
+}
+
+/// NUMA nodes as the kubelet would pick them for a Guaranteed pod asking these hugepages (on the
+/// kubelet's checkpoint, or the state built from sysfs): the groups to verify, or the kubelet's
+/// refusal (reason, message).
+fn select(
+    config: &Config,
+    policy: Option<Policy>,
+    request: &Hugepages,
+    all: &[NumaNode],
+) -> Result<Result<BTreeMap<Vec<NumaNode>, Hugepages>, (&'static str, String)>, String> {
+    let (writer, _) =
+        MapWriter::new(config.host.clone(), Source::Sysfs).map_err(|e| e.to_string())?;
+    let mut loader = StateLoader::new(
+        config.host.clone(),
+        config.kubelet_state.clone(),
+        config.reserved_memory.clone(),
+        config.topology.gates,
+    );
+    let view = loader.load(&writer.current()).map_err(|e| e.to_string())?;
+    if let Some(err) = &view.checkpoint_error {
+        eprintln!(
+            "hugepage-agent: the kubelet's checkpoint is refused ({err}); using the state built from sysfs"
+        );
+    }
+    let topology_nodes = topology::read(&config.host).map_err(|e| e.to_string())?;
+    let info = NumaInfo::from_topology(&topology_nodes, &config.topology.options)
+        .map_err(|e| e.to_string())?;
+    let list: ResourceList = request
+        .iter()
+        .map(|(size, bytes)| (size.resource_name(), QuantityValue::Number(*bytes)))
+        .collect();
+    let pod = Pod {
+        spec: PodSpec {
+            containers: vec![Container {
+                name: "check".into(),
+                resources: Requirements {
+                    requests: list.clone(),
+                    limits: list,
+                },
+                restart_policy: None,
+            }],
+            ..PodSpec::default()
+        },
+        status: PodStatus {
+            qos_class: Some("Guaranteed".into()),
+        },
+        ..Pod::default()
+    };
+    let topology = Topology {
+        info: &info,
+        policy: policy.unwrap_or(config.topology.policy),
+        options: &config.topology.options,
+        scope: config.topology.scope,
+        gates: config.topology.gates,
+    };
+    let plan = plan::plan(&view.state, &pod, topology, all).map_err(|e| e.to_string())?;
+    if !plan.selection.admit {
+        let reason = plan.selection.reason.unwrap_or("TopologyAffinityError");
+        return Ok(Err((reason, plan.selection.message.unwrap_or_default())));
+    }
+    Ok(Ok(plan.groups))
 }
 
 /// One line per size: requested, available in the chosen mode, and both numbers.

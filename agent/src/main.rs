@@ -31,10 +31,10 @@ fn main() -> ExitCode {
         Command::Check {
             ref requests,
             ref numa,
+            policy,
             json,
-            ..
         } => {
-            return check::run(&config, requests, numa.as_deref(), json);
+            return check::run(&config, requests, numa.as_deref(), policy, json);
         }
         Command::Hints {
             ref state,
