@@ -18,7 +18,7 @@ pub fn document() -> Value {
         "paths": {
             "/v1/admit": {"post": {
                 "summary": "Can this pod's hugepage request be served on these NUMA nodes, right now?",
-                "description": "free_hugepages is read fresh for the selected NUMA nodes (all nodes when numaNodes is absent). A rejection carries the KEP-5759 message. The body is either the short form or a whole v1.Pod.",
+                "description": "free_hugepages is read fresh for the selected NUMA nodes. Without numaNodes they are selected as the kubelet would: the Memory Manager's hints (static policy, on its checkpoint or the state built from sysfs) merged under the Topology Manager policy (topologyPolicy, else --topology-policy), then its Allocate; a refusal there is the kubelet's TopologyAffinityError or UnexpectedAdmissionError, and `selection` shows the hints and the merged hint. A rejection by the kernel carries the KEP-5759 message. The body is either the short form (containers' resources are requests and limits) or a whole v1.Pod.",
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"oneOf": [
                     {"$ref": "#/components/schemas/AdmitShort"},
                     {"$ref": "#/components/schemas/Pod"}
@@ -30,6 +30,42 @@ pub fn document() -> Value {
                     "415": problem("Content type is not application/json"),
                     "500": problem("The reservation could not be saved (named in detail)")
                 }
+            }},
+            "/v1/hints": {"post": {
+                "summary": "The kubelet Memory Manager's topology hints for a request, on the live state",
+                "description": "Same body as /v1/admit. `hints` are the pod's (pod scope), `containers` each container's (container scope), `null` for pods that are not Guaranteed, `{}` where no NUMA mask fits; `selection` is the merged hint and allocation under the policy and scope. `source` says whether the state is the kubelet's checkpoint or built from sysfs.",
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"oneOf": [
+                    {"$ref": "#/components/schemas/AdmitShort"},
+                    {"$ref": "#/components/schemas/Pod"}
+                ]}}}},
+                "responses": {
+                    "200": {"description": "Hints", "content": {"application/json": {"schema": {"type": "object", "properties": {
+                        "hints": {"$ref": "#/components/schemas/Hints"},
+                        "containers": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "hints": {"$ref": "#/components/schemas/Hints"}}}},
+                        "selection": {"type": "object"},
+                        "source": {"enum": ["checkpoint", "sysfs"]},
+                        "checkpointPath": {"type": "string"},
+                        "checkpointError": {"type": "string"},
+                        "loadedAt": {"type": "string", "format": "date-time"}
+                    }}}}},
+                    "400": problem("Invalid JSON, or an invalid field (named in `field`)"),
+                    "413": problem("Body larger than 1 MiB"),
+                    "415": problem("Content type is not application/json")
+                }
+            }},
+            "/v1/discrepancy": {"get": {
+                "summary": "The kubelet Memory Manager's free hugepages against the kernel's, per NUMA node and size (KEP-5759's proposed discrepancy)",
+                "description": "discrepancyBytes = the checkpoint's free minus free_hugepages x page size; positive means the kubelet would admit against pages that are gone. `untracked` names the cgroups holding pages on that node that the Memory Manager does not track (pods absent from its assignments, system cgroups, pages outside any cgroup), and `explanation` says it in a sentence. Without a usable checkpoint `nodes` is empty and `note` says why.",
+                "responses": {"200": {"description": "Per node and size", "content": {"application/json": {"schema": {"type": "object", "properties": {
+                    "source": {"enum": ["checkpoint", "sysfs"]},
+                    "note": {"type": "string"},
+                    "nodes": {"type": "array", "items": {"type": "object", "properties": {
+                        "numaNode": {"type": "integer"}, "resource": {"type": "string"}, "pageSizeBytes": {"type": "integer"},
+                        "memoryManagerFreeBytes": {"type": "integer"}, "osFreeBytes": {"type": "integer"}, "discrepancyBytes": {"type": "integer"},
+                        "untracked": {"type": "array", "items": {"type": "object", "properties": {"cgroup": {"type": "string"}, "podUid": {"type": "string"}, "qos": {"type": "string"}, "bytes": {"type": "integer"}}}},
+                        "explanation": {"type": "string"}
+                    }}}
+                }}}}}}
             }},
             "/v1/hugepages": {"get": {
                 "summary": "The hugepage map: per NUMA node and size, and system-wide",
@@ -73,6 +109,7 @@ pub fn document() -> Value {
             "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}}
         },
         "components": {"schemas": {
+            "Hints": {"description": "Resource name to topology hints, as the kubelet returns them; null when it returns none", "type": ["object", "null"], "additionalProperties": {"type": "array", "items": {"type": "object", "properties": {"numaNodes": {"type": ["array", "null"], "items": {"type": "integer"}}, "preferred": {"type": "boolean"}}}}},
             "Quantity": {"description": "A Kubernetes quantity (4Gi, 2048Mi, 1.5Gi, 4194304) or a number of bytes", "oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]},
             "AdmitShort": {
                 "type": "object",

@@ -453,6 +453,8 @@ async fn the_openapi_document_describes_every_route() {
     assert_eq!(status, StatusCode::OK);
     for path in [
         "/v1/admit",
+        "/v1/hints",
+        "/v1/discrepancy",
         "/v1/hugepages",
         "/v1/consumers",
         "/v1/reservations",
