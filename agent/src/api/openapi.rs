@@ -6,6 +6,50 @@ fn problem(description: &str) -> Value {
     json!({"description": description, "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}})
 }
 
+/// `POST /v1/hints`.
+fn hints_path() -> Value {
+    json!({"post": {
+        "summary": "The kubelet Memory Manager's topology hints for a request, on the live state",
+        "description": "Same body as /v1/admit. `hints` are the pod's (pod scope), `containers` each container's (container scope), `null` for pods that are not Guaranteed, `{}` where no NUMA mask fits; `selection` is the merged hint and allocation under the policy and scope. `source` says whether the state is the kubelet's checkpoint or built from sysfs.",
+        "requestBody": {"required": true, "content": {"application/json": {"schema": {"oneOf": [
+            {"$ref": "#/components/schemas/AdmitShort"},
+            {"$ref": "#/components/schemas/Pod"}
+        ]}}}},
+        "responses": {
+            "200": {"description": "Hints", "content": {"application/json": {"schema": {"type": "object", "properties": {
+                "hints": {"$ref": "#/components/schemas/Hints"},
+                "containers": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "hints": {"$ref": "#/components/schemas/Hints"}}}},
+                "selection": {"type": "object"},
+                "source": {"enum": ["checkpoint", "sysfs"]},
+                "checkpointPath": {"type": "string"},
+                "checkpointError": {"type": "string"},
+                "loadedAt": {"type": "string", "format": "date-time"}
+            }}}}},
+            "400": problem("Invalid JSON, or an invalid field (named in `field`)"),
+            "413": problem("Body larger than 1 MiB"),
+            "415": problem("Content type is not application/json")
+        }
+    }})
+}
+
+/// `GET /v1/discrepancy`.
+fn discrepancy_path() -> Value {
+    json!({"get": {
+        "summary": "The kubelet Memory Manager's free hugepages against the kernel's, per NUMA node and size (KEP-5759's proposed discrepancy)",
+        "description": "discrepancyBytes = the checkpoint's free minus free_hugepages x page size; positive means the kubelet would admit against pages that are gone. `untracked` names the cgroups holding pages on that node that the Memory Manager does not track (pods absent from its assignments, system cgroups, pages outside any cgroup), and `explanation` says it in a sentence. Without a usable checkpoint `nodes` is empty and `note` says why.",
+        "responses": {"200": {"description": "Per node and size", "content": {"application/json": {"schema": {"type": "object", "properties": {
+            "source": {"enum": ["checkpoint", "sysfs"]},
+            "note": {"type": "string"},
+            "nodes": {"type": "array", "items": {"type": "object", "properties": {
+                "numaNode": {"type": "integer"}, "resource": {"type": "string"}, "pageSizeBytes": {"type": "integer"},
+                "memoryManagerFreeBytes": {"type": "integer"}, "osFreeBytes": {"type": "integer"}, "discrepancyBytes": {"type": "integer"},
+                "untracked": {"type": "array", "items": {"type": "object", "properties": {"cgroup": {"type": "string"}, "podUid": {"type": "string"}, "qos": {"type": "string"}, "bytes": {"type": "integer"}}}},
+                "explanation": {"type": "string"}
+            }}}
+        }}}}}}
+    }})
+}
+
 /// The whole document.
 pub fn document() -> Value {
     json!({
@@ -31,42 +75,8 @@ pub fn document() -> Value {
                     "500": problem("The reservation could not be saved (named in detail)")
                 }
             }},
-            "/v1/hints": {"post": {
-                "summary": "The kubelet Memory Manager's topology hints for a request, on the live state",
-                "description": "Same body as /v1/admit. `hints` are the pod's (pod scope), `containers` each container's (container scope), `null` for pods that are not Guaranteed, `{}` where no NUMA mask fits; `selection` is the merged hint and allocation under the policy and scope. `source` says whether the state is the kubelet's checkpoint or built from sysfs.",
-                "requestBody": {"required": true, "content": {"application/json": {"schema": {"oneOf": [
-                    {"$ref": "#/components/schemas/AdmitShort"},
-                    {"$ref": "#/components/schemas/Pod"}
-                ]}}}},
-                "responses": {
-                    "200": {"description": "Hints", "content": {"application/json": {"schema": {"type": "object", "properties": {
-                        "hints": {"$ref": "#/components/schemas/Hints"},
-                        "containers": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "hints": {"$ref": "#/components/schemas/Hints"}}}},
-                        "selection": {"type": "object"},
-                        "source": {"enum": ["checkpoint", "sysfs"]},
-                        "checkpointPath": {"type": "string"},
-                        "checkpointError": {"type": "string"},
-                        "loadedAt": {"type": "string", "format": "date-time"}
-                    }}}}},
-                    "400": problem("Invalid JSON, or an invalid field (named in `field`)"),
-                    "413": problem("Body larger than 1 MiB"),
-                    "415": problem("Content type is not application/json")
-                }
-            }},
-            "/v1/discrepancy": {"get": {
-                "summary": "The kubelet Memory Manager's free hugepages against the kernel's, per NUMA node and size (KEP-5759's proposed discrepancy)",
-                "description": "discrepancyBytes = the checkpoint's free minus free_hugepages x page size; positive means the kubelet would admit against pages that are gone. `untracked` names the cgroups holding pages on that node that the Memory Manager does not track (pods absent from its assignments, system cgroups, pages outside any cgroup), and `explanation` says it in a sentence. Without a usable checkpoint `nodes` is empty and `note` says why.",
-                "responses": {"200": {"description": "Per node and size", "content": {"application/json": {"schema": {"type": "object", "properties": {
-                    "source": {"enum": ["checkpoint", "sysfs"]},
-                    "note": {"type": "string"},
-                    "nodes": {"type": "array", "items": {"type": "object", "properties": {
-                        "numaNode": {"type": "integer"}, "resource": {"type": "string"}, "pageSizeBytes": {"type": "integer"},
-                        "memoryManagerFreeBytes": {"type": "integer"}, "osFreeBytes": {"type": "integer"}, "discrepancyBytes": {"type": "integer"},
-                        "untracked": {"type": "array", "items": {"type": "object", "properties": {"cgroup": {"type": "string"}, "podUid": {"type": "string"}, "qos": {"type": "string"}, "bytes": {"type": "integer"}}}},
-                        "explanation": {"type": "string"}
-                    }}}
-                }}}}}}
-            }},
+            "/v1/hints": hints_path(),
+            "/v1/discrepancy": discrepancy_path(),
             "/v1/hugepages": {"get": {
                 "summary": "The hugepage map: per NUMA node and size, and system-wide",
                 "responses": {"200": {"description": "The latest snapshot", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Snapshot"}}}}}
