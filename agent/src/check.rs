@@ -98,8 +98,8 @@ pub fn run(
     let groups = match numa.map(parse_numa).transpose() {
         Ok(Some(nodes)) => BTreeMap::from([(nodes, request.clone())]),
         Ok(None) => match select(config, policy, &request, &verifier.nodes()) {
-            Ok(Ok(groups)) => groups,
-            Ok(Err((reason, message))) => {
+            Ok(Selected::Groups(groups)) => groups,
+            Ok(Selected::Refused { reason, message }) => {
                 println!("rejected ({reason})");
                 eprintln!("{message}");
                 return ExitCode::FAILURE;
@@ -139,15 +139,25 @@ pub fn run(
     }
 }
 
+/// What the kubelet's selection made of a check.
+enum Selected {
+    /// Hugepages to verify per set of nodes.
+    Groups(BTreeMap<Vec<NumaNode>, Hugepages>),
+    /// The kubelet's refusal.
+    Refused {
+        reason: &'static str,
+        message: String,
+    },
+}
+
 /// NUMA nodes as the kubelet would pick them for a Guaranteed pod asking these hugepages (on the
-/// kubelet's checkpoint, or the state built from sysfs): the groups to verify, or the kubelet's
-/// refusal (reason, message).
+/// kubelet's checkpoint, or the state built from sysfs).
 fn select(
     config: &Config,
     policy: Option<Policy>,
     request: &Hugepages,
     all: &[NumaNode],
-) -> Result<Result<BTreeMap<Vec<NumaNode>, Hugepages>, (&'static str, String)>, String> {
+) -> Result<Selected, String> {
     let (writer, _) =
         MapWriter::new(config.host.clone(), Source::Sysfs).map_err(|e| e.to_string())?;
     let mut loader = StateLoader::new(
@@ -196,9 +206,10 @@ fn select(
     let plan = plan::plan(&view.state, &pod, topology, all).map_err(|e| e.to_string())?;
     if !plan.selection.admit {
         let reason = plan.selection.reason.unwrap_or("TopologyAffinityError");
-        return Ok(Err((reason, plan.selection.message.unwrap_or_default())));
+        let message = plan.selection.message.unwrap_or_default();
+        return Ok(Selected::Refused { reason, message });
     }
-    Ok(Ok(plan.groups))
+    Ok(Selected::Groups(plan.groups))
 }
 
 /// One line per size: requested, available in the chosen mode, and both numbers.

@@ -39,6 +39,7 @@ fn discrepancy_path() -> Value {
         "description": "discrepancyBytes = the checkpoint's free minus free_hugepages x page size; positive means the kubelet would admit against pages that are gone. `untracked` names the cgroups holding pages on that node that the Memory Manager does not track (pods absent from its assignments, system cgroups, pages outside any cgroup), and `explanation` says it in a sentence. Without a usable checkpoint `nodes` is empty and `note` says why.",
         "responses": {"200": {"description": "Per node and size", "content": {"application/json": {"schema": {"type": "object", "properties": {
             "source": {"enum": ["checkpoint", "sysfs"]},
+            "machineState": {"type": "object", "description": "The Memory Manager's view per NUMA node: memoryMap (per resource: total, systemReserved, allocatable, reserved, free) and cells (the node's group)"},
             "note": {"type": "string"},
             "nodes": {"type": "array", "items": {"type": "object", "properties": {
                 "numaNode": {"type": "integer"}, "resource": {"type": "string"}, "pageSizeBytes": {"type": "integer"},

@@ -292,6 +292,11 @@ async fn discrepancy_needs_a_checkpoint_and_then_compares_it_with_the_kernel() {
     state.memory_manager.store(Arc::new(view));
     let (_, _, answer) = send(&state, "GET", "/v1/discrepancy", None, String::new()).await;
     assert_eq!(answer["source"], "checkpoint");
+    assert_eq!(
+        answer["machineState"]["0"]["memoryMap"]["hugepages-2Mi"]["free"],
+        4u64 << 30
+    );
+    assert_eq!(answer["machineState"]["1"]["cells"], json!([1]));
     assert_eq!(answer["nodes"][0]["discrepancyBytes"], 2u64 << 30);
     assert_eq!(answer["nodes"][1]["discrepancyBytes"], 0);
     assert!(

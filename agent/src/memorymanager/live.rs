@@ -31,10 +31,18 @@ pub struct MemoryManagerView {
     /// Why the checkpoint was not used, when it exists but was refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint_error: Option<String>,
-    #[serde(skip)]
+    /// Per NUMA node: each resource's table and the node's group (`cells`).
+    #[serde(rename = "machineState", serialize_with = "machine_state")]
     pub state: MemoryManagerState,
     #[serde(serialize_with = "rfc3339")]
     pub loaded_at: SystemTime,
+}
+
+fn machine_state<S: serde::Serializer>(
+    state: &MemoryManagerState,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    state.machine_state.serialize(s)
 }
 
 fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
