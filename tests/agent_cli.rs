@@ -1,9 +1,13 @@
 //! The `hugepage-agent` binary as an operator runs it: `status`, and `run` with eBPF on, off, and
 //! refused by the kernel. Runs the real binary on the real kernel.
 
-use std::{fs, process::Command, time::Duration};
+use std::{fs, path::Path, process::Command, time::Duration};
 
-use hugepage_agent::{probes::Probes, sysfs::HostFs};
+use hugepage_agent::{
+    memorymanager::checkpoint::{Verification, parse, to_kubelet_json},
+    probes::Probes,
+    sysfs::HostFs,
+};
 use hugepage_agent_tests::{
     Agent, HugepagePool, HugetlbController, MemoryPressure, TestCgroup, Toucher, agent_bin,
     free_port, host_lock, http, output, read_u64,
@@ -759,11 +763,11 @@ fn story_2_end_to_end_reservation_holds_across_a_kill_and_ends_when_the_pod_faul
     let _ = fs::remove_dir_all(&state);
 }
 
-/// A kubelet Memory Manager checkpoint for node 0 of this host that believes `free_2m` bytes of
-/// 2 MiB pages are free (and has plenty of memory).
-fn checkpoint(total_2m: u64, free_2m: u64) -> String {
+/// A kubelet Memory Manager checkpoint (checksum and all) for node 0 of this host that believes
+/// `free_2m` bytes of 2 MiB pages are free (and has plenty of memory).
+fn checkpoint(total_2m: u64, free_2m: u64) -> Vec<u8> {
     let table = |total: u64, free: u64| serde_json::json!({"total": total, "systemReserved": 0, "allocatable": total, "reserved": total - free, "free": free});
-    serde_json::json!({
+    let state = serde_json::json!({
         "policyName": "Static",
         "machineState": {"0": {
             "numberOfAssignments": 0,
@@ -771,7 +775,14 @@ fn checkpoint(total_2m: u64, free_2m: u64) -> String {
             "cells": [0]
         }}
     })
-    .to_string()
+    .to_string();
+    let state = parse(
+        Path::new("hand-written"),
+        state.as_bytes(),
+        Verification::UnlessAbsent,
+    )
+    .expect("a valid state");
+    to_kubelet_json(&state)
 }
 
 /// kubernetes/kubernetes#134395 on the real kernel: the kubelet's checkpoint says every page is
@@ -873,17 +884,41 @@ fn the_checkpoint_believes_pages_free_that_an_untracked_pod_holds() {
         ),
         "{answer:#}"
     );
+    // A corrupt checkpoint is refused whole: the agent says why and falls back to sysfs.
+    let mut corrupt = checkpoint(PAGES * MI2, PAGES * MI2);
+    let at = corrupt.len() / 2;
+    corrupt[at] = if corrupt[at] == b'1' { b'2' } else { b'1' };
+    fs::write(&state, &corrupt).expect("checkpoint");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let refused = loop {
+        let (_, body) = http(running.port, "GET", "/v1/discrepancy", None, "");
+        let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        if answer["source"] == "sysfs" {
+            break answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the corrupt file was not refused: {answer:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let why = refused["checkpointError"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("drain this node and delete the file before restarting the kubelet"),
+        "{refused:#}"
+    );
     // The kubelet rewrites its checkpoint: the agent reads the new one.
     fs::write(&state, checkpoint(PAGES * MI2, (PAGES - HELD as u64) * MI2)).expect("checkpoint");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let node = discrepancy();
-        if node["discrepancyBytes"].as_i64() == Some(0) {
+        let (_, body) = http(running.port, "GET", "/v1/discrepancy", None, "");
+        let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        if answer["source"] == "checkpoint" && answer["nodes"][0]["discrepancyBytes"] == 0 {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the rewrite was not picked up: {node:#}"
+            "the rewrite was not picked up: {answer:#}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }

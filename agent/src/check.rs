@@ -164,7 +164,6 @@ fn select(
         config.host.clone(),
         config.kubelet_state.clone(),
         config.reserved_memory.clone(),
-        config.topology.gates,
     );
     let view = loader.load(&writer.current()).map_err(|e| e.to_string())?;
     if let Some(err) = &view.checkpoint_error {

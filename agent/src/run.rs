@@ -121,7 +121,6 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         config.host.clone(),
         config.kubelet_state.clone(),
         config.reserved_memory.clone(),
-        config.topology.gates,
     );
     let view = state_loader
         .load(&writer.current())

@@ -11,7 +11,7 @@ use crate::{
     admission::request::Pod,
     kubelet::features::FeatureGates,
     memorymanager::{
-        checkpoint::{self, CheckpointError},
+        checkpoint::{self, CheckpointError, Verification},
         hints::{self, HintError, Hints, Scope},
     },
     topologymanager::{
@@ -67,7 +67,7 @@ pub fn hints(
     scope: Scope,
     gates: FeatureGates,
 ) -> Result<HintsAnswer, WhatIfError> {
-    let state = checkpoint::parse(state_path, &read(state_path)?, gates)?;
+    let state = checkpoint::parse(state_path, &read(state_path)?, Verification::UnlessAbsent)?;
     let pod: Pod = json(pod_path, &read(pod_path)?)?;
     let result = match scope {
         Scope::Pod => hints::pod_hints(&state, &pod, gates),

@@ -16,8 +16,13 @@ use anyhow::{Context, Result, bail};
 use crate::cmd::{self, Env};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// Debian packages the tests need: `setpriv` (util-linux) runs the agent without privileges.
-const DEBIAN_PACKAGES: [&str; 1] = ["util-linux"];
+/// Debian packages the tests need: `setpriv` (util-linux) runs the agent without privileges; Go
+/// and go-spew build the independent peer that checks the kubelet checkpoint checksum.
+const DEBIAN_PACKAGES: [&str; 3] = [
+    "util-linux",
+    "golang-go",
+    "golang-github-davecgh-go-spew-dev",
+];
 /// Debian packages only benchmarks need: `oha` (the HTTP load generator) builds against OpenSSL.
 pub const BENCH_PACKAGES: [&str; 2] = ["libssl-dev", "pkg-config"];
 const OHA_VERSION: &str = "1.16.0";

@@ -105,12 +105,7 @@ fn loader(
     host: &HostFs,
     checkpoint: std::path::PathBuf,
 ) -> crate::memorymanager::live::StateLoader {
-    crate::memorymanager::live::StateLoader::new(
-        host.clone(),
-        checkpoint,
-        Default::default(),
-        Default::default(),
-    )
+    crate::memorymanager::live::StateLoader::new(host.clone(), checkpoint, Default::default())
 }
 
 const PSI: PsiConfig = PsiConfig {

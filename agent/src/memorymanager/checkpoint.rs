@@ -1,45 +1,323 @@
-//! The kubelet's Memory Manager checkpoint (interim reader: parses the state; the checksum
-//! verification lands with the checkpoint module proper).
+//! The kubelet's Memory Manager checkpoint (`/var/lib/kubelet/memory_manager_state`), read and
+//! verified exactly as the kubelet does, and written as the kubelet writes it.
+//!
+//! The kubelet's checksum is FNV-1a (32 bits) of go-spew's `%#v` text of the checkpoint struct
+//! with its checksum zeroed (`k8s.io/utils/dump.ForHash`: sorted map keys, no pointer
+//! addresses). [`spew`] produces that text from the JSON as Go's decoder would fill the struct:
+//! absent maps stay the empty maps the kubelet starts with, `null` makes them nil, and nil and
+//! empty print differently. Two formats exist: the current one with `podEntries` (pod-level
+//! resource managers), and the one before it, whose struct had no such field; the kubelet reads
+//! the latter under either type name it was written with, and accepts it with a zero checksum
+//! (its compatibility rule). A file is used whole or refused with what to do; never half-read.
+
+mod spew;
 
 use std::path::Path;
 
 use serde::Deserialize;
+use serde_json::{Map, Value};
 
 use super::state::{ContainerAssignments, MachineState, MemoryManagerState, PodAssignments};
-use crate::kubelet::features::FeatureGates;
+
+pub use spew::Format;
+
+/// What the kubelet says to do with a checkpoint it cannot restore.
+const KUBELET_ADVICE: &str = "the kubelet refuses such a file too: drain this node and delete the file before restarting the kubelet";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("{path}: {detail}")]
+    #[error("{path}: not JSON: {detail}")]
     Json { path: String, detail: String },
+    #[error(
+        "{path}: not a kubelet Memory Manager checkpoint (no machineState; is it another manager's state file?)"
+    )]
+    Foreign { path: String },
+    #[error("{path}: {detail} (the kubelet could not read it either; {KUBELET_ADVICE})")]
+    Shape { path: String, detail: String },
+    #[error(
+        "{path}: checksum {stored} does not match the content ({computed}): the file is corrupt or was edited; {KUBELET_ADVICE}"
+    )]
+    Mismatch {
+        path: String,
+        stored: u64,
+        computed: u32,
+    },
+    #[error(
+        "{path}: the Memory Manager policy is {policy:?}, not \"Static\": it makes no NUMA assignments to read"
+    )]
+    Policy { path: String, policy: String },
 }
 
-#[derive(Debug, Deserialize)]
+/// Whether a file without a `checksum` field is accepted unverified (a hand-written state for
+/// `hints --state`) or must pass the kubelet's own rules (a live checkpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verification {
+    Kubelet,
+    UnlessAbsent,
+}
+
+/// A checkpoint read: its state, format, and whether its checksum was verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub state: MemoryManagerState,
+    pub format: Format,
+    pub verified: bool,
+}
+
+#[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawState {
+struct Raw {
     #[serde(default)]
-    policy_name: String,
-    machine_state: MachineState,
+    policy_name: Option<String>,
     #[serde(default)]
-    entries: ContainerAssignments,
+    machine_state: Option<MachineState>,
     #[serde(default)]
-    pod_entries: PodAssignments,
+    entries: Option<ContainerAssignments>,
+    #[serde(default)]
+    pod_entries: Option<PodAssignments>,
 }
 
-/// Parses a checkpoint or a hand-written state.
+/// Reads a checkpoint (see the module documentation).
+pub fn read(
+    path: &Path,
+    bytes: &[u8],
+    verification: Verification,
+) -> Result<Checkpoint, CheckpointError> {
+    let name = path.display().to_string();
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| CheckpointError::Json {
+        path: name.clone(),
+        detail: e.to_string(),
+    })?;
+    let Some(object) = value.as_object() else {
+        return Err(CheckpointError::Foreign { path: name });
+    };
+    if !object.contains_key("machineState") {
+        return Err(CheckpointError::Foreign { path: name });
+    }
+    let shape = |detail: String| CheckpointError::Shape {
+        path: name.clone(),
+        detail,
+    };
+    let (format, verified) = verify(object, verification).map_err(|e| match e {
+        Verify::Shape(detail) => shape(detail),
+        Verify::Mismatch { stored, computed } => CheckpointError::Mismatch {
+            path: name.clone(),
+            stored,
+            computed,
+        },
+    })?;
+    let mut value = value;
+    normalize(&mut value);
+    let raw: Raw = serde_path_to_error::deserialize(&value)
+        .map_err(|e| shape(format!("at {}: {}", e.path(), e.inner())))?;
+    let policy_name = raw.policy_name.unwrap_or_default();
+    if policy_name != "Static" {
+        return Err(CheckpointError::Policy {
+            path: name,
+            policy: policy_name,
+        });
+    }
+    Ok(Checkpoint {
+        state: MemoryManagerState {
+            policy_name,
+            machine_state: raw.machine_state.unwrap_or_default(),
+            entries: raw.entries.unwrap_or_default(),
+            pod_entries: raw.pod_entries.unwrap_or_default(),
+        },
+        format,
+        verified,
+    })
+}
+
+/// [`read`], the state only.
 pub fn parse(
     path: &Path,
     bytes: &[u8],
-    _gates: FeatureGates,
+    verification: Verification,
 ) -> Result<MemoryManagerState, CheckpointError> {
-    let raw: RawState = serde_json::from_slice(bytes).map_err(|e| CheckpointError::Json {
-        path: path.display().to_string(),
-        detail: e.to_string(),
-    })?;
-    Ok(MemoryManagerState {
-        policy_name: raw.policy_name,
-        machine_state: raw.machine_state,
-        entries: raw.entries,
-        pod_entries: raw.pod_entries,
+    read(path, bytes, verification).map(|c| c.state)
+}
+
+/// What Go's decoder makes of `null`, in the typed state: a nil slice or map is empty, a zero
+/// field is 0, a null element of a block list is a zero block; a nil node or memory table (which
+/// the kubelet itself would dereference and crash on) is left out.
+fn normalize(value: &mut Value) {
+    fn each_value(v: &mut Value, f: impl Fn(&mut Value)) {
+        if let Value::Object(m) = v {
+            m.values_mut().for_each(f);
+        }
+    }
+    fn drop_nulls(v: &mut Value) {
+        if let Value::Object(m) = v {
+            m.retain(|_, item| !item.is_null());
+        }
+    }
+    fn or_empty(v: &mut Value, empty: Value) {
+        if v.is_null() {
+            *v = empty;
+        }
+    }
+    fn fields(v: &mut Value, zero: &[(&str, Value)]) {
+        if let Value::Object(m) = v {
+            for (key, zero) in zero {
+                if m.get(*key).is_none_or(Value::is_null) {
+                    m.insert((*key).to_string(), zero.clone());
+                }
+            }
+        }
+    }
+    fn blocks(v: &mut Value) {
+        or_empty(v, Value::Array(Vec::new()));
+        if let Value::Array(items) = v {
+            for block in items {
+                or_empty(block, Value::Object(Map::new()));
+                let zero = [
+                    ("numaAffinity", Value::Array(Vec::new())),
+                    ("type", Value::String(String::new())),
+                    ("size", Value::from(0)),
+                ];
+                fields(block, &zero);
+            }
+        }
+    }
+    let Value::Object(top) = value else {
+        return;
+    };
+    for key in ["machineState", "entries", "podEntries"] {
+        if let Some(v) = top.get_mut(key) {
+            or_empty(v, Value::Object(Map::new()));
+        }
+    }
+    if let Some(machine) = top.get_mut("machineState") {
+        drop_nulls(machine);
+        each_value(machine, |node| {
+            let zero = [
+                ("numberOfAssignments", Value::from(0)),
+                ("memoryMap", Value::Object(Map::new())),
+                ("cells", Value::Array(Vec::new())),
+            ];
+            fields(node, &zero);
+            if let Value::Object(n) = node
+                && let Some(tables) = n.get_mut("memoryMap")
+            {
+                drop_nulls(tables);
+                each_value(tables, |table| {
+                    let zero = ["total", "systemReserved", "allocatable", "reserved", "free"]
+                        .map(|k| (k, Value::from(0)));
+                    fields(table, &zero);
+                });
+            }
+        });
+    }
+    if let Some(entries) = top.get_mut("entries") {
+        each_value(entries, |containers| {
+            or_empty(containers, Value::Object(Map::new()));
+            each_value(containers, blocks);
+        });
+    }
+    if let Some(pods) = top.get_mut("podEntries") {
+        each_value(pods, |entry| {
+            or_empty(entry, Value::Object(Map::new()));
+            if let Value::Object(e) = entry {
+                e.values_mut().for_each(blocks);
+            }
+        });
+    }
+}
+
+enum Verify {
+    Shape(String),
+    Mismatch { stored: u64, computed: u32 },
+}
+
+/// The format whose checksum the file's matches (and whether one was checked at all).
+fn verify(
+    object: &Map<String, Value>,
+    verification: Verification,
+) -> Result<(Format, bool), Verify> {
+    let current_only = object.contains_key("podEntries");
+    let stored = match object.get("checksum") {
+        None if verification == Verification::UnlessAbsent => {
+            let format = if current_only {
+                Format::Current
+            } else {
+                Format::Legacy
+            };
+            return Ok((format, false));
+        }
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| Verify::Shape(format!("checksum {v} is not an unsigned integer")))?,
+    };
+    let current = spew::checksum(object, Format::Current, spew::TYPE).map_err(Verify::Shape)?;
+    if stored == u64::from(current) {
+        return Ok((Format::Current, true));
+    }
+    if !current_only {
+        for type_name in [spew::TYPE, spew::TYPE_V1] {
+            if stored
+                == u64::from(
+                    spew::checksum(object, Format::Legacy, type_name).map_err(Verify::Shape)?,
+                )
+            {
+                return Ok((Format::Legacy, true));
+            }
+        }
+        if stored == 0 {
+            // "accept empty checksum for compatibility with old file backend"
+            return Ok((Format::Legacy, false));
+        }
+    }
+    Err(Verify::Mismatch {
+        stored,
+        computed: current,
     })
 }
+
+/// The kubelet's checksum of a checkpoint file's content in `format` (its own checksum field
+/// ignored).
+pub fn kubelet_checksum(path: &Path, bytes: &[u8], format: Format) -> Result<u32, CheckpointError> {
+    let name = path.display().to_string();
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| CheckpointError::Json {
+        path: name.clone(),
+        detail: e.to_string(),
+    })?;
+    let object = value
+        .as_object()
+        .ok_or(CheckpointError::Foreign { path: name.clone() })?;
+    spew::checksum(object, format, spew::TYPE)
+        .map_err(|detail| CheckpointError::Shape { path: name, detail })
+}
+
+/// The checkpoint as the kubelet writes it (current format, checksum set).
+pub fn to_kubelet_json(state: &MemoryManagerState) -> Vec<u8> {
+    let mut object = Map::new();
+    object.insert(
+        "policyName".into(),
+        Value::String(state.policy_name.clone()),
+    );
+    object.insert(
+        "machineState".into(),
+        serde_json::to_value(&state.machine_state).unwrap_or(Value::Null),
+    );
+    if !state.entries.is_empty() {
+        object.insert(
+            "entries".into(),
+            serde_json::to_value(&state.entries).unwrap_or(Value::Null),
+        );
+    }
+    if !state.pod_entries.is_empty() {
+        object.insert(
+            "podEntries".into(),
+            serde_json::to_value(&state.pod_entries).unwrap_or(Value::Null),
+        );
+    }
+    // Our own serialisation has the shape the hash reads; it cannot fail on it.
+    let checksum = spew::checksum(&object, Format::Current, spew::TYPE).unwrap_or(0);
+    object.insert("checksum".into(), Value::from(checksum));
+    serde_json::to_vec(&Value::Object(object)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;

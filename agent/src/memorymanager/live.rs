@@ -8,11 +8,11 @@ use std::{os::unix::fs::MetadataExt, path::PathBuf, time::SystemTime};
 use serde::Serialize;
 
 use super::{
-    checkpoint,
+    checkpoint::{self, Verification},
     machine::{self, ReservedMemory},
     state::MemoryManagerState,
 };
-use crate::{kubelet::features::FeatureGates, numa::map::Snapshot, sysfs::HostFs};
+use crate::{numa::map::Snapshot, sysfs::HostFs};
 
 /// Where the state came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -63,18 +63,16 @@ pub struct StateLoader {
     host: HostFs,
     path: PathBuf,
     reserved: ReservedMemory,
-    gates: FeatureGates,
     /// The checkpoint as last read (`None`: absent).
     stamp: Option<Option<Stamp>>,
 }
 
 impl StateLoader {
-    pub fn new(host: HostFs, path: PathBuf, reserved: ReservedMemory, gates: FeatureGates) -> Self {
+    pub fn new(host: HostFs, path: PathBuf, reserved: ReservedMemory) -> Self {
         StateLoader {
             host,
             path,
             reserved,
-            gates,
             stamp: None,
         }
     }
@@ -106,7 +104,8 @@ impl StateLoader {
             match std::fs::read(&self.path)
                 .map_err(|e| format!("{}: {e}", self.path.display()))
                 .and_then(|bytes| {
-                    checkpoint::parse(&self.path, &bytes, self.gates).map_err(|e| e.to_string())
+                    checkpoint::parse(&self.path, &bytes, Verification::Kubelet)
+                        .map_err(|e| e.to_string())
                 }) {
                 Ok(state) => {
                     return Ok(MemoryManagerView {

@@ -51,8 +51,20 @@ pub struct Block {
 /// Pod UID → container name → blocks.
 pub type ContainerAssignments = BTreeMap<String, BTreeMap<String, Vec<Block>>>;
 
-/// Pod UID → blocks (pod-level resource managers).
-pub type PodAssignments = BTreeMap<String, Vec<Block>>;
+/// A pod's own assignment (pod-level resource managers).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodEntry {
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub memory_blocks: Vec<Block>,
+}
+
+/// Pod UID → its entry.
+pub type PodAssignments = BTreeMap<String, PodEntry>;
 
 /// Everything the Memory Manager knows: the machine state and the assignments.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -74,7 +86,9 @@ impl MemoryManagerState {
 
     /// The blocks the checkpoint holds for a pod (pod-level resources), if it was assigned.
     pub fn pod_blocks(&self, pod_uid: &str) -> Option<&[Block]> {
-        self.pod_entries.get(pod_uid).map(Vec::as_slice)
+        self.pod_entries
+            .get(pod_uid)
+            .map(|entry| entry.memory_blocks.as_slice())
     }
 }
 

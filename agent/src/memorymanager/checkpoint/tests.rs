@@ -1,0 +1,122 @@
+//! Fixtures in `testdata/` were written by the real go-spew and `encoding/json`, through
+//! `tests/kubelet-checksum` (the kubelet's structs, type names and hash configuration).
+
+use super::*;
+
+const CURRENT: &str = include_str!("testdata/current.json");
+const LEGACY: &str = include_str!("testdata/legacy.json");
+const CURRENT_TEXT: &str = include_str!("testdata/current.text");
+
+fn path() -> &'static Path {
+    Path::new("/var/lib/kubelet/memory_manager_state")
+}
+
+#[test]
+fn a_kubelet_written_checkpoint_verifies_in_either_format() {
+    let current = read(path(), CURRENT.as_bytes(), Verification::Kubelet).unwrap();
+    assert_eq!((current.format, current.verified), (Format::Current, true));
+    let state = &current.state;
+    assert_eq!(state.machine_state[&0].cells, vec![0, 1]);
+    assert_eq!(
+        state.machine_state[&1].memory_map["hugepages-1Gi"].free,
+        3 << 30
+    );
+    let uid = "fa9bdd38-6df9-4cf2-b2b7-2e3a0fbb1fe0";
+    assert_eq!(state.container_blocks(uid, "dpdk").unwrap().len(), 2);
+    assert_eq!(state.pod_blocks(uid).unwrap()[0].size, 2 << 30);
+    let legacy = read(path(), LEGACY.as_bytes(), Verification::Kubelet).unwrap();
+    assert_eq!((legacy.format, legacy.verified), (Format::Legacy, true));
+    assert_eq!(legacy.state.machine_state, state.machine_state);
+}
+
+#[test]
+fn the_hashed_text_is_go_spews() {
+    let value: Value = serde_json::from_str(CURRENT).unwrap();
+    let text = spew::text(value.as_object().unwrap(), Format::Current, spew::TYPE).unwrap();
+    assert_eq!(text, CURRENT_TEXT.trim_end());
+}
+
+#[test]
+fn one_changed_byte_is_refused_whole_with_what_to_do() {
+    let edited = CURRENT.replacen("\"free\":3221225472", "\"free\":3221225473", 1);
+    assert_ne!(edited, CURRENT);
+    let err = read(path(), edited.as_bytes(), Verification::Kubelet).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(
+            err,
+            CheckpointError::Mismatch {
+                stored: 3740143566,
+                ..
+            }
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("drain this node and delete the file before restarting the kubelet"),
+        "{message}"
+    );
+    // A legacy file given pod entries is no longer what the kubelet wrote.
+    let grown = LEGACY.replacen("\"checksum\"", "\"podEntries\":{},\"checksum\"", 1);
+    assert!(matches!(
+        read(path(), grown.as_bytes(), Verification::Kubelet),
+        Err(CheckpointError::Mismatch { .. })
+    ));
+}
+
+#[test]
+fn foreign_and_malformed_files_say_what_they_are() {
+    let cpu = r#"{"policyName":"static","defaultCpuSet":"0-3","checksum":1}"#;
+    assert!(matches!(
+        read(path(), cpu.as_bytes(), Verification::Kubelet),
+        Err(CheckpointError::Foreign { .. })
+    ));
+    assert!(matches!(
+        read(path(), b"{\"machineState\":", Verification::Kubelet),
+        Err(CheckpointError::Json { .. })
+    ));
+    let wrong = r#"{"policyName":"Static","machineState":{"0":{"cells":"zero"}}}"#;
+    let err = read(path(), wrong.as_bytes(), Verification::UnlessAbsent).unwrap_err();
+    assert!(matches!(err, CheckpointError::Shape { .. }), "{err}");
+    assert!(err.to_string().contains("machineState.0.cells"), "{err}");
+    let none = r#"{"policyName":"None","machineState":{},"checksum":0}"#;
+    assert!(matches!(
+        read(path(), none.as_bytes(), Verification::Kubelet),
+        Err(CheckpointError::Policy { .. })
+    ));
+}
+
+#[test]
+fn without_a_checksum_only_the_kubelets_compatibility_rule_or_the_what_if_command_accepts() {
+    let hand = r#"{"policyName":"Static","machineState":{"0":{"numberOfAssignments":0,"memoryMap":{},"cells":[0]}}}"#;
+    // The kubelet accepts a legacy file with no (zero) checksum.
+    let read_back = read(path(), hand.as_bytes(), Verification::Kubelet).unwrap();
+    assert_eq!(
+        (read_back.format, read_back.verified),
+        (Format::Legacy, false)
+    );
+    // With pod entries only a hand-written state (the what-if command) is taken unverified.
+    let with_pods = hand.replacen("}}}", "}},\"podEntries\":{}}", 1);
+    assert!(read(path(), with_pods.as_bytes(), Verification::Kubelet).is_err());
+    let read_back = read(path(), with_pods.as_bytes(), Verification::UnlessAbsent).unwrap();
+    assert_eq!(
+        (read_back.format, read_back.verified),
+        (Format::Current, false)
+    );
+}
+
+#[test]
+fn what_we_write_reads_back_verified() {
+    let state = read(path(), CURRENT.as_bytes(), Verification::Kubelet)
+        .unwrap()
+        .state;
+    let written = to_kubelet_json(&state);
+    let again = read(path(), &written, Verification::Kubelet).unwrap();
+    assert_eq!((again.format, again.verified), (Format::Current, true));
+    assert_eq!(again.state, state);
+    // The same content hashes the same whoever wrote it.
+    let ours = kubelet_checksum(path(), &written, Format::Current).unwrap();
+    let theirs = kubelet_checksum(path(), CURRENT.as_bytes(), Format::Current).unwrap();
+    assert_eq!(ours, theirs);
+    assert_eq!(u64::from(ours), 3740143566);
+}
