@@ -165,3 +165,66 @@ fn pods_that_are_not_guaranteed_get_no_hints() {
     );
     assert_eq!(pod_hints(&state, &pod, FeatureGates::default()), Ok(None));
 }
+
+/// One case of the kubelet's hint-generation tests, as data (`testdata/kubelet_cases.json`,
+/// transcribed from `pkg/kubelet/cm/memorymanager/policy_static_test.go`; each names its
+/// source): a state in the checkpoint's JSON shape, a `v1.Pod`, and the kubelet's answer.
+#[derive(serde::Deserialize)]
+struct KubeletCase {
+    name: String,
+    state: serde_json::Value,
+    pod: serde_json::Value,
+    container: Option<String>,
+    scope: String,
+    expected: Hints,
+}
+
+#[test]
+fn every_kubelet_hint_generation_case() {
+    let cases: Vec<KubeletCase> =
+        serde_json::from_str(include_str!("testdata/kubelet_cases.json")).unwrap();
+    assert_eq!(cases.len(), 7);
+    for case in cases {
+        let bytes = case.state.to_string();
+        let state = crate::memorymanager::checkpoint::parse(
+            std::path::Path::new(&case.name),
+            bytes.as_bytes(),
+            crate::memorymanager::checkpoint::Verification::UnlessAbsent,
+        )
+        .unwrap();
+        let pod: Pod = serde_json::from_value(case.pod).unwrap();
+        let gates = FeatureGates::default();
+        let got = match (case.scope.as_str(), case.container) {
+            ("container", Some(name)) => {
+                let container = find_container(&pod, &name).unwrap();
+                container_hints(&state, &pod, container, gates)
+            }
+            _ => pod_hints(&state, &pod, gates),
+        };
+        assert_eq!(got, Ok(case.expected), "{}", case.name);
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodRequestsCase {
+    name: String,
+    containers: serde_json::Value,
+    init_containers: serde_json::Value,
+    expected: BTreeMap<String, u64>,
+}
+
+#[test]
+fn every_kubelet_pod_requests_case() {
+    let cases: Vec<PodRequestsCase> =
+        serde_json::from_str(include_str!("testdata/kubelet_pod_requests.json")).unwrap();
+    assert_eq!(cases.len(), 5);
+    for case in cases {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {"containers": case.containers, "initContainers": case.init_containers}
+        }))
+        .unwrap();
+        let got = requests::pod_requests(&pod, FeatureGates::default()).unwrap();
+        assert_eq!(got, case.expected, "{}", case.name);
+    }
+}
