@@ -13,6 +13,7 @@ use crate::{
     logging::LogFormat,
     psi::monitor::PsiConfig,
     sysfs::HostFs,
+    telemetry::traces::{TraceConfig, TracesError},
 };
 
 #[derive(Debug, Parser)]
@@ -194,6 +195,8 @@ pub enum ConfigError {
     },
     #[error("{flag} {value}: expected a percentage above 0 and at most 100")]
     Threshold { flag: &'static str, value: String },
+    #[error(transparent)]
+    Traces(#[from] TracesError),
 }
 
 /// The validated configuration.
@@ -211,6 +214,8 @@ pub struct Config {
     pub reject_under_pressure: bool,
     pub reservation_ttl: Duration,
     pub state_dir: PathBuf,
+    /// OpenTelemetry export, from the standard `OTEL_*` variables.
+    pub traces: TraceConfig,
 }
 
 impl TryFrom<Cli> for Config {
@@ -240,6 +245,7 @@ impl TryFrom<Cli> for Config {
                 });
             }
         }
+        let traces = TraceConfig::from_env()?;
         let listen = cli
             .listen
             .parse()
@@ -277,6 +283,7 @@ impl TryFrom<Cli> for Config {
             reject_under_pressure: cli.reject_under_pressure,
             reservation_ttl,
             state_dir: cli.state_dir,
+            traces,
             verification: Settings {
                 gate: cli.verification,
                 mode: cli.verification_mode,

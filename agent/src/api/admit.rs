@@ -1,8 +1,14 @@
 //! `POST /v1/admit`: both body forms, validated, then verified on the requested NUMA nodes (all
 //! nodes until topology hints select them). The logic is [`admit`], a plain function of the
 //! state and the raw request; the handler only extracts and maps.
+//!
+//! Each admission is a span ([`span`]) with the pod, sizes, NUMA nodes, bytes, result and
+//! reason as attributes, and its steps as children: `hint` (choosing the NUMA nodes),
+//! `verification` (the fresh sysfs read) and `reservation`. It also counts in the metrics.
 
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
+
+use tracing::field::Empty;
 
 use serde::{Deserialize, Serialize};
 
@@ -92,6 +98,25 @@ pub struct Answer {
 const POLICIES: [&str; 4] = ["none", "best-effort", "restricted", "single-numa-node"];
 const SCOPES: [&str; 2] = ["container", "pod"];
 
+/// The span of one admission, its attributes recorded by [`admit`]. Debug level: it reaches the
+/// trace exporter, and the log only at `RUST_LOG=debug`.
+pub fn span() -> tracing::Span {
+    tracing::debug_span!(
+        "admission",
+        otel.kind = "server",
+        k8s.pod.name = Empty,
+        k8s.namespace.name = Empty,
+        k8s.pod.uid = Empty,
+        hugepage.sizes = Empty,
+        hugepage.numa_nodes = Empty,
+        hugepage.requested_bytes = Empty,
+        hugepage.available_bytes = Empty,
+        admission.result = Empty,
+        admission.reason = Empty,
+        admission.message = Empty,
+    )
+}
+
 /// Validates and verifies one admission request.
 pub fn admit(
     state: &AppState,
@@ -113,23 +138,38 @@ pub fn admit(
     } else {
         from_short(body)?
     };
-    let nodes = nodes.unwrap_or_else(|| state.verifier.nodes());
+    let span = tracing::Span::current();
+    span.record("k8s.pod.name", pod.name.as_str());
+    span.record("k8s.namespace.name", pod.namespace.as_str());
+    span.record("k8s.pod.uid", pod.uid.as_str());
+    let nodes = {
+        let hint = tracing::debug_span!("hint", hugepage.numa_nodes = Empty, hint.source = Empty)
+            .entered();
+        let (nodes, source) = match nodes {
+            Some(nodes) => (nodes, "request"),
+            None => (state.verifier.nodes(), "all nodes"),
+        };
+        hint.record("hugepage.numa_nodes", node_list(&nodes).as_str());
+        hint.record("hint.source", source);
+        nodes
+    };
     // Held from the fresh read to the reservation: no other admission sees the pages in between.
     let mut store = state
         .reservations
         .lock()
         .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
     let now = SystemTime::now();
-    let mut verdict = state
-        .verifier
-        .verify(&request, &nodes, state.settings)
-        .map_err(|e| match e {
-            VerifyError::UnknownNode { .. } => ApiError::invalid("numaNodes", e.to_string()),
-            VerifyError::NoNodes => {
-                ApiError::invalid("numaNodes", "must name at least one NUMA node")
-            }
-        })?;
+    let started = Instant::now();
+    let verified = tracing::debug_span!("verification")
+        .in_scope(|| state.verifier.verify(&request, &nodes, state.settings));
+    let took = started.elapsed();
+    let mut verdict = verified.map_err(|e| match e {
+        VerifyError::UnknownNode { .. } => ApiError::invalid("numaNodes", e.to_string()),
+        VerifyError::NoNodes => ApiError::invalid("numaNodes", "must name at least one NUMA node"),
+    })?;
+    let reservation = tracing::debug_span!("reservation", reservation.id = Empty).entered();
     reservations::apply(&mut verdict, &store, &pod.uid, now);
+    state.metrics.verification(&verdict, took);
     if state.reject_under_pressure && !request.is_empty() {
         refuse_under_pressure(&mut verdict, state.psi.load().memory_pressure());
     }
@@ -137,9 +177,13 @@ pub fn admit(
         let made = store
             .reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now)
             .map_err(|e| ApiError::internal(format!("the reservation could not be saved: {e}")))?;
+        reservation.record("reservation.id", made.id.as_str());
         verdict.reservation = Some(made);
     }
     drop(store);
+    drop(reservation);
+    state.metrics.admission(&verdict);
+    record_verdict(&span, &verdict);
     tracing::info!(
         pod = %format_args!("{}/{}", pod.namespace, pod.name),
         uid = %pod.uid,
@@ -163,8 +207,43 @@ pub fn delete_reservation(state: &AppState, id: &str) -> Result<Reservation, Api
         .into_iter()
         .next()
         .ok_or_else(|| ApiError::no_reservation(id))?;
+    state.metrics.reservation_ended(Released::Deleted);
     tracing::info!(id = %found.id, pod_uid = %found.pod_uid, "reservation deleted");
     Ok(found)
+}
+
+/// The verdict's attributes on the admission span: sums over the sizes checked.
+fn record_verdict(span: &tracing::Span, verdict: &Verdict) {
+    let sizes: Vec<&str> = verdict.checks.iter().map(|c| c.resource.as_str()).collect();
+    span.record("hugepage.sizes", sizes.join(",").as_str());
+    span.record(
+        "hugepage.numa_nodes",
+        node_list(&verdict.numa_nodes).as_str(),
+    );
+    let sum = |f: fn(&crate::admission::verify::Check) -> u64| {
+        verdict.checks.iter().map(f).fold(0u64, u64::saturating_add)
+    };
+    span.record("hugepage.requested_bytes", sum(|c| c.requested_bytes));
+    span.record("hugepage.available_bytes", sum(|c| c.available_bytes));
+    span.record(
+        "admission.result",
+        if verdict.allowed {
+            "admitted"
+        } else {
+            "rejected"
+        },
+    );
+    span.record("admission.reason", verdict.reason.unwrap_or(""));
+    span.record(
+        "admission.message",
+        verdict.message.as_deref().unwrap_or(""),
+    );
+}
+
+/// `0,1`
+fn node_list(nodes: &[NumaNode]) -> String {
+    let names: Vec<String> = nodes.iter().map(|n| n.0.to_string()).collect();
+    names.join(",")
 }
 
 /// The reason of a refusal under memory contention pressure.
