@@ -541,7 +541,7 @@ impl Agent {
         let sizes = (!pending.all).then_some(&pending.sizes);
         let refreshed = self.writer.refresh(sizes, pending.first_fault);
         if let Ok(changes) = &refreshed {
-            span.record("hugepage_agent.pools_changed", changes.len());
+            span.record("hugepage_agent.pools_changed", changes.len() as i64);
         }
         match refreshed {
             Ok(changes)
@@ -559,7 +559,7 @@ impl Agent {
                 let delay = self.writer.current().fault_to_map;
                 if let Some(delay) = delay {
                     self.metrics.event_to_map(delay);
-                    span.record("hugepage_agent.event_to_map_us", delay.as_micros() as u64);
+                    span.record("hugepage_agent.event_to_map_us", delay.as_micros() as i64);
                 }
                 log_changes(&changes, delay);
             }
@@ -643,7 +643,7 @@ fn refresh_span(pending: &Pending) -> tracing::Span {
             let wall = std::time::SystemTime::now() - ago;
             (
                 humantime::format_rfc3339_micros(wall).to_string(),
-                u64::try_from(at.as_nanos()).unwrap_or(u64::MAX),
+                i64::try_from(at.as_nanos()).unwrap_or(i64::MAX),
             )
         }
         None => (String::new(), 0),
@@ -660,7 +660,7 @@ fn refresh_span(pending: &Pending) -> tracing::Span {
             sizes.join(",")
         }
         .as_str(),
-        hugepage_agent.follow_up = pending.follow_ups,
+        hugepage_agent.follow_up = i64::from(pending.follow_ups),
         hugepage_agent.pools_changed = tracing::field::Empty,
         hugepage_agent.event_to_map_us = tracing::field::Empty,
     )

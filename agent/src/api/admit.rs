@@ -220,8 +220,10 @@ fn record_verdict(span: &tracing::Span, verdict: &Verdict) {
         "hugepage.numa_nodes",
         node_list(&verdict.numa_nodes).as_str(),
     );
+    // As i64: OpenTelemetry has no unsigned integers (a u64 would arrive as a string).
     let sum = |f: fn(&crate::admission::verify::Check) -> u64| {
-        verdict.checks.iter().map(f).fold(0u64, u64::saturating_add)
+        let total = verdict.checks.iter().map(f).fold(0u64, u64::saturating_add);
+        i64::try_from(total).unwrap_or(i64::MAX)
     };
     span.record("hugepage.requested_bytes", sum(|c| c.requested_bytes));
     span.record("hugepage.available_bytes", sum(|c| c.available_bytes));

@@ -69,6 +69,7 @@ pub fn init(format: LogFormat, traces: &TraceConfig) -> Result<Telemetry, Teleme
         Some((provider, tracer)) => {
             let layer = tracing_opentelemetry::layer()
                 .with_tracer(tracer)
+                .with_tracked_inactivity(false)
                 .with_filter(filter_fn(|meta| {
                     meta.is_span() && meta.target().starts_with("hugepage_agent")
                 }));
