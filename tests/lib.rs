@@ -15,6 +15,7 @@ use std::{
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
 mod flags;
+pub mod peers;
 mod pressure;
 mod stats;
 pub use flags::BenchFlags;

@@ -18,6 +18,7 @@ use crate::{
     },
     psi::monitor::PsiConfig,
     sysfs::HostFs,
+    telemetry::traces::{TraceConfig, TracesError},
     topologymanager::{Policy, PolicyOptions},
 };
 
@@ -261,6 +262,8 @@ pub enum ConfigError {
     },
     #[error("{flag} {value}: expected a percentage above 0 and at most 100")]
     Threshold { flag: &'static str, value: String },
+    #[error(transparent)]
+    Traces(#[from] TracesError),
     #[error("--topology-policy-options {given:?}: {detail}")]
     PolicyOptions { given: String, detail: String },
     #[error("{0}")]
@@ -316,6 +319,8 @@ pub struct Config {
     /// The kubelet Memory Manager checkpoint, as a path on this machine.
     pub kubelet_state: PathBuf,
     pub reserved_memory: ReservedMemory,
+    /// OpenTelemetry export, from the standard `OTEL_*` variables.
+    pub traces: TraceConfig,
 }
 
 impl TryFrom<Cli> for Config {
@@ -345,6 +350,7 @@ impl TryFrom<Cli> for Config {
                 });
             }
         }
+        let traces = TraceConfig::from_env()?;
         let listen = cli
             .listen
             .parse()
@@ -410,6 +416,7 @@ impl TryFrom<Cli> for Config {
             reject_under_pressure: cli.reject_under_pressure,
             reservation_ttl,
             state_dir: cli.state_dir,
+            traces,
             verification: Settings {
                 gate: cli.verification,
                 mode: cli.verification_mode,

@@ -3,7 +3,8 @@
 //!
 //! Modules, from the kernel outwards: [`sysfs`] is the only reader of `/sys` and `/proc`;
 //! [`probes`] owns the eBPF programs and turns their records into events; [`numa`] holds the
-//! hugepage pools; [`run`] is the agent's event loop and [`status`] the one-shot table.
+//! hugepage pools; [`run`] is the agent's event loop and [`status`] the one-shot table;
+//! [`telemetry`] is the log, OTLP traces and Prometheus metrics.
 
 pub mod admission;
 pub mod api;
@@ -21,5 +22,6 @@ pub mod quantity;
 pub mod run;
 pub mod status;
 pub mod sysfs;
+pub mod telemetry;
 pub mod topologymanager;
 pub mod whatif;

@@ -1,4 +1,4 @@
-//! The `hugepage-agent` binary: parse and validate the command line, set up logging, run the
+//! The `hugepage-agent` binary: parse and validate the command line, set up telemetry, run the
 //! command, and map its outcome to an exit code (0 done, 1 failed, 2 bad input).
 
 use std::process::ExitCode;
@@ -7,7 +7,9 @@ use clap::Parser;
 use hugepage_agent::{
     check,
     config::{Cli, Command, Config},
-    logging, run, status, whatif,
+    run, status, telemetry,
+    telemetry::traces::TraceConfig,
+    whatif,
 };
 
 fn main() -> ExitCode {
@@ -18,9 +20,19 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    logging::init(config.log_format);
+    let traces = match config.command {
+        Command::Run => config.traces.clone(),
+        _ => TraceConfig::off(),
+    };
+    let telemetry = match telemetry::init(config.log_format, &traces) {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("hugepage-agent: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
     let outcome = match config.command {
-        Command::Run => run::run(&config).map_err(|e| {
+        Command::Run => run::run(&config, telemetry.export_stats.clone()).map_err(|e| {
             // The agent's log is where an operator looks first; stderr below is for the shell.
             tracing::error!("{e}");
             e.to_string()
@@ -70,6 +82,8 @@ fn main() -> ExitCode {
             };
         }
     };
+    // After the API has drained: the spans of the last requests are queued by now.
+    telemetry.shutdown();
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -44,6 +44,10 @@ use crate::{
     },
     psi::monitor::Monitor,
     sysfs::{HostFs, SysfsError, cgroup_tree, hugetlb_cgroup, topology},
+    telemetry::{
+        export::ExportStats,
+        metrics::{Metrics, ProbeTotals},
+    },
     topologymanager::NumaInfo,
 };
 use hugepage_agent_common::counters::Counter;
@@ -83,16 +87,16 @@ pub enum RunError {
     },
 }
 
-/// Runs the agent until a shutdown signal.
-pub fn run(config: &Config) -> Result<(), RunError> {
+/// Runs the agent until a shutdown signal; `/metrics` shows the trace exporter's `traces`.
+pub fn run(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunError> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?
-        .block_on(run_async(config))
+        .block_on(run_async(config, traces))
 }
 
-async fn run_async(config: &Config) -> Result<(), RunError> {
+async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunError> {
     // Installed first: a signal that arrives once the agent says it runs must stop it cleanly.
     let shutdown = Shutdown::install()?;
     let listener = TcpListener::bind(config.listen)
@@ -103,6 +107,7 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         })?;
     let (writer, map) = MapWriter::new(config.host.clone(), Source::Sysfs)?;
     log_snapshot(&writer.current());
+    let metrics = Arc::new(metrics_for(&writer.current(), traces));
     let readiness = Readiness::default();
     let faults = FaultBook::default();
     let (store, set_aside) = Store::open(&config.state_dir, config.reservation_ttl)
@@ -140,6 +145,7 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         host: config.host.clone(),
         reservations: reservations.clone(),
         reject_under_pressure: config.reject_under_pressure,
+        metrics: metrics.clone(),
     };
     let (stop_server, stopped) = watch::channel(false);
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));
@@ -162,6 +168,7 @@ async fn run_async(config: &Config) -> Result<(), RunError> {
         last_counters: None,
         state_loader,
         memory_manager,
+        metrics,
     };
     let (mut events, probes_state) = match start_probes(config)? {
         Ok((probes, streams)) => {
@@ -286,6 +293,7 @@ struct Agent {
     /// Reads the kubelet's checkpoint (or builds its state) for NUMA selection.
     state_loader: StateLoader,
     memory_manager: Arc<ArcSwap<MemoryManagerView>>,
+    metrics: Arc<Metrics>,
 }
 
 /// Page sizes that faults touched since the last re-read, and when that re-read is due.
@@ -339,6 +347,7 @@ impl Agent {
         }
         let rx = stream::spawn(streams, CHANNEL)?;
         self.probes = Some(probes);
+        self.read_probe_counters();
         Ok(rx)
     }
 
@@ -378,6 +387,7 @@ impl Agent {
         }
         self.faults
             .record(f.cgroup_id, std::time::SystemTime::now());
+        self.metrics.fault(f.numa_node, f.page_size.map(PageSize));
         info!(
             pid = f.pid,
             tgid = f.tgid,
@@ -404,6 +414,7 @@ impl Agent {
             CgroupChange::AttachTask { pid } => Some(pid),
             _ => None,
         };
+        self.metrics.cgroup_event(c.change);
         let owner = classify(&c.path);
         if c.change == CgroupChange::Rmdir {
             self.faults.forget(c.cgroup_id);
@@ -460,22 +471,7 @@ impl Agent {
     /// The safety net: full cgroup rescan and sysfs re-read; a missed fault (-EBUSY) shows here.
     fn reconcile(&mut self) {
         self.rescan_cgroups();
-        if let Some(probes) = &self.probes {
-            match probes.counters() {
-                Ok(now) => {
-                    if let Some(before) = self.last_counters
-                        && now.get(Counter::FindVmaBusy) > before.get(Counter::FindVmaBusy)
-                    {
-                        debug!(
-                            busy = now.get(Counter::FindVmaBusy),
-                            "faults missed while the mmap lock was held; sysfs re-read covers them"
-                        );
-                    }
-                    self.last_counters = Some(now);
-                }
-                Err(err) => warn!("reading probe counters: {}", err.explain()),
-            }
-        }
+        self.read_probe_counters();
         match self.writer.reconcile() {
             Ok(changes) => log_changes(&changes, None),
             Err(err) => warn!("reconciling the hugepage map: {err}"),
@@ -541,6 +537,32 @@ impl Agent {
         }
     }
 
+    /// Reads the probes' counters into the metrics.
+    fn read_probe_counters(&mut self) {
+        let Some(probes) = &self.probes else {
+            return;
+        };
+        match probes.counters() {
+            Ok(now) => {
+                if let Some(before) = self.last_counters
+                    && now.get(Counter::FindVmaBusy) > before.get(Counter::FindVmaBusy)
+                {
+                    debug!(
+                        busy = now.get(Counter::FindVmaBusy),
+                        "faults missed while the mmap lock was held; sysfs re-read covers them"
+                    );
+                }
+                self.metrics.set_probe_totals(ProbeTotals {
+                    hugetlb_faults_lost: now.get(Counter::HugetlbFaultsLost),
+                    cgroup_events_lost: now.get(Counter::CgroupEventsLost),
+                    find_vma_busy: now.get(Counter::FindVmaBusy),
+                });
+                self.last_counters = Some(now);
+            }
+            Err(err) => warn!("reading probe counters: {}", err.explain()),
+        }
+    }
+
     /// What the probes saw over the agent's life: every counter, and the retries folded here.
     fn log_totals(&self) {
         let Some(probes) = &self.probes else {
@@ -567,8 +589,14 @@ impl Agent {
     /// The coalesced re-read the faults asked for.
     fn refresh(&mut self) {
         let pending = std::mem::take(&mut self.pending);
+        let span = refresh_span(&pending);
+        let _entered = span.enter();
         let sizes = (!pending.all).then_some(&pending.sizes);
-        match self.writer.refresh(sizes, pending.first_fault) {
+        let refreshed = self.writer.refresh(sizes, pending.first_fault);
+        if let Ok(changes) = &refreshed {
+            span.record("hugepage_agent.pools_changed", changes.len() as i64);
+        }
+        match refreshed {
             Ok(changes)
                 if changes.is_empty()
                     && pending.follow_ups < FOLLOW_UPS
@@ -580,7 +608,14 @@ impl Agent {
                     ..pending
                 };
             }
-            Ok(changes) => log_changes(&changes, self.writer.current().fault_to_map),
+            Ok(changes) => {
+                let delay = self.writer.current().fault_to_map;
+                if let Some(delay) = delay {
+                    self.metrics.event_to_map(delay);
+                    span.record("hugepage_agent.event_to_map_us", delay.as_micros() as i64);
+                }
+                log_changes(&changes, delay);
+            }
             Err(err) => warn!("re-reading hugepage pools: {err}"),
         }
         self.release_faulted();
@@ -626,6 +661,7 @@ impl Agent {
         match store.release(|r| pick(r, self)) {
             Ok(gone) => {
                 for (r, why) in gone {
+                    self.metrics.reservation_ended(why);
                     info!(id = %r.id, pod_uid = %r.pod_uid, reason = ?why, "reservation released");
                 }
             }
@@ -650,6 +686,55 @@ fn log_memory_manager(view: &MemoryManagerView) {
             "no kubelet Memory Manager checkpoint: NUMA selection uses the state built from sysfs and --reserved-memory"
         ),
     }
+}
+
+/// The metrics of the host the first snapshot shows.
+fn metrics_for(s: &Snapshot, traces: Arc<ExportStats>) -> Metrics {
+    let nodes: Vec<_> = s.nodes.iter().map(|n| n.info.node).collect();
+    let sizes: BTreeSet<PageSize> = s
+        .global
+        .iter()
+        .map(|g| g.size)
+        .chain(
+            s.nodes
+                .iter()
+                .flat_map(|n| n.sizes.iter().map(|p| PageSize(p.page_size_bytes))),
+        )
+        .collect();
+    let sizes: Vec<PageSize> = sizes.into_iter().collect();
+    Metrics::new(&sizes, &nodes, traces)
+}
+
+/// The span of a map refresh an eBPF event prompted, with the event's time: its
+/// CLOCK_MONOTONIC timestamp as the kernel took it, and the wall-clock time that stands for.
+fn refresh_span(pending: &Pending) -> tracing::Span {
+    let (wall, mono) = match pending.first_fault {
+        Some(at) => {
+            let ago = crate::numa::map::monotonic_now().saturating_sub(at);
+            let wall = std::time::SystemTime::now() - ago;
+            (
+                humantime::format_rfc3339_micros(wall).to_string(),
+                i64::try_from(at.as_nanos()).unwrap_or(i64::MAX),
+            )
+        }
+        None => (String::new(), 0),
+    };
+    let sizes: Vec<String> = pending.sizes.iter().map(|s| s.to_string()).collect();
+    tracing::debug_span!(
+        "map refresh",
+        hugepage_agent.trigger = "ebpf hugetlb fault",
+        hugepage_agent.event.time = wall.as_str(),
+        hugepage_agent.event.monotonic_ns = mono,
+        hugepage_agent.page_sizes = if pending.all {
+            "all".to_owned()
+        } else {
+            sizes.join(",")
+        }
+        .as_str(),
+        hugepage_agent.follow_up = i64::from(pending.follow_ups),
+        hugepage_agent.pools_changed = tracing::field::Empty,
+        hugepage_agent.event_to_map_us = tracing::field::Empty,
+    )
 }
 
 fn log_changes(changes: &[Change], fault_to_map: Option<Duration>) {

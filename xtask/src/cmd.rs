@@ -14,6 +14,8 @@ use anyhow::{Context, Result, bail};
 pub struct Env {
     /// Directory holding the `bpf-linker` built for the current nightly.
     pub linker_bin: PathBuf,
+    /// Variables telling tests and benchmarks where their peers are installed.
+    pub peers: Vec<(&'static str, PathBuf)>,
 }
 
 impl Env {
@@ -54,7 +56,8 @@ fn cargo_command(env: &Env, args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.args(args)
         .current_dir(workspace())
-        .env("PATH", env.path());
+        .env("PATH", env.path())
+        .envs(env.peers.iter().map(|(k, v)| (k, v)));
     cmd
 }
 
@@ -136,6 +139,7 @@ pub fn exec(env: &Env, program: &Path, args: &[String]) -> Result<()> {
     let err = Command::new(program)
         .args(args)
         .env("PATH", env.path())
+        .envs(env.peers.iter().map(|(k, v)| (k, v)))
         .exec();
     Err(err).with_context(|| format!("running {}", program.display()))
 }

@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's own commands. `run` and `test` are the two the README names; both
 //! install what they need first (idempotently), so they work on a fresh machine.
 //!
-//! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages).
+//! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages, and the
+//!   telemetry tests' peers: Prometheus, an OTLP receiver's venv, `@grafana/schema`).
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
 //! * `test`: formatting, clippy, the build without the eBPF toolchain, and every test.
 //! * `bench probe-overhead|verify|psi|inventory|admit-load [-- ARGS]`: the fault probe's cost on
@@ -43,9 +44,9 @@ enum Task {
 }
 
 fn main() -> Result<()> {
-    let env = setup::ensure()?;
+    let mut env = setup::ensure()?;
     match Cli::parse().command {
-        Task::Setup => Ok(()),
+        Task::Setup => setup::ensure_peers().map(drop),
         Task::Run { args } => {
             require_root("cargo xtask run")?;
             cmd::cargo(&env, &["build", "--release", "--package", "hugepage-agent"])?;
@@ -57,7 +58,10 @@ fn main() -> Result<()> {
                 &all,
             )
         }
-        Task::Test => test(&env),
+        Task::Test => {
+            env.peers = setup::ensure_peers()?;
+            test(&env)
+        }
         Task::Bench { which, args } => {
             require_root("cargo xtask bench")?;
             bench::run(&env, which, &args)

@@ -1,5 +1,8 @@
 //! Build prerequisites, installed idempotently: the nightly toolchain's `rust-src`, `bpf-linker`
-//! built against that nightly's own libLLVM (no system LLVM), and the Debian packages tests use.
+//! built against that nightly's own libLLVM (no system LLVM), and the Debian packages tests use;
+//! and the peers the telemetry tests run ([`ensure_peers`]): Prometheus and promtool (Debian),
+//! an OTLP receiver's Python packages (PyPI, in a venv) and `@grafana/schema` with TypeScript
+//! (npm), each in `~/.cache/hugepage-agent` at pinned versions.
 //!
 //! bpf-linker lives in `~/.cache/hugepage-agent/bpf-linker-<nightly commit>`: a new nightly gets a
 //! new linker, and the check is "does that binary run", not "does the directory exist".
@@ -16,13 +19,23 @@ use anyhow::{Context, Result, bail};
 use crate::cmd::{self, Env};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// Debian packages the tests need: `setpriv` (util-linux) runs the agent without privileges; Go
-/// and go-spew build the independent peer that checks the kubelet checkpoint checksum.
-const DEBIAN_PACKAGES: [&str; 3] = [
+/// Debian packages the tests need: `setpriv` (util-linux) runs the agent without privileges;
+/// `prometheus` is the server and promtool the telemetry tests check against; Go and go-spew build
+/// the independent peer that checks the kubelet checkpoint checksum.
+const DEBIAN_PACKAGES: [&str; 4] = [
     "util-linux",
+    "prometheus",
     "golang-go",
     "golang-github-davecgh-go-spew-dev",
 ];
+/// The OTLP receiver's packages (PyPI): the official protocol messages and gRPC.
+const PYTHON_PACKAGES: [&str; 3] = [
+    "opentelemetry-proto==1.45.2",
+    "grpcio==1.85.1",
+    "protobuf==7.36.2",
+];
+/// The dashboard's schema check (npm).
+const NPM_PACKAGES: [&str; 2] = ["@grafana/schema@13.2.3", "typescript@5.9.3"];
 /// Debian packages only benchmarks need: `oha` (the HTTP load generator) builds against OpenSSL.
 pub const BENCH_PACKAGES: [&str; 2] = ["libssl-dev", "pkg-config"];
 const OHA_VERSION: &str = "1.16.0";
@@ -36,7 +49,10 @@ pub fn ensure() -> Result<Env> {
     ensure_components()?;
     let linker_bin = ensure_bpf_linker(&sysroot)?;
     ensure_debian_packages(&DEBIAN_PACKAGES)?;
-    Ok(Env { linker_bin })
+    Ok(Env {
+        linker_bin,
+        peers: Vec::new(),
+    })
 }
 
 fn ensure_rust_src(sysroot: &Path) -> Result<()> {
@@ -130,6 +146,86 @@ fn ensure_bpf_linker(sysroot: &Path) -> Result<PathBuf> {
         .env("LLVM_PREFIX", &llvm);
     cmd::run(install)?;
     Ok(bin)
+}
+
+/// Where the telemetry tests' peers are, for the environment of `cargo test`.
+pub fn ensure_peers() -> Result<Vec<(&'static str, PathBuf)>> {
+    ensure_debian_packages(&DEBIAN_PACKAGES)?;
+    let cache = cache_dir()?;
+    Ok(vec![
+        (
+            "HUGEPAGE_AGENT_OTLP_PYTHON",
+            ensure_venv(&cache.join("otlp-venv"))?,
+        ),
+        (
+            "HUGEPAGE_AGENT_GRAFANA_SCHEMA",
+            ensure_npm(&cache.join("grafana-schema"))?,
+        ),
+    ])
+}
+
+fn cache_dir() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    Ok(PathBuf::from(home).join(".cache/hugepage-agent"))
+}
+
+/// A venv with [`PYTHON_PACKAGES`]; the check imports them and compares the pins it recorded.
+fn ensure_venv(venv: &Path) -> Result<PathBuf> {
+    let python = venv.join("bin/python");
+    let pins = venv.join("hugepage-agent-pins");
+    let wanted = PYTHON_PACKAGES.join(" ");
+    let works = Command::new(&python)
+        .args([
+            "-c",
+            "import grpc; from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if works && fs::read_to_string(&pins).is_ok_and(|p| p == wanted) {
+        return Ok(python);
+    }
+    cmd::step(&format!("installing {wanted} into {}", venv.display()));
+    cmd::run(command(
+        "python3",
+        &["-m", "venv", &venv.display().to_string()],
+    ))?;
+    let mut pip = Command::new(venv.join("bin/pip"));
+    pip.args(["install", "--quiet", "--disable-pip-version-check"])
+        .args(PYTHON_PACKAGES);
+    cmd::run(pip)?;
+    fs::write(&pins, wanted)?;
+    Ok(python)
+}
+
+/// An npm prefix with [`NPM_PACKAGES`]; the check runs `tsc` and compares the recorded pins.
+fn ensure_npm(prefix: &Path) -> Result<PathBuf> {
+    let pins = prefix.join("hugepage-agent-pins");
+    let wanted = NPM_PACKAGES.join(" ");
+    if runs(&prefix.join("node_modules/.bin/tsc"))
+        && prefix
+            .join("node_modules/@grafana/schema/package.json")
+            .exists()
+        && fs::read_to_string(&pins).is_ok_and(|p| p == wanted)
+    {
+        return Ok(prefix.to_path_buf());
+    }
+    if !Command::new("npm")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        ensure_debian_packages(&["nodejs", "npm"])?;
+    }
+    cmd::step(&format!("installing {wanted} into {}", prefix.display()));
+    fs::create_dir_all(prefix)?;
+    let mut npm = command(
+        "npm",
+        &["install", "--no-audit", "--no-fund", "--silent", "--prefix"],
+    );
+    npm.arg(prefix).args(NPM_PACKAGES);
+    cmd::run(npm)?;
+    fs::write(&pins, wanted)?;
+    Ok(prefix.to_path_buf())
 }
 
 /// The `oha` load generator, built from the crate registry once into

@@ -2,8 +2,17 @@
 //! without `numaNodes`, on those the kubelet's hints and Topology Manager policy select. The
 //! logic is [`admit`], a plain function of the state and the raw request; the handler only
 //! extracts and maps.
+//!
+//! Each admission is a span ([`span`]) with the pod, sizes, NUMA nodes, bytes, result and
+//! reason as attributes, and its steps as children: `hint` (choosing the NUMA nodes),
+//! `verification` (the fresh sysfs read) and `reservation`. It also counts in the metrics.
 
-use std::{collections::BTreeMap, time::SystemTime};
+use std::{
+    collections::BTreeMap,
+    time::{Instant, SystemTime},
+};
+
+use tracing::field::Empty;
 
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +95,25 @@ pub struct Parsed {
     pub scope: Option<Scope>,
 }
 
+/// The span of one admission, its attributes recorded by [`admit`]. Debug level: it reaches the
+/// trace exporter, and the log only at `RUST_LOG=debug`.
+pub fn span() -> tracing::Span {
+    tracing::debug_span!(
+        "admission",
+        otel.kind = "server",
+        k8s.pod.name = Empty,
+        k8s.namespace.name = Empty,
+        k8s.pod.uid = Empty,
+        hugepage.sizes = Empty,
+        hugepage.numa_nodes = Empty,
+        hugepage.requested_bytes = Empty,
+        hugepage.available_bytes = Empty,
+        admission.result = Empty,
+        admission.reason = Empty,
+        admission.message = Empty,
+    )
+}
+
 /// Parses either body form.
 pub fn parse(content_type: Option<&str>, body: &[u8]) -> Result<Parsed, ApiError> {
     let json = content_type.is_some_and(|t| {
@@ -107,6 +135,21 @@ pub fn parse(content_type: Option<&str>, body: &[u8]) -> Result<Parsed, ApiError
 
 /// Where to verify: the request's nodes, or the kubelet's selection on the live state.
 fn placement(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
+    let hint =
+        tracing::debug_span!("hint", hugepage.numa_nodes = Empty, hint.source = Empty).entered();
+    let (plan, selected) = select(state, parsed)?;
+    let nodes: Vec<NumaNode> = plan.groups.keys().flatten().copied().collect();
+    hint.record("hugepage.numa_nodes", node_list(&nodes).as_str());
+    let source = match (selected, &plan.selection.reason) {
+        (false, _) => "request",
+        (true, None) => "kubelet hints and topology policy",
+        (true, Some(reason)) => reason,
+    };
+    hint.record("hint.source", source);
+    Ok((plan, selected))
+}
+
+fn select(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
     let all = state.verifier.nodes();
     if let Some(nodes) = &parsed.nodes {
         let groups = BTreeMap::from([(nodes.clone(), parsed.request.clone())]);
@@ -141,6 +184,10 @@ pub fn admit(
     body: &[u8],
 ) -> Result<Answer, ApiError> {
     let parsed = parse(content_type, body)?;
+    let span = tracing::Span::current();
+    span.record("k8s.pod.name", parsed.pod_ref.name.as_str());
+    span.record("k8s.namespace.name", parsed.pod_ref.namespace.as_str());
+    span.record("k8s.pod.uid", parsed.pod_ref.uid.as_str());
     let (plan, selected) = placement(state, &parsed)?;
     // Held from the fresh read to the reservation: no other admission sees the pages in between.
     let mut store = state
@@ -148,6 +195,8 @@ pub fn admit(
         .lock()
         .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
     let now = SystemTime::now();
+    let started = Instant::now();
+    let verification = tracing::debug_span!("verification").entered();
     let mut verdicts = Vec::with_capacity(plan.groups.len());
     for (nodes, pages) in &plan.groups {
         verdicts.push(
@@ -164,6 +213,8 @@ pub fn admit(
                 })?,
         );
     }
+    drop(verification);
+    let took = started.elapsed();
     let mut verdict = plan::combine(verdicts).unwrap_or_else(|| Verdict {
         allowed: true,
         reason: None,
@@ -178,7 +229,9 @@ pub fn admit(
         verdict.reason = plan.selection.reason;
         verdict.message = plan.selection.message.clone();
     }
+    let reservation = tracing::debug_span!("reservation", reservation.id = Empty).entered();
     reservations::apply(&mut verdict, &store, &parsed.pod_ref.uid, now);
+    state.metrics.verification(&verdict, took);
     if state.reject_under_pressure && !parsed.request.is_empty() {
         refuse_under_pressure(&mut verdict, state.psi.load().memory_pressure());
     }
@@ -187,9 +240,13 @@ pub fn admit(
         let made = store
             .reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now)
             .map_err(|e| ApiError::internal(format!("the reservation could not be saved: {e}")))?;
+        reservation.record("reservation.id", made.id.as_str());
         verdict.reservation = Some(made);
     }
     drop(store);
+    drop(reservation);
+    state.metrics.admission(&verdict);
+    record_verdict(&span, &verdict);
     tracing::info!(
         pod = %format_args!("{}/{}", pod.namespace, pod.name),
         uid = %pod.uid,
@@ -217,8 +274,45 @@ pub fn delete_reservation(state: &AppState, id: &str) -> Result<Reservation, Api
         .into_iter()
         .next()
         .ok_or_else(|| ApiError::no_reservation(id))?;
+    state.metrics.reservation_ended(Released::Deleted);
     tracing::info!(id = %found.id, pod_uid = %found.pod_uid, "reservation deleted");
     Ok(found)
+}
+
+/// The verdict's attributes on the admission span: sums over the sizes checked.
+fn record_verdict(span: &tracing::Span, verdict: &Verdict) {
+    let sizes: Vec<&str> = verdict.checks.iter().map(|c| c.resource.as_str()).collect();
+    span.record("hugepage.sizes", sizes.join(",").as_str());
+    span.record(
+        "hugepage.numa_nodes",
+        node_list(&verdict.numa_nodes).as_str(),
+    );
+    // As i64: OpenTelemetry has no unsigned integers (a u64 would arrive as a string).
+    let sum = |f: fn(&crate::admission::verify::Check) -> u64| {
+        let total = verdict.checks.iter().map(f).fold(0u64, u64::saturating_add);
+        i64::try_from(total).unwrap_or(i64::MAX)
+    };
+    span.record("hugepage.requested_bytes", sum(|c| c.requested_bytes));
+    span.record("hugepage.available_bytes", sum(|c| c.available_bytes));
+    span.record(
+        "admission.result",
+        if verdict.allowed {
+            "admitted"
+        } else {
+            "rejected"
+        },
+    );
+    span.record("admission.reason", verdict.reason.unwrap_or(""));
+    span.record(
+        "admission.message",
+        verdict.message.as_deref().unwrap_or(""),
+    );
+}
+
+/// `0,1`
+fn node_list(nodes: &[NumaNode]) -> String {
+    let names: Vec<String> = nodes.iter().map(|n| n.0.to_string()).collect();
+    names.join(",")
 }
 
 /// The reason of a refusal under memory contention pressure.

@@ -1,6 +1,7 @@
 //! The HTTP API (axum): `POST /v1/admit`, `GET /v1/hugepages`, `GET /v1/consumers`,
 //! `GET /v1/reservations`, `DELETE /v1/reservations/{id}`,
-//! `GET /v1/conditions`, `GET /v1/events`, `POST /v1/hints`, `GET /v1/discrepancy`, `/healthz`, `/readyz`, `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
+//! `GET /v1/conditions`, `GET /v1/events`, `POST /v1/hints`, `GET /v1/discrepancy`, `GET /metrics`,
+//! `/healthz`, `/readyz`, `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
 //! handlers extract, call a plain function, and map the result; errors are [`error::ApiError`].
 
 pub mod admit;
@@ -38,6 +39,7 @@ use crate::{
     },
     psi::monitor::PsiReader,
     sysfs::{HostFs, hugepages},
+    telemetry::{encode::Format, metrics::Metrics, scrape},
     topologymanager::NumaInfo,
 };
 use arc_swap::ArcSwap;
@@ -75,6 +77,8 @@ pub struct AppState {
     pub host: HostFs,
     /// Refuse hugepage pods while a *MemoryContentionPressure condition is True.
     pub reject_under_pressure: bool,
+    /// What `GET /metrics` shows besides the map, PSI and reservations.
+    pub metrics: Arc<Metrics>,
     /// The kubelet Memory Manager's state, kept current by the run loop.
     pub memory_manager: Arc<ArcSwap<MemoryManagerView>>,
     /// The machine's NUMA nodes and distances, for the Topology Manager merge.
@@ -94,6 +98,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/reservations/{id}", delete(reservation_delete))
         .route("/v1/conditions", get(conditions))
         .route("/v1/events", get(events))
+        .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/openapi.json", get(openapi_handler))
@@ -118,7 +123,9 @@ async fn admit_handler(
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
-    match admit::admit(&state, content_type, &body) {
+    let span = admit::span();
+    crate::telemetry::traces::with_remote_parent(&span, &headers);
+    match span.in_scope(|| admit::admit(&state, content_type, &body)) {
         Ok(answer) => Json(answer).into_response(),
         Err(e) => e.into_response(),
     }
@@ -228,6 +235,23 @@ struct Ready<'a> {
     source: crate::numa::map::Source,
     generation: u64,
     probes: &'a str,
+}
+
+async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+    // Copied out so that admissions never wait for a scrape.
+    let Ok(reservations) = state.reservations.lock().map(|s| s.list()) else {
+        return ApiError::internal("the reservation store is poisoned").into_response();
+    };
+    let sources = scrape::Sources {
+        snapshot: &state.map.load(),
+        reservations: &reservations,
+        psi: &state.psi.load(),
+        probes: state.readiness.probes(),
+        verification_sysfs_errors: state.verifier.sysfs_errors(),
+    };
+    let body = scrape::render(format, &state.metrics, &sources);
+    ([(header::CONTENT_TYPE, format.content_type())], body).into_response()
 }
 
 async fn healthz() -> Response {

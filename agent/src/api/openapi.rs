@@ -112,6 +112,11 @@ pub fn document() -> Value {
                 "summary": "Recent PSI events, oldest first (at most 256)",
                 "responses": {"200": {"description": "Events", "content": {"application/json": {"schema": {"type": "object", "properties": {"events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}}}}}}}}
             }},
+            "/metrics": {"get": {
+                "summary": "Prometheus metrics: KEP-5759's verification metrics and hugepage_agent_*",
+                "description": "The Prometheus text format (0.0.4), or OpenMetrics 1.0 when the Accept header names application/openmetrics-text.",
+                "responses": {"200": {"description": "The exposition", "content": {"text/plain": {"schema": {"type": "string"}}, "application/openmetrics-text": {"schema": {"type": "string"}}}}}
+            }},
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "The process serves requests"}}}},
             "/readyz": {"get": {
                 "summary": "Readiness: the first map exists and the probes are attached, refused or off",

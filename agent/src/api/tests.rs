@@ -73,6 +73,11 @@ fn state() -> (tempfile::TempDir, AppState) {
     let view = loader(&host, dir.path().join("memory_manager_state"))
         .load(&map.load())
         .expect("memory manager state");
+    let metrics = Arc::new(crate::telemetry::metrics::Metrics::new(
+        &[PageSize(2 << 20)],
+        &[crate::numa::NumaNode(0), crate::numa::NumaNode(1)],
+        Arc::default(),
+    ));
     let state = AppState {
         map,
         verifier,
@@ -97,6 +102,7 @@ fn state() -> (tempfile::TempDir, AppState) {
         memory_manager: Arc::new(ArcSwap::from_pointee(view)),
         numa_info: Arc::new(numa_info),
         topology,
+        metrics,
     };
     (dir, state)
 }
@@ -460,6 +466,7 @@ async fn the_openapi_document_describes_every_route() {
         "/v1/reservations",
         "/v1/conditions",
         "/v1/events",
+        "/metrics",
         "/healthz",
         "/readyz",
         "/openapi.json",
@@ -623,4 +630,103 @@ async fn a_request_without_a_pod_uid_reserves_nothing() {
     let (_, _, answer) = admit(&state, with_uid(short("2Gi", Some(json!([0]))), "")).await;
     assert_eq!(answer["allowed"], true, "{answer}");
     assert!(answer.get("reservation").is_none(), "{answer}");
+}
+
+/// The value of the sample `series` (name and labels exactly as written) in an exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+async fn scrape(state: &AppState, accept: Option<&str>) -> (String, String) {
+    let mut req = Request::builder().uri("/metrics");
+    if let Some(a) = accept {
+        req = req.header("accept", a);
+    }
+    let response = router(state.clone())
+        .oneshot(req.body(Body::empty()).expect("request"))
+        .await
+        .expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let ctype = response.headers()["content-type"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (ctype, String::from_utf8(bytes.to_vec()).expect("utf-8"))
+}
+
+#[tokio::test]
+async fn metrics_count_verifications_rejections_per_node_and_show_the_pools() {
+    let (_d, state) = state();
+    let (_, before) = scrape(&state, None).await;
+    assert_eq!(
+        sample(
+            &before,
+            r#"memory_manager_hugepages_verification_failures_total{hugepage_size="2Mi",numa_node="1"}"#
+        ),
+        Some(0.0),
+        "every series exists from the start:\n{before}"
+    );
+    admit(&state, short("6Gi", Some(json!([0, 1])))).await;
+    admit(&state, with_uid(short("1Gi", Some(json!([1]))), "u-2")).await;
+    let (ctype, text) = scrape(&state, None).await;
+    assert_eq!(ctype, "text/plain; version=0.0.4; charset=utf-8");
+    for (series, value) in [
+        (
+            r#"memory_manager_hugepages_verification_total{result="failure",hugepage_size="2Mi"}"#,
+            1.0,
+        ),
+        (
+            r#"memory_manager_hugepages_verification_total{result="success",hugepage_size="2Mi"}"#,
+            1.0,
+        ),
+        (
+            r#"memory_manager_hugepages_verification_failures_total{hugepage_size="2Mi",numa_node="0"}"#,
+            1.0,
+        ),
+        (
+            r#"memory_manager_hugepages_verification_failures_total{hugepage_size="2Mi",numa_node="1"}"#,
+            1.0,
+        ),
+        (
+            "memory_manager_hugepages_verification_latency_seconds_count",
+            2.0,
+        ),
+        (
+            r#"hugepage_agent_admissions_total{result="rejected",reason="FailedHugepagesVerification"}"#,
+            1.0,
+        ),
+        (r#"hugepage_agent_admissions_total{result="admitted"}"#, 1.0),
+        ("hugepage_agent_reservations_made_total", 1.0),
+        ("hugepage_agent_reservations", 1.0),
+        (
+            r#"hugepage_agent_reserved_by_agent_bytes{numa_node="1",hugepage_size="2Mi"}"#,
+            1073741824.0,
+        ),
+        (
+            r#"hugepage_agent_reserved_by_agent_bytes{numa_node="0",hugepage_size="2Mi"}"#,
+            0.0,
+        ),
+        (
+            r#"hugepage_agent_hugepages_pool_pages{numa_node="0",hugepage_size="2Mi"}"#,
+            2048.0,
+        ),
+        (
+            r#"hugepage_agent_hugepages_free_pages{numa_node="1",hugepage_size="2Mi"}"#,
+            1024.0,
+        ),
+        ("hugepage_agent_probes_attached", 0.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+    let (ctype, open) = scrape(&state, Some("application/openmetrics-text; version=1.0.0")).await;
+    assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
+    assert!(open.ends_with("# EOF\n"));
+    assert!(open.contains("# TYPE memory_manager_hugepages_verification counter\n"));
 }

@@ -7,6 +7,8 @@
 //! schedules one more evaluation 2 s later. Where triggers cannot be armed it says so once and
 //! relies on the tick. Triggers are armed at start; a scope that appears later (the kubelet
 //! creating kubepods after the agent) is found on a tick and read on the tick.
+//!
+//! Every condition transition is also a span (`psi condition transition`) for the trace backend.
 
 use std::{
     collections::VecDeque,
@@ -188,6 +190,7 @@ impl Monitor {
         self.readings = readings;
         for event in &events {
             log_event(event);
+            transition_span(event);
             if self.events.len() == EVENTS_KEPT {
                 self.events.pop_front();
             }
@@ -301,6 +304,31 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     if let Some(at) = at {
         tokio::time::sleep_until(at).await;
     }
+}
+
+/// A span for an event that is a condition transition (to True, to False, or to Unknown).
+fn transition_span(e: &Event) {
+    let status = if e.reason == "PressureUnavailable" {
+        "Unknown"
+    } else if e.reason.starts_with("NodeHasNo") {
+        "False"
+    } else if e.reason.starts_with("NodeHas") {
+        "True"
+    } else {
+        return;
+    };
+    let scope = e.scope.to_string();
+    let resource = e.resource.to_string();
+    let _span = tracing::debug_span!(
+        "psi condition transition",
+        psi.condition = super::condition::condition_type(e.scope, e.resource).as_str(),
+        psi.status = status,
+        psi.reason = e.reason.as_str(),
+        psi.scope = scope.as_str(),
+        psi.resource = resource.as_str(),
+        psi.message = e.message.as_str(),
+    )
+    .entered();
 }
 
 fn log_event(e: &Event) {

@@ -1,0 +1,198 @@
+//! `GET /metrics`: what is read when Prometheus scrapes — the hugepage pools of the latest map
+//! snapshot, the agent's reservations, PSI averages and node conditions, probe state, build info
+//! — followed by the event-driven families of [`super::metrics`]. Every label value comes from
+//! the host (nodes, sizes), PSI's fixed sets, or the condition types; none from a request.
+
+use std::time::SystemTime;
+
+use super::{
+    encode::{Encoder, Format, Kind},
+    metrics::Metrics,
+};
+use crate::{
+    admission::reservations::Reservation,
+    numa::{PageSize, map::Snapshot},
+    psi::{condition::Status, monitor::PsiView},
+};
+
+/// What a scrape reads besides the metrics.
+#[derive(Debug)]
+pub struct Sources<'a> {
+    pub snapshot: &'a Snapshot,
+    /// The reservations, copied out of the store.
+    pub reservations: &'a [Reservation],
+    pub psi: &'a PsiView,
+    /// What became of the eBPF probes (`attached`, `off …`, `refused …`); `None` while starting.
+    pub probes: Option<&'a str>,
+    /// Sysfs reads that failed during verification.
+    pub verification_sysfs_errors: u64,
+}
+
+/// The whole exposition.
+pub fn render(format: Format, metrics: &Metrics, s: &Sources<'_>) -> String {
+    let mut e = Encoder::new(format);
+    const BUILD: &str = "hugepage_agent_build_info";
+    e.family(BUILD, Kind::Gauge, "Always 1: the agent's version.");
+    e.sample(BUILD, &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
+    pools(&mut e, s);
+    reservations(&mut e, s);
+    const ATTACHED: &str = "hugepage_agent_probes_attached";
+    e.family(ATTACHED, Kind::Gauge, "1 while the eBPF probes are attached; 0 when they are off or refused (the map then comes from sysfs polling) or not attached yet.");
+    e.sample(
+        ATTACHED,
+        &[],
+        f64::from(u8::from(s.probes == Some("attached"))),
+    );
+    const SYSFS: &str = "hugepage_agent_verification_sysfs_errors_total";
+    e.family(
+        SYSFS,
+        Kind::Counter,
+        "Sysfs reads that failed during verification (--on-sysfs-error decides the answer).",
+    );
+    e.sample(SYSFS, &[], s.verification_sysfs_errors as f64);
+    psi(&mut e, s.psi);
+    metrics.encode(&mut e);
+    e.finish()
+}
+
+fn pools(e: &mut Encoder, s: &Sources<'_>) {
+    let rows: Vec<(String, String, [u64; 3])> = s
+        .snapshot
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            n.sizes.iter().map(move |p| {
+                (
+                    n.info.node.0.to_string(),
+                    PageSize(p.page_size_bytes).to_string(),
+                    [p.total, p.free, p.surplus],
+                )
+            })
+        })
+        .collect();
+    for (i, (name, help)) in [
+        ("hugepage_agent_hugepages_pool_pages", "Hugepages in the pool (nr_hugepages), per NUMA node and page size."),
+        ("hugepage_agent_hugepages_free_pages", "Free hugepages (free_hugepages, pages reserved by mappings but untouched included), per NUMA node and page size."),
+        ("hugepage_agent_hugepages_surplus_pages", "Surplus hugepages (surplus_hugepages), per NUMA node and page size."),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        e.family(name, Kind::Gauge, help);
+        for (node, size, values) in &rows {
+            e.sample(name, &[("numa_node", node), ("hugepage_size", size)], values[i] as f64);
+        }
+    }
+    const RESV: &str = "hugepage_agent_hugepages_reserved_pages";
+    e.family(RESV, Kind::Gauge, "Hugepages reserved by mappings but not yet faulted (resv_hugepages; the kernel keeps it system-wide only), per page size.");
+    for g in &s.snapshot.global {
+        e.sample(
+            RESV,
+            &[("hugepage_size", &g.size.to_string())],
+            g.reserved as f64,
+        );
+    }
+    const UPDATED: &str = "hugepage_agent_map_updated_timestamp_seconds";
+    e.family(
+        UPDATED,
+        Kind::Gauge,
+        "When the hugepage map was last read from sysfs (Unix time).",
+    );
+    let at = s
+        .snapshot
+        .updated_at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    e.sample(UPDATED, &[("source", &s.snapshot.source.to_string())], at);
+}
+
+fn reservations(e: &mut Encoder, s: &Sources<'_>) {
+    let now = SystemTime::now();
+    const HELD: &str = "hugepage_agent_reserved_by_agent_bytes";
+    e.family(HELD, Kind::Gauge, "Bytes held by the agent's reservations for admitted pods that have not faulted their pages yet, per NUMA node they may draw from and page size.");
+    for n in &s.snapshot.nodes {
+        for p in &n.sizes {
+            let size = PageSize(p.page_size_bytes);
+            let held: u64 = s
+                .reservations
+                .iter()
+                .filter(|r| r.expires_at > now && r.numa_nodes.contains(&n.info.node))
+                .filter_map(|r| r.bytes.get(&size))
+                .sum();
+            e.sample(
+                HELD,
+                &[
+                    ("numa_node", &n.info.node.0.to_string()),
+                    ("hugepage_size", &size.to_string()),
+                ],
+                held as f64,
+            );
+        }
+    }
+    const ACTIVE: &str = "hugepage_agent_reservations";
+    e.family(ACTIVE, Kind::Gauge, "Reservations in force.");
+    let active = s.reservations.iter().filter(|r| r.expires_at > now).count();
+    e.sample(ACTIVE, &[], active as f64);
+}
+
+fn psi(e: &mut Encoder, view: &PsiView) {
+    const RATIO: &str = "hugepage_agent_psi_stall_ratio";
+    e.family(RATIO, Kind::Gauge, "Share of wall time tasks stalled (PSI avg10/avg60/avg300 as a ratio), per scope, resource and line (some, full).");
+    const TOTAL: &str = "hugepage_agent_psi_stall_seconds_total";
+    let mut totals = Vec::new();
+    for r in &view.readings {
+        let (scope, resource) = (r.scope.to_string(), r.resource.to_string());
+        for (line, values) in std::iter::once(("some", &r.pressure.some))
+            .chain(r.pressure.full.as_ref().map(|f| ("full", f)))
+        {
+            for (window, avg) in [
+                ("10s", values.avg10),
+                ("60s", values.avg60),
+                ("300s", values.avg300),
+            ] {
+                e.sample(
+                    RATIO,
+                    &[
+                        ("scope", &scope),
+                        ("resource", &resource),
+                        ("line", line),
+                        ("window", window),
+                    ],
+                    avg / 100.0,
+                );
+            }
+            totals.push((scope.clone(), resource.clone(), line, values.total));
+        }
+    }
+    e.family(
+        TOTAL,
+        Kind::Counter,
+        "Total time tasks stalled (PSI total), per scope, resource and line.",
+    );
+    for (scope, resource, line, micros) in totals {
+        e.sample(
+            TOTAL,
+            &[("scope", &scope), ("resource", &resource), ("line", line)],
+            micros as f64 / 1e6,
+        );
+    }
+    const CONDITION: &str = "hugepage_agent_node_condition";
+    e.family(
+        CONDITION,
+        Kind::Gauge,
+        "PSI node conditions (KEP-5394): 1 for the condition's current status, 0 for the others.",
+    );
+    for c in &view.conditions {
+        for (status, name) in [
+            (Status::True, "True"),
+            (Status::False, "False"),
+            (Status::Unknown, "Unknown"),
+        ] {
+            e.sample(
+                CONDITION,
+                &[("condition", &c.kind), ("status", name)],
+                f64::from(u8::from(c.status == status)),
+            );
+        }
+    }
+}
