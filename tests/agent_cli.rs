@@ -805,6 +805,8 @@ fn the_checkpoint_believes_pages_free_that_an_untracked_pod_holds() {
         "run",
         "--ebpf",
         "off",
+        "--reconcile-interval",
+        "1s",
         "--kubelet-state",
         state.to_str().expect("utf-8 path"),
     ]));
@@ -855,6 +857,27 @@ fn the_checkpoint_believes_pages_free_that_an_untracked_pod_holds() {
         explanation.contains(&format!("pod {UID} (Burstable) 10Mi")),
         "{explanation}"
     );
+    // KEP-5759's proposed gauge says the same (once a reconcile or fault refresh has run).
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let gauge = format!(
+        "memory_manager_hugepages_discrepancy_bytes{{hugepage_size=\"2Mi\",numa_node=\"0\"}} {held}"
+    );
+    loop {
+        let (_, metrics) = http(running.port, "GET", "/metrics", None, "");
+        if metrics.lines().any(|l| l == gauge) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {gauge:?} in\n{}",
+            metrics
+                .lines()
+                .filter(|l| l.contains("discrepancy"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // A Guaranteed pod the checkpoint has room for: selected on node 0, refused by the kernel.
     let want = (PAGES - HELD as u64 + 1) * MI2;
     let body = serde_json::json!({

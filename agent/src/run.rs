@@ -30,7 +30,10 @@ use crate::{
     consumers::FaultBook,
     kubelet::cgroup_path::{Owner, classify},
     kubelet::pods::PodCgroups,
-    memorymanager::live::{MemoryManagerView, StateLoader, StateSource},
+    memorymanager::{
+        discrepancy,
+        live::{MemoryManagerView, StateLoader, StateSource},
+    },
     numa::{
         PageSize,
         map::{Change, MapWriter, Snapshot, Source},
@@ -170,6 +173,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         memory_manager,
         metrics,
     };
+    agent.update_discrepancy();
     let (mut events, probes_state) = match start_probes(config)? {
         Ok((probes, streams)) => {
             let rx = agent.adopt(probes, streams, config.fault_scope)?;
@@ -480,6 +484,8 @@ impl Agent {
         // Built from the pools when there is no checkpoint: follow them.
         if self.memory_manager.load().source == StateSource::Sysfs {
             self.reload_memory_manager();
+        } else {
+            self.update_discrepancy();
         }
     }
 
@@ -497,6 +503,28 @@ impl Agent {
                 self.memory_manager.store(Arc::new(view));
             }
             Err(err) => warn!("re-reading the Memory Manager state: {err}; keeping the last one"),
+        }
+        self.update_discrepancy();
+    }
+
+    /// `memory_manager_hugepages_discrepancy_bytes`: the checkpoint against the latest pools;
+    /// none without a usable checkpoint.
+    fn update_discrepancy(&self) {
+        let view = self.memory_manager.load();
+        if view.source != StateSource::Checkpoint {
+            return self.metrics.clear_discrepancy();
+        }
+        for d in discrepancy::compute(&view.state, &self.writer.current(), None) {
+            let bytes = i64::try_from(d.discrepancy_bytes).unwrap_or(if d.discrepancy_bytes < 0 {
+                i64::MIN
+            } else {
+                i64::MAX
+            });
+            self.metrics.set_discrepancy(
+                PageSize(d.page_size_bytes),
+                crate::numa::NumaNode(d.numa_node),
+                bytes,
+            );
         }
     }
 
@@ -615,6 +643,7 @@ impl Agent {
                     span.record("hugepage_agent.event_to_map_us", delay.as_micros() as i64);
                 }
                 log_changes(&changes, delay);
+                self.update_discrepancy();
             }
             Err(err) => warn!("re-reading hugepage pools: {err}"),
         }
