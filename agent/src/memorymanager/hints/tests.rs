@@ -228,3 +228,60 @@ fn every_kubelet_pod_requests_case() {
         assert_eq!(got, case.expected, "{}", case.name);
     }
 }
+
+#[test]
+fn pod_level_resources_count_only_behind_the_kubelets_gates() {
+    let state = state(vec![
+        (
+            0,
+            node(
+                &[
+                    ("memory", 8 * GI, 8 * GI),
+                    ("hugepages-1Gi", 2 * GI, 2 * GI),
+                ],
+                &[0],
+                0,
+            ),
+        ),
+        (
+            1,
+            node(
+                &[
+                    ("memory", 8 * GI, 8 * GI),
+                    ("hugepages-1Gi", 2 * GI, 2 * GI),
+                ],
+                &[1],
+                0,
+            ),
+        ),
+    ]);
+    let list = serde_json::json!({"cpu": "2", "memory": "2Gi", "hugepages-1Gi": "2Gi"});
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"uid": "p"},
+        "spec": {"resources": {"requests": list, "limits": list},
+                 "containers": [{"name": "a"}, {"name": "b"}]}
+    }))
+    .unwrap();
+    // Without the gates the containers ask nothing: BestEffort, no hints.
+    assert_eq!(pod_hints(&state, &pod, FeatureGates::default()), Ok(None));
+    // PodLevelResources alone makes the pod Guaranteed, but the Memory Manager still sums the
+    // containers (nothing): every mask fits, no resource to hint for.
+    let qos_only = FeatureGates {
+        pod_level_resources: true,
+        pod_level_resource_managers: false,
+    };
+    assert_eq!(pod_hints(&state, &pod, qos_only), Ok(Some(BTreeMap::new())));
+    // Both gates: the pod-level requests are placed.
+    let both = FeatureGates {
+        pod_level_resources: true,
+        pod_level_resource_managers: true,
+    };
+    assert_eq!(
+        pod_hints(&state, &pod, both),
+        Ok(both(vec![
+            hint(&[0], true),
+            hint(&[1], true),
+            hint(&[0, 1], false)
+        ]))
+    );
+}
