@@ -108,21 +108,33 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// A request body and its content type, or the problem with the body (413 over the limit).
+fn request_body(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(Option<&str>, Bytes), ApiError> {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(ApiError::too_large(admit::BODY_LIMIT));
+        }
+        Err(rejection) => return Err(ApiError::bad_json(rejection.body_text())),
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    Ok((content_type, body))
+}
+
 async fn admit_handler(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return ApiError::too_large(admit::BODY_LIMIT).into_response();
-        }
-        Err(rejection) => return ApiError::bad_json(rejection.body_text()).into_response(),
+    let (content_type, body) = match request_body(&headers, body) {
+        Ok(request) => request,
+        Err(problem) => return problem.into_response(),
     };
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
     let span = admit::span();
     crate::telemetry::traces::with_remote_parent(&span, &headers);
     match span.in_scope(|| admit::admit(&state, content_type, &body)) {
@@ -162,16 +174,10 @@ async fn hints_handler(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return ApiError::too_large(admit::BODY_LIMIT).into_response();
-        }
-        Err(rejection) => return ApiError::bad_json(rejection.body_text()).into_response(),
+    let (content_type, body) = match request_body(&headers, body) {
+        Ok(request) => request,
+        Err(problem) => return problem.into_response(),
     };
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
     match topology::hints(&state, content_type, &body) {
         Ok(answer) => Json(answer).into_response(),
         Err(err) => err.into_response(),

@@ -272,12 +272,12 @@ fn pod_level_resources_count_only_behind_the_kubelets_gates() {
     };
     assert_eq!(pod_hints(&state, &pod, qos_only), Ok(Some(BTreeMap::new())));
     // Both gates: the pod-level requests are placed.
-    let both = FeatureGates {
+    let gates = FeatureGates {
         pod_level_resources: true,
         pod_level_resource_managers: true,
     };
     assert_eq!(
-        pod_hints(&state, &pod, both),
+        pod_hints(&state, &pod, gates),
         Ok(both(vec![
             hint(&[0], true),
             hint(&[1], true),
