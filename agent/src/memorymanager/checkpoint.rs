@@ -5,21 +5,41 @@
 //! with its checksum zeroed (`k8s.io/utils/dump.ForHash`: sorted map keys, no pointer
 //! addresses). [`spew`] produces that text from the JSON as Go's decoder would fill the struct:
 //! absent maps stay the empty maps the kubelet starts with, `null` makes them nil, and nil and
-//! empty print differently. Two formats exist: the current one with `podEntries` (pod-level
-//! resource managers), and the one before it, whose struct had no such field; the kubelet reads
-//! the latter under either type name it was written with, and accepts it with a zero checksum
-//! (its compatibility rule). A file is used whole or refused with what to do; never half-read.
+//! empty print differently. Three versions exist, read in the kubelet's order:
+//! * V3 (the newest kubelets): the state as a JSON string `data` with its own `dataChecksum`
+//!   (the hash of `(string)<data>`), beside the V1 fields inline for older kubelets. A file with
+//!   V3 data that does not verify is refused, not read as an older version.
+//! * V2: with `podEntries` (pod-level resource managers), the struct named
+//!   `MemoryManagerCheckpoint` in the hash.
+//! * V1: no pod entries, hashed under `MemoryManagerCheckpoint` or `MemoryManagerCheckpointV1`;
+//!   a zero checksum is accepted (the kubelet's compatibility rule).
+//!
+//! A file is used whole or refused with what to do; never half-read. [`to_kubelet_json`] writes
+//! V3 as the newest kubelet does.
 
 mod spew;
 
 use std::path::Path;
 
-use serde::Deserialize;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::state::{ContainerAssignments, MachineState, MemoryManagerState, PodAssignments};
+use super::state::{
+    ContainerAssignments, MachineState, MemoryManagerState, NumaNodeState, PodAssignments,
+};
 
 pub use spew::Format;
+
+/// The checkpoint version a file was read as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Version {
+    V1,
+    V2,
+    V3,
+}
 
 /// What the kubelet says to do with a checkpoint it cannot restore.
 const KUBELET_ADVICE: &str = "the kubelet refuses such a file too: drain this node and delete the file before restarting the kubelet";
@@ -56,11 +76,11 @@ pub enum Verification {
     UnlessAbsent,
 }
 
-/// A checkpoint read: its state, format, and whether its checksum was verified.
+/// A checkpoint read: its state, version, and whether its checksum was verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
     pub state: MemoryManagerState,
-    pub format: Format,
+    pub version: Version,
     pub verified: bool,
 }
 
@@ -98,7 +118,20 @@ pub fn read(
         path: name.clone(),
         detail,
     };
-    let (format, verified) = verify(object, verification).map_err(|e| match e {
+    if let Some((data, stored)) = v3_payload(object).map_err(&shape)? {
+        let computed = fnv32a(&format!("(string){data}"));
+        if stored != u64::from(computed) {
+            return Err(CheckpointError::Mismatch {
+                path: name,
+                stored,
+                computed,
+            });
+        }
+        let inner: Value = serde_json::from_str(data)
+            .map_err(|e| shape(format!("data is not the JSON of a checkpoint: {e}")))?;
+        return typed(&name, inner, Version::V3, true);
+    }
+    let (version, verified) = verify(object, verification).map_err(|e| match e {
         Verify::Shape(detail) => shape(detail),
         Verify::Mismatch { stored, computed } => CheckpointError::Mismatch {
             path: name.clone(),
@@ -106,14 +139,26 @@ pub fn read(
             computed,
         },
     })?;
-    let mut value = value;
+    typed(&name, value, version, verified)
+}
+
+/// The state of a verified checkpoint's JSON.
+fn typed(
+    name: &str,
+    mut value: Value,
+    version: Version,
+    verified: bool,
+) -> Result<Checkpoint, CheckpointError> {
     normalize(&mut value);
-    let raw: Raw = serde_path_to_error::deserialize(&value)
-        .map_err(|e| shape(format!("at {}: {}", e.path(), e.inner())))?;
+    let raw: Raw =
+        serde_path_to_error::deserialize(&value).map_err(|e| CheckpointError::Shape {
+            path: name.to_string(),
+            detail: format!("at {}: {}", e.path(), e.inner()),
+        })?;
     let policy_name = raw.policy_name.unwrap_or_default();
     if policy_name != "Static" {
         return Err(CheckpointError::Policy {
-            path: name,
+            path: name.to_string(),
             policy: policy_name,
         });
     }
@@ -124,8 +169,31 @@ pub fn read(
             entries: raw.entries.unwrap_or_default(),
             pod_entries: raw.pod_entries.unwrap_or_default(),
         },
-        format,
+        version,
         verified,
+    })
+}
+
+/// V3's `data` and `dataChecksum`, when the file carries either (the kubelet then reads it as V3
+/// or not at all).
+fn v3_payload(object: &Map<String, Value>) -> Result<Option<(&str, u64)>, String> {
+    let data = match object.get("data") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(s)) => s.as_str(),
+        Some(other) => return Err(format!("data {other} is not a string")),
+    };
+    let stored = match object.get("dataChecksum") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| format!("dataChecksum {v} is not an unsigned integer"))?,
+    };
+    Ok((!data.is_empty() || stored != 0).then_some((data, stored)))
+}
+
+fn fnv32a(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
     })
 }
 
@@ -230,20 +298,20 @@ enum Verify {
     Mismatch { stored: u64, computed: u32 },
 }
 
-/// The format whose checksum the file's matches (and whether one was checked at all).
+/// The version whose checksum the file's matches (and whether one was checked at all).
 fn verify(
     object: &Map<String, Value>,
     verification: Verification,
-) -> Result<(Format, bool), Verify> {
+) -> Result<(Version, bool), Verify> {
     let current_only = object.contains_key("podEntries");
     let stored = match object.get("checksum") {
         None if verification == Verification::UnlessAbsent => {
-            let format = if current_only {
-                Format::Current
+            let version = if current_only {
+                Version::V2
             } else {
-                Format::Legacy
+                Version::V1
             };
-            return Ok((format, false));
+            return Ok((version, false));
         }
         None | Some(Value::Null) => 0,
         Some(v) => v
@@ -252,7 +320,7 @@ fn verify(
     };
     let current = spew::checksum(object, Format::Current, spew::TYPE).map_err(Verify::Shape)?;
     if stored == u64::from(current) {
-        return Ok((Format::Current, true));
+        return Ok((Version::V2, true));
     }
     if !current_only {
         for type_name in [spew::TYPE, spew::TYPE_V1] {
@@ -261,12 +329,12 @@ fn verify(
                     spew::checksum(object, Format::Legacy, type_name).map_err(Verify::Shape)?,
                 )
             {
-                return Ok((Format::Legacy, true));
+                return Ok((Version::V1, true));
             }
         }
         if stored == 0 {
             // "accept empty checksum for compatibility with old file backend"
-            return Ok((Format::Legacy, false));
+            return Ok((Version::V1, false));
         }
     }
     Err(Verify::Mismatch {
@@ -290,33 +358,79 @@ pub fn kubelet_checksum(path: &Path, bytes: &[u8], format: Format) -> Result<u32
         .map_err(|detail| CheckpointError::Shape { path: name, detail })
 }
 
-/// The checkpoint as the kubelet writes it (current format, checksum set).
+/// The checkpoint as the newest kubelet writes it (V3): the state as a JSON string with its
+/// checksum, and the V1 fields inline with theirs. Fields in the kubelet's order and map keys
+/// sorted as Go sorts them, so the bytes are the kubelet's.
 pub fn to_kubelet_json(state: &MemoryManagerState) -> Vec<u8> {
-    let mut object = Map::new();
-    object.insert(
-        "policyName".into(),
-        Value::String(state.policy_name.clone()),
-    );
-    object.insert(
-        "machineState".into(),
-        serde_json::to_value(&state.machine_state).unwrap_or(Value::Null),
-    );
-    if !state.entries.is_empty() {
-        object.insert(
-            "entries".into(),
-            serde_json::to_value(&state.entries).unwrap_or(Value::Null),
-        );
+    let data = Data {
+        policy_name: &state.policy_name,
+        machine_state: GoKeys(&state.machine_state),
+        entries: &state.entries,
+        pod_entries: &state.pod_entries,
+    };
+    // Our own types serialise without fail; the fallbacks are never taken.
+    let payload = serde_json::to_string(&data).unwrap_or_default();
+    let legacy = serde_json::to_value(Data {
+        pod_entries: &PodAssignments::new(),
+        ..data
+    })
+    .ok()
+    .and_then(|v| v.as_object().cloned())
+    .map_or(0, |object| {
+        spew::checksum(&object, Format::Legacy, spew::TYPE).unwrap_or(0)
+    });
+    let file = File {
+        policy_name: &state.policy_name,
+        machine_state: GoKeys(&state.machine_state),
+        entries: &state.entries,
+        checksum: legacy,
+        data_checksum: fnv32a(&format!("(string){payload}")),
+        data: payload,
+    };
+    serde_json::to_vec(&file).unwrap_or_default()
+}
+
+/// The V3 payload (`MemoryManagerCheckpointData`).
+#[derive(Clone, Copy, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Data<'a> {
+    policy_name: &'a str,
+    machine_state: GoKeys<'a>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    entries: &'a ContainerAssignments,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pod_entries: &'a PodAssignments,
+}
+
+/// The V3 file: the V1 fields inline, then the payload and its checksum.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct File<'a> {
+    policy_name: &'a str,
+    machine_state: GoKeys<'a>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    entries: &'a ContainerAssignments,
+    checksum: u32,
+    data: String,
+    data_checksum: u32,
+}
+
+/// NUMA node ids as map keys in Go's order (as strings: "10" before "2").
+#[derive(Clone, Copy)]
+struct GoKeys<'a>(&'a MachineState);
+
+impl Serialize for GoKeys<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut keys: Vec<(String, &NumaNodeState)> =
+            self.0.iter().map(|(k, v)| (k.to_string(), v)).collect();
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut map = s.serialize_map(Some(keys.len()))?;
+        for (k, v) in keys {
+            map.serialize_entry(&k, v)?;
+        }
+        map.end()
     }
-    if !state.pod_entries.is_empty() {
-        object.insert(
-            "podEntries".into(),
-            serde_json::to_value(&state.pod_entries).unwrap_or(Value::Null),
-        );
-    }
-    // Our own serialisation has the shape the hash reads; it cannot fail on it.
-    let checksum = spew::checksum(&object, Format::Current, spew::TYPE).unwrap_or(0);
-    object.insert("checksum".into(), Value::from(checksum));
-    serde_json::to_vec(&Value::Object(object)).unwrap_or_default()
 }
 
 #[cfg(test)]

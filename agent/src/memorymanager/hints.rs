@@ -75,11 +75,20 @@ pub fn container_hints(
         return Ok(None);
     }
     let field = format!("container {:?}", container.name);
-    let requested = requests::container_requests(container, &field)?;
+    let requested = requests::exclusive_requests(pod, container, gates, &field)?;
+    if requested.is_empty() || pod_level_unmanaged(pod, gates) {
+        return Ok(None);
+    }
     if let Some(blocks) = state.container_blocks(&pod.metadata.uid, &container.name) {
         return Ok(regenerate(blocks, &requested));
     }
     Ok(Some(calculate(&state.machine_state, &requested)?))
+}
+
+/// Pod-level resources the kubelet's Memory Manager does not handle (both gates are needed).
+fn pod_level_unmanaged(pod: &Pod, gates: FeatureGates) -> bool {
+    requests::pod_level_set(pod)
+        && !(gates.pod_level_resources && gates.pod_level_resource_managers)
 }
 
 /// Pod scope: `GetPodTopologyHints`.
@@ -92,20 +101,70 @@ pub fn pod_hints(
         return Ok(None);
     }
     let requested = requests::pod_requests(pod, gates)?;
+    if pod_level_unmanaged(pod, gates) {
+        return Ok(None);
+    }
+    let managed = gates.pod_level_resource_managers && requests::pod_level_set(pod);
+    if managed && !shared_pool_fits(pod, &requested, gates)? {
+        // No placement: the Topology Manager refuses the pod.
+        return Ok(Some(
+            requested.keys().map(|r| (r.clone(), Vec::new())).collect(),
+        ));
+    }
+    if requested.is_empty() {
+        return Ok(None);
+    }
     let uid = &pod.metadata.uid;
-    if gates.pod_level_resources
-        && gates.pod_level_resource_managers
-        && let Some(blocks) = state.pod_blocks(uid)
-    {
+    if managed && let Some(blocks) = state.pod_blocks(uid) {
         return Ok(regenerate(blocks, &requested));
     }
     let containers = pod.spec.init_containers.iter().chain(&pod.spec.containers);
     for c in containers {
         if let Some(blocks) = state.container_blocks(uid, &c.name) {
-            return Ok(regenerate(blocks, &requested));
+            let field = format!("container {:?}", c.name);
+            let own = requests::exclusive_requests(pod, c, gates, &field)?;
+            return Ok(regenerate(blocks, &own));
         }
     }
     Ok(Some(calculate(&state.machine_state, &requested)?))
+}
+
+/// `validatePodScopeResources`: containers without exclusive memory share what the exclusive
+/// ones leave of the pod's budget, and there must be some left for them.
+fn shared_pool_fits(pod: &Pod, budget: &Requested, gates: FeatureGates) -> Result<bool, HintError> {
+    let mut exclusive = Requested::new();
+    let mut shared = false;
+    let exhausted = |sum: &Requested| {
+        budget
+            .iter()
+            .any(|(r, &total)| sum.get(r).copied().unwrap_or(0) >= total)
+    };
+    for (i, c) in pod.spec.init_containers.iter().enumerate() {
+        let own =
+            requests::exclusive_requests(pod, c, gates, &format!("spec.initContainers[{i}]"))?;
+        let sidecar = c.restart_policy.as_deref() == Some("Always");
+        match (sidecar, own.is_empty()) {
+            (false, true) if exhausted(&exclusive) => return Ok(false),
+            (true, true) => shared = true,
+            (true, false) => add(&mut exclusive, &own),
+            (false, _) => {}
+        }
+    }
+    for (i, c) in pod.spec.containers.iter().enumerate() {
+        let own = requests::exclusive_requests(pod, c, gates, &format!("spec.containers[{i}]"))?;
+        if own.is_empty() {
+            shared = true;
+        } else {
+            add(&mut exclusive, &own);
+        }
+    }
+    Ok(!(shared && exhausted(&exclusive)))
+}
+
+fn add(into: &mut Requested, more: &Requested) {
+    for (r, &bytes) in more {
+        *into.entry(r.clone()).or_default() += bytes;
+    }
 }
 
 /// Hints from blocks already assigned: one preferred hint per block, or none at all when the

@@ -35,9 +35,9 @@ pub fn qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, RequestErro
     }
 }
 
-/// Kubernetes' `ComputePodQOS`: Guaranteed when every container (or the pod-level resources)
-/// limits CPU and memory and the requests, where given, equal the limits; BestEffort when nothing
-/// asks for CPU or memory; Burstable otherwise.
+/// Kubernetes' `ComputePodQOS`: Guaranteed when every container (or, with `PodLevelResources`,
+/// the pod-level resources) limits CPU and memory and the requests, where given, equal the
+/// limits; BestEffort when nothing asks for CPU or memory; Burstable otherwise.
 fn compute_qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, RequestError> {
     let mut requests: BTreeMap<&str, u128> = BTreeMap::new();
     let mut limits: BTreeMap<&str, u128> = BTreeMap::new();
@@ -124,6 +124,48 @@ pub fn container_requests(container: &Container, field: &str) -> Result<Requeste
     )
 }
 
+/// What the Memory Manager gives a container exclusively: nothing when the pod's pod-level
+/// resources are managed (`PodLevelResourceManagers`) and the container is not itself
+/// Guaranteed-like (it then runs in the pod's shared pool), else its requests.
+pub fn exclusive_requests(
+    pod: &Pod,
+    container: &Container,
+    gates: FeatureGates,
+    field: &str,
+) -> Result<Requested, RequestError> {
+    if gates.pod_level_resource_managers
+        && pod_level_set(pod)
+        && !container_guaranteed_like(container, field)?
+    {
+        return Ok(Requested::new());
+    }
+    container_requests(container, field)
+}
+
+/// `IsPodLevelResourcesSet`: pod-level requests or limits of CPU, memory or hugepages.
+pub fn pod_level_set(pod: &Pod) -> bool {
+    pod.spec.resources.as_ref().is_some_and(|r| {
+        r.requests
+            .keys()
+            .chain(r.limits.keys())
+            .any(|name| name == "cpu" || name == "memory" || name.starts_with("hugepages-"))
+    })
+}
+
+/// `IsContainerEquivalentQOSGuaranteed`: CPU and memory requested, non-zero, equal to limits.
+fn container_guaranteed_like(container: &Container, field: &str) -> Result<bool, RequestError> {
+    let r = &container.resources;
+    for name in ["cpu", "memory"] {
+        let request = r.requests.get(name).map(|v| nanos(v, field)).transpose()?;
+        let limit = r.limits.get(name).map(|v| nanos(v, field)).transpose()?;
+        match (request, limit) {
+            (Some(req), Some(lim)) if req > 0 && req == lim => {}
+            _ => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
 fn list_requests(list: &ResourceList, field: &str) -> Result<Requested, RequestError> {
     let mut requested = Requested::new();
     for (name, value) in list {
@@ -154,18 +196,22 @@ fn list_requests(list: &ResourceList, field: &str) -> Result<Requested, RequestE
 /// The pod's requests in pod scope: sidecars (restartable init containers) run with the app
 /// containers and add up; each other init container runs alone beside the sidecars started before
 /// it; the larger wins. As in the kubelet, only resources the app containers request are counted.
-/// With both pod-level gates on and `spec.resources` set, the pod-level requests stand instead.
+/// With `PodLevelResourceManagers` and pod-level resources set, the pod-level requests stand
+/// instead.
 pub fn pod_requests(pod: &Pod, gates: FeatureGates) -> Result<Requested, RequestError> {
-    if gates.pod_level_resources
-        && gates.pod_level_resource_managers
+    if gates.pod_level_resource_managers
+        && pod_level_set(pod)
         && let Some(pod_level) = &pod.spec.resources
     {
-        return list_requests(&pod_level.requests, "spec.resources.requests");
+        let mut requested = list_requests(&pod_level.requests, "spec.resources.requests")?;
+        requested.retain(|_, bytes| *bytes > 0);
+        return Ok(requested);
     }
     let mut init_peak = Requested::new();
     let mut sidecars = Requested::new();
     for (i, c) in pod.spec.init_containers.iter().enumerate() {
-        for (name, bytes) in container_requests(c, &format!("spec.initContainers[{i}]"))? {
+        let field = format!("spec.initContainers[{i}]");
+        for (name, bytes) in exclusive_requests(pod, c, gates, &field)? {
             let running = sidecars.entry(name.clone()).or_default();
             if c.restart_policy.as_deref() == Some("Always") {
                 *running += bytes;
@@ -178,7 +224,8 @@ pub fn pod_requests(pod: &Pod, gates: FeatureGates) -> Result<Requested, Request
     }
     let mut apps = Requested::new();
     for (i, c) in pod.spec.containers.iter().enumerate() {
-        for (name, bytes) in container_requests(c, &format!("spec.containers[{i}]"))? {
+        let field = format!("spec.containers[{i}]");
+        for (name, bytes) in exclusive_requests(pod, c, gates, &field)? {
             *apps.entry(name).or_default() += bytes;
         }
     }

@@ -5,6 +5,7 @@ use super::*;
 
 const CURRENT: &str = include_str!("testdata/current.json");
 const LEGACY: &str = include_str!("testdata/legacy.json");
+const V3: &str = include_str!("testdata/v3.json");
 const CURRENT_TEXT: &str = include_str!("testdata/current.text");
 
 fn path() -> &'static Path {
@@ -14,7 +15,7 @@ fn path() -> &'static Path {
 #[test]
 fn a_kubelet_written_checkpoint_verifies_in_either_format() {
     let current = read(path(), CURRENT.as_bytes(), Verification::Kubelet).unwrap();
-    assert_eq!((current.format, current.verified), (Format::Current, true));
+    assert_eq!((current.version, current.verified), (Version::V2, true));
     let state = &current.state;
     assert_eq!(state.machine_state[&0].cells, vec![0, 1]);
     assert_eq!(
@@ -25,8 +26,29 @@ fn a_kubelet_written_checkpoint_verifies_in_either_format() {
     assert_eq!(state.container_blocks(uid, "dpdk").unwrap().len(), 2);
     assert_eq!(state.pod_blocks(uid).unwrap()[0].size, 2 << 30);
     let legacy = read(path(), LEGACY.as_bytes(), Verification::Kubelet).unwrap();
-    assert_eq!((legacy.format, legacy.verified), (Format::Legacy, true));
+    assert_eq!((legacy.version, legacy.verified), (Version::V1, true));
     assert_eq!(legacy.state.machine_state, state.machine_state);
+    let v3 = read(path(), V3.as_bytes(), Verification::Kubelet).unwrap();
+    assert_eq!((v3.version, v3.verified), (Version::V3, true));
+    assert_eq!(&v3.state, state);
+}
+
+#[test]
+fn v3_data_that_does_not_verify_is_refused_not_read_as_an_older_version() {
+    // The inline V1 fields still verify; the kubelet refuses the file all the same.
+    let mut value: Value = serde_json::from_str(V3).unwrap();
+    let data = value["data"]
+        .as_str()
+        .unwrap()
+        .replacen("3221225472", "3221225473", 1);
+    assert!(data.contains("3221225473"));
+    value["data"] = Value::String(data);
+    let edited = value.to_string();
+    assert!(read(path(), V3.as_bytes(), Verification::Kubelet).is_ok());
+    assert!(matches!(
+        read(path(), edited.as_bytes(), Verification::Kubelet),
+        Err(CheckpointError::Mismatch { .. })
+    ));
 }
 
 #[test]
@@ -92,31 +114,32 @@ fn without_a_checksum_only_the_kubelets_compatibility_rule_or_the_what_if_comman
     // The kubelet accepts a legacy file with no (zero) checksum.
     let read_back = read(path(), hand.as_bytes(), Verification::Kubelet).unwrap();
     assert_eq!(
-        (read_back.format, read_back.verified),
-        (Format::Legacy, false)
+        (read_back.version, read_back.verified),
+        (Version::V1, false)
     );
     // With pod entries only a hand-written state (the what-if command) is taken unverified.
     let with_pods = hand.replacen("}}}", "}},\"podEntries\":{}}", 1);
     assert!(read(path(), with_pods.as_bytes(), Verification::Kubelet).is_err());
     let read_back = read(path(), with_pods.as_bytes(), Verification::UnlessAbsent).unwrap();
     assert_eq!(
-        (read_back.format, read_back.verified),
-        (Format::Current, false)
+        (read_back.version, read_back.verified),
+        (Version::V2, false)
     );
 }
 
 #[test]
-fn what_we_write_reads_back_verified() {
+fn what_we_write_is_what_the_newest_kubelet_writes() {
     let state = read(path(), CURRENT.as_bytes(), Verification::Kubelet)
         .unwrap()
         .state;
     let written = to_kubelet_json(&state);
     let again = read(path(), &written, Verification::Kubelet).unwrap();
-    assert_eq!((again.format, again.verified), (Format::Current, true));
+    assert_eq!((again.version, again.verified), (Version::V3, true));
     assert_eq!(again.state, state);
-    // The same content hashes the same whoever wrote it.
-    let ours = kubelet_checksum(path(), &written, Format::Current).unwrap();
-    let theirs = kubelet_checksum(path(), CURRENT.as_bytes(), Format::Current).unwrap();
-    assert_eq!(ours, theirs);
-    assert_eq!(u64::from(ours), 3740143566);
+    // The same bytes the Go peer wrote for this state.
+    let ours: Value = serde_json::from_slice(&written).unwrap();
+    let theirs: Value = serde_json::from_str(V3).unwrap();
+    assert_eq!(ours["dataChecksum"], theirs["dataChecksum"]);
+    assert_eq!(ours["checksum"], theirs["checksum"]);
+    assert_eq!(ours["data"], theirs["data"]);
 }

@@ -167,15 +167,23 @@ fn pods_that_are_not_guaranteed_get_no_hints() {
 }
 
 /// One case of the kubelet's hint-generation tests, as data (`testdata/kubelet_cases.json`,
-/// transcribed from `pkg/kubelet/cm/memorymanager/policy_static_test.go`; each names its
-/// source): a state in the checkpoint's JSON shape, a `v1.Pod`, and the kubelet's answer.
+/// transcribed from `pkg/kubelet/cm/memorymanager/policy_static_test.go` and
+/// `memory_manager_test.go`; each names its source): a state in the checkpoint's JSON shape
+/// (for the manager-level case, the state the policy sees after the manager dropped stale
+/// assignments), a `v1.Pod`, the feature gates, and the kubelet's answer.
 #[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct KubeletCase {
     name: String,
     state: serde_json::Value,
     pod: serde_json::Value,
     container: Option<String>,
     scope: String,
+    #[serde(default)]
+    feature_gates: BTreeMap<String, bool>,
+    /// The pod lifecycle operation the kubelet hints for (absent: an admission, "Add").
+    #[serde(default)]
+    operation: Option<String>,
     expected: Hints,
 }
 
@@ -183,17 +191,28 @@ struct KubeletCase {
 fn every_kubelet_hint_generation_case() {
     let cases: Vec<KubeletCase> =
         serde_json::from_str(include_str!("testdata/kubelet_cases.json")).unwrap();
-    assert_eq!(cases.len(), 7);
+    assert_eq!(cases.len(), 24);
+    let mut checked = 0;
     for case in cases {
+        // The agent hints for admissions only. The kubelet's answer for a resize or an unknown
+        // operation is "no hints" whatever the pod; those cases test its lifecycle plumbing.
+        if case.operation.as_deref().is_some_and(|op| op != "Add") {
+            assert_eq!(case.expected, None, "{}", case.name);
+            continue;
+        }
         let bytes = case.state.to_string();
         let state = crate::memorymanager::checkpoint::parse(
             std::path::Path::new(&case.name),
             bytes.as_bytes(),
             crate::memorymanager::checkpoint::Verification::UnlessAbsent,
         )
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{}: {e}", case.name));
         let pod: Pod = serde_json::from_value(case.pod).unwrap();
-        let gates = FeatureGates::default();
+        let gate = |name: &str| case.feature_gates.get(name).copied().unwrap_or(false);
+        let gates = FeatureGates {
+            pod_level_resources: gate("PodLevelResources"),
+            pod_level_resource_managers: gate("PodLevelResourceManagers"),
+        };
         let got = match (case.scope.as_str(), case.container) {
             ("container", Some(name)) => {
                 let container = find_container(&pod, &name).unwrap();
@@ -202,7 +221,9 @@ fn every_kubelet_hint_generation_case() {
             _ => pod_hints(&state, &pod, gates),
         };
         assert_eq!(got, Ok(case.expected), "{}", case.name);
+        checked += 1;
     }
+    assert_eq!(checked, 20);
 }
 
 #[derive(serde::Deserialize)]
@@ -264,13 +285,13 @@ fn pod_level_resources_count_only_behind_the_kubelets_gates() {
     .unwrap();
     // Without the gates the containers ask nothing: BestEffort, no hints.
     assert_eq!(pod_hints(&state, &pod, FeatureGates::default()), Ok(None));
-    // PodLevelResources alone makes the pod Guaranteed, but the Memory Manager still sums the
-    // containers (nothing): every mask fits, no resource to hint for.
+    // PodLevelResources alone makes the pod Guaranteed, but the Memory Manager leaves pods with
+    // pod-level resources alone unless PodLevelResourceManagers is on too.
     let qos_only = FeatureGates {
         pod_level_resources: true,
         pod_level_resource_managers: false,
     };
-    assert_eq!(pod_hints(&state, &pod, qos_only), Ok(Some(BTreeMap::new())));
+    assert_eq!(pod_hints(&state, &pod, qos_only), Ok(None));
     // Both gates: the pod-level requests are placed.
     let gates = FeatureGates {
         pod_level_resources: true,

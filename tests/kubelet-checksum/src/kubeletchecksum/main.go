@@ -5,7 +5,10 @@
 //	kubeletchecksum sum current|legacy FILE...   one checksum per file, in order
 //	kubeletchecksum write current|legacy FILE    the file as the kubelet writes it, checksum set
 //	kubeletchecksum text current|legacy FILE     the text that is hashed (checksum zeroed)
-//	kubeletchecksum verify current|legacy FILE...  "ok" or "corrupt" per file, as the kubelet reads it
+//	kubeletchecksum verify current|legacy|v3 FILE...  "ok" or "corrupt" per file, as the kubelet reads it
+//	kubeletchecksum write v3 FILE                the file as the newest kubelet writes it: the data as
+//	                                             a JSON string with its checksum, and the legacy fields
+//	                                             inline with the legacy checksum
 package main
 
 import (
@@ -54,6 +57,10 @@ func main() {
 		var out interface{}
 		if command == "verify" {
 			fmt.Println(verify(format, path, blob))
+			continue
+		}
+		if format == "v3" {
+			fmt.Println(writeV3(path, blob))
 			continue
 		}
 		switch format {
@@ -123,6 +130,12 @@ func verify(format, path string, blob []byte) string {
 		}
 		stored, c.Checksum = c.Checksum, 0
 		computed = checksum.Checksum(sum(c))
+	case "v3":
+		var c legacy.CheckpointV3
+		if err := json.Unmarshal(blob, &c); err != nil {
+			fail("%s: %v", path, err)
+		}
+		stored, computed = c.DataChecksum, checksum.Checksum(sum(c.Data))
 	default:
 		fail("unknown format %q", format)
 	}
@@ -130,4 +143,33 @@ func verify(format, path string, blob []byte) string {
 		return "ok"
 	}
 	return "corrupt"
+}
+
+// writeV3 writes the file the way the newest kubelet does (MarshalCheckpoint of V3).
+func writeV3(path string, blob []byte) string {
+	data := state.New()
+	if err := json.Unmarshal(blob, data); err != nil {
+		fail("%s: %v", path, err)
+	}
+	payload, err := json.Marshal(state.CheckpointData{
+		PolicyName:   data.PolicyName,
+		MachineState: data.MachineState,
+		Entries:      data.Entries,
+		PodEntries:   data.PodEntries,
+	})
+	if err != nil {
+		fail("%v", err)
+	}
+	var out legacy.CheckpointV3
+	out.Data = string(payload)
+	out.DataChecksum = checksum.Checksum(sum(out.Data))
+	out.PolicyName = data.PolicyName
+	out.MachineState = data.MachineState
+	out.Entries = data.Entries
+	out.Checksum = checksum.Checksum(sum(&out.MemoryManagerCheckpoint))
+	written, err := json.Marshal(out)
+	if err != nil {
+		fail("%v", err)
+	}
+	return string(written)
 }

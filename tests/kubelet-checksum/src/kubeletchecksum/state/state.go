@@ -53,3 +53,11 @@ func New() *MemoryManagerCheckpoint {
 		PodEntries:   PodMemoryAssignments{},
 	}
 }
+
+// CheckpointData is the newest kubelet's payload, kept as a JSON string in the file.
+type CheckpointData struct {
+	PolicyName   string                     `json:"policyName"`
+	MachineState NUMANodeMap                `json:"machineState"`
+	Entries      ContainerMemoryAssignments `json:"entries,omitempty"`
+	PodEntries   PodMemoryAssignments       `json:"podEntries,omitempty"`
+}

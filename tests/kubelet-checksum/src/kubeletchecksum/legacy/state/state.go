@@ -21,3 +21,11 @@ func New() *MemoryManagerCheckpoint {
 		Entries:      current.ContainerMemoryAssignments{},
 	}
 }
+
+// CheckpointV3 is the newest kubelet's file: the legacy checkpoint inline (for kubelets that
+// predate it), the data as a JSON string, and the data's checksum.
+type CheckpointV3 struct {
+	MemoryManagerCheckpoint `json:",inline"`
+	Data                    string            `json:"data"`
+	DataChecksum            checksum.Checksum `json:"dataChecksum"`
+}
