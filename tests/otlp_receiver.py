@@ -4,9 +4,10 @@ official `opentelemetry-proto` messages and service stubs (PyPI) with `grpcio`.
 It binds both transports on 127.0.0.1 (port 0 unless given), prints one JSON line
 {"ready": true, "grpc": PORT, "http": PORT}, then one JSON line per span received:
 transport, resource attributes, scope, name, kind, trace/span/parent ids (hex) and attributes.
+With --quiet it decodes every request the same way and prints nothing per span (benchmarks).
 It runs until killed.
 
-    python otlp_receiver.py [--grpc-port N] [--http-port N]
+    python otlp_receiver.py [--grpc-port N] [--http-port N] [--quiet]
 """
 
 import argparse
@@ -21,6 +22,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 LOCK = threading.Lock()
+QUIET = False
 
 
 def value(v):
@@ -40,6 +42,8 @@ def attributes(kvs):
 
 
 def emit(request, transport):
+    if QUIET:
+        return
     with LOCK:
         for rs in request.resource_spans:
             resource = attributes(rs.resource.attributes)
@@ -98,7 +102,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--grpc-port", type=int, default=0)
     parser.add_argument("--http-port", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
+    global QUIET
+    QUIET = args.quiet
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), server)
     grpc_port = server.add_insecure_port(f"127.0.0.1:{args.grpc_port}")

@@ -139,18 +139,36 @@ pub fn admit(
         from_short(body)?
     };
     let span = tracing::Span::current();
-    span.record("k8s.pod.name", pod.name.as_str());
-    span.record("k8s.namespace.name", pod.namespace.as_str());
-    span.record("k8s.pod.uid", pod.uid.as_str());
+    // A trace the sampler dropped gets no children and no attributes: they would cost every
+    // admission and never be exported.
+    let sampled = crate::telemetry::traces::is_sampled(&span);
+    let step = |name: &'static str| {
+        if !sampled {
+            return tracing::Span::none();
+        }
+        match name {
+            "hint" => {
+                tracing::debug_span!("hint", hugepage.numa_nodes = Empty, hint.source = Empty)
+            }
+            "verification" => tracing::debug_span!("verification"),
+            _ => tracing::debug_span!("reservation", reservation.id = Empty),
+        }
+    };
+    if sampled {
+        span.record("k8s.pod.name", pod.name.as_str());
+        span.record("k8s.namespace.name", pod.namespace.as_str());
+        span.record("k8s.pod.uid", pod.uid.as_str());
+    }
     let nodes = {
-        let hint = tracing::debug_span!("hint", hugepage.numa_nodes = Empty, hint.source = Empty)
-            .entered();
+        let hint = step("hint").entered();
         let (nodes, source) = match nodes {
             Some(nodes) => (nodes, "request"),
             None => (state.verifier.nodes(), "all nodes"),
         };
-        hint.record("hugepage.numa_nodes", node_list(&nodes).as_str());
-        hint.record("hint.source", source);
+        if sampled {
+            hint.record("hugepage.numa_nodes", node_list(&nodes).as_str());
+            hint.record("hint.source", source);
+        }
         nodes
     };
     // Held from the fresh read to the reservation: no other admission sees the pages in between.
@@ -160,14 +178,14 @@ pub fn admit(
         .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
     let now = SystemTime::now();
     let started = Instant::now();
-    let verified = tracing::debug_span!("verification")
-        .in_scope(|| state.verifier.verify(&request, &nodes, state.settings));
+    let verified =
+        step("verification").in_scope(|| state.verifier.verify(&request, &nodes, state.settings));
     let took = started.elapsed();
     let mut verdict = verified.map_err(|e| match e {
         VerifyError::UnknownNode { .. } => ApiError::invalid("numaNodes", e.to_string()),
         VerifyError::NoNodes => ApiError::invalid("numaNodes", "must name at least one NUMA node"),
     })?;
-    let reservation = tracing::debug_span!("reservation", reservation.id = Empty).entered();
+    let reservation = step("reservation").entered();
     reservations::apply(&mut verdict, &store, &pod.uid, now);
     state.metrics.verification(&verdict, took);
     if state.reject_under_pressure && !request.is_empty() {
@@ -183,7 +201,9 @@ pub fn admit(
     drop(store);
     drop(reservation);
     state.metrics.admission(&verdict);
-    record_verdict(&span, &verdict);
+    if sampled {
+        record_verdict(&span, &verdict);
+    }
     tracing::info!(
         pod = %format_args!("{}/{}", pod.namespace, pod.name),
         uid = %pod.uid,
