@@ -8,9 +8,8 @@
 
 use std::time::{Instant, SystemTime};
 
-use tracing::field::Empty;
-
 use serde::{Deserialize, Serialize};
+use tracing::field::Empty;
 
 use super::{AppState, error::ApiError};
 use crate::{
@@ -117,6 +116,29 @@ pub fn span() -> tracing::Span {
     )
 }
 
+/// The steps of an admission, each a child span of it.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// Choosing the NUMA nodes (topology hints will do it here).
+    Hint,
+    /// KEP-5759's fresh sysfs read.
+    Verification,
+    /// Subtracting other pods' reservations and reserving for this one.
+    Reservation,
+}
+
+impl Step {
+    fn span(self) -> tracing::Span {
+        match self {
+            Step::Hint => {
+                tracing::debug_span!("hint", hugepage.numa_nodes = Empty, hint.source = Empty)
+            }
+            Step::Verification => tracing::debug_span!("verification"),
+            Step::Reservation => tracing::debug_span!("reservation", reservation.id = Empty),
+        }
+    }
+}
+
 /// Validates and verifies one admission request.
 pub fn admit(
     state: &AppState,
@@ -142,16 +164,11 @@ pub fn admit(
     // A trace the sampler dropped gets no children and no attributes: they would cost every
     // admission and never be exported.
     let sampled = crate::telemetry::traces::is_sampled(&span);
-    let step = |name: &'static str| {
-        if !sampled {
-            return tracing::Span::none();
-        }
-        match name {
-            "hint" => {
-                tracing::debug_span!("hint", hugepage.numa_nodes = Empty, hint.source = Empty)
-            }
-            "verification" => tracing::debug_span!("verification"),
-            _ => tracing::debug_span!("reservation", reservation.id = Empty),
+    let step = |step: Step| {
+        if sampled {
+            step.span()
+        } else {
+            tracing::Span::none()
         }
     };
     if sampled {
@@ -160,7 +177,7 @@ pub fn admit(
         span.record("k8s.pod.uid", pod.uid.as_str());
     }
     let nodes = {
-        let hint = step("hint").entered();
+        let hint = step(Step::Hint).entered();
         let (nodes, source) = match nodes {
             Some(nodes) => (nodes, "request"),
             None => (state.verifier.nodes(), "all nodes"),
@@ -178,14 +195,14 @@ pub fn admit(
         .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
     let now = SystemTime::now();
     let started = Instant::now();
-    let verified =
-        step("verification").in_scope(|| state.verifier.verify(&request, &nodes, state.settings));
+    let verified = step(Step::Verification)
+        .in_scope(|| state.verifier.verify(&request, &nodes, state.settings));
     let took = started.elapsed();
     let mut verdict = verified.map_err(|e| match e {
         VerifyError::UnknownNode { .. } => ApiError::invalid("numaNodes", e.to_string()),
         VerifyError::NoNodes => ApiError::invalid("numaNodes", "must name at least one NUMA node"),
     })?;
-    let reservation = step("reservation").entered();
+    let reservation = step(Step::Reservation).entered();
     reservations::apply(&mut verdict, &store, &pod.uid, now);
     state.metrics.verification(&verdict, took);
     if state.reject_under_pressure && !request.is_empty() {
