@@ -3,7 +3,8 @@ official `opentelemetry-proto` messages and service stubs (PyPI) with `grpcio`.
 
 It binds both transports on 127.0.0.1 (port 0 unless given), prints one JSON line
 {"ready": true, "grpc": PORT, "http": PORT}, then one JSON line per span received:
-transport, resource attributes, scope, name, kind, trace/span/parent ids (hex) and attributes.
+transport, the request's headers (gRPC metadata), resource attributes, scope, name, kind,
+trace/span/parent ids (hex) and attributes.
 With --quiet it decodes every request the same way and prints nothing per span (benchmarks).
 It runs until killed.
 
@@ -41,7 +42,7 @@ def attributes(kvs):
     return {kv.key: value(kv.value) for kv in kvs}
 
 
-def emit(request, transport):
+def emit(request, transport, headers):
     if QUIET:
         return
     with LOCK:
@@ -51,6 +52,7 @@ def emit(request, transport):
                 for span in ss.spans:
                     line = {
                         "transport": transport,
+                        "headers": headers,
                         "resource": resource,
                         "scope": ss.scope.name,
                         "name": span.name,
@@ -68,7 +70,7 @@ def emit(request, transport):
 
 class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request, context):
-        emit(request, "grpc")
+        emit(request, "grpc", {k.lower(): v for k, v in context.invocation_metadata()})
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -86,7 +88,7 @@ class HttpHandler(BaseHTTPRequestHandler):
         except Exception as err:  # a body that is not the OTLP message is the sender's bug
             self.send_error(400, str(err))
             return
-        emit(request, "http")
+        emit(request, "http", {k.lower(): v for k, v in self.headers.items()})
         answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")

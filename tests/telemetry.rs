@@ -188,6 +188,10 @@ fn traced_agent(receiver: &OtlpReceiver, protocol: &str, delay_ms: &str, dir: &s
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "x-tenant=hugepages,authorization=Bearer%20t0ken",
+            ),
             ("OTEL_BSP_SCHEDULE_DELAY", delay_ms),
             ("OTEL_BSP_MAX_QUEUE_SIZE", "64"),
             ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "16"),
@@ -204,6 +208,15 @@ fn check_admission_trace(receiver: &mut OtlpReceiver, transport: &str, answer: &
         s["name"] == "admission" && s["trace_id"] == TRACE_ID
     });
     assert_eq!(admission["transport"], transport, "{admission:#}");
+    // OTEL_EXPORTER_OTLP_HEADERS, percent-decoded, on every export request.
+    assert_eq!(
+        admission["headers"]["x-tenant"], "hugepages",
+        "{admission:#}"
+    );
+    assert_eq!(
+        admission["headers"]["authorization"], "Bearer t0ken",
+        "{admission:#}"
+    );
     assert_eq!(admission["parent_span_id"], PARENT_ID, "{admission:#}");
     assert_eq!(admission["kind"], 2, "SPAN_KIND_SERVER: {admission:#}");
     let a = &admission["attributes"];
@@ -438,4 +451,35 @@ fn a_map_refresh_an_ebpf_fault_prompted_and_a_psi_transition_are_spans() {
     );
     let (status, log) = running.terminate();
     assert!(status.success(), "{status:?}: {log:#?}");
+}
+
+#[test]
+fn otel_traces_sampler_is_honoured_and_parent_based_follows_the_webhooks_decision() {
+    let mut receiver = OtlpReceiver::start();
+    let endpoint = format!("http://127.0.0.1:{}", receiver.http);
+    let dir = state_dir("sampler");
+    let mut running = Agent::start(agent(
+        &["run", "--ebpf", "off", "--state-dir", &dir],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_TRACES_SAMPLER", "parentbased_always_off"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    ));
+    running.wait_for("agent running", Duration::from_secs(30), |_| true);
+    // A root admission is not sampled; one whose caller sampled its trace is.
+    admit(running.port, FITS, None);
+    admit(running.port, REJECTED, Some(&traceparent()));
+    let (status, _) = running.terminate();
+    assert!(status.success());
+    let got = receiver.collect(Duration::from_secs(1));
+    let admissions: Vec<&Value> = got.iter().filter(|s| s["name"] == "admission").collect();
+    assert_eq!(admissions.len(), 1, "{got:#?}");
+    assert_eq!(admissions[0]["trace_id"], TRACE_ID);
+    assert_eq!(admissions[0]["attributes"]["k8s.pod.name"], "dpdk-0");
+    assert_eq!(
+        got.len(),
+        4,
+        "the sampled admission and its three steps: {got:#?}"
+    );
 }
