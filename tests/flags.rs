@@ -59,6 +59,11 @@ impl BenchFlags {
         }
     }
 
+    /// The flag's value as given, or `default` when it is absent.
+    pub fn word<'a>(&'a self, name: &str, default: &'a str) -> &'a str {
+        self.get(name).unwrap_or(default)
+    }
+
     /// A path that must be given.
     pub fn path(&self, name: &str) -> PathBuf {
         self.get(name)
@@ -84,6 +89,10 @@ mod tests {
         let f = flags(&["--rate", "500", "--agent", "/bin/a"]).expect("valid");
         assert_eq!((f.number("--rate", 1), f.number("--missing", 7)), (500, 7));
         assert_eq!(f.path("--agent"), PathBuf::from("/bin/a"));
+        assert_eq!(
+            (f.word("--agent", "x"), f.word("--mode", "plain")),
+            ("/bin/a", "plain")
+        );
         assert!(flags(&["--rate"]).is_none(), "a flag without its value");
         assert!(flags(&["--speed", "1"]).is_none(), "an unknown flag");
     }

@@ -3,10 +3,12 @@ official `opentelemetry-proto` messages and service stubs (PyPI) with `grpcio`.
 
 It binds both transports on 127.0.0.1 (port 0 unless given), prints one JSON line
 {"ready": true, "grpc": PORT, "http": PORT}, then one JSON line per span received:
-transport, resource attributes, scope, name, kind, trace/span/parent ids (hex) and attributes.
+transport, the request's headers (gRPC metadata), resource attributes, scope, name, kind,
+trace/span/parent ids (hex) and attributes.
+With --quiet it decodes every request the same way and prints nothing per span (benchmarks).
 It runs until killed.
 
-    python otlp_receiver.py [--grpc-port N] [--http-port N]
+    python otlp_receiver.py [--grpc-port N] [--http-port N] [--quiet]
 """
 
 import argparse
@@ -21,6 +23,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 LOCK = threading.Lock()
+QUIET = False
 
 
 def value(v):
@@ -39,7 +42,9 @@ def attributes(kvs):
     return {kv.key: value(kv.value) for kv in kvs}
 
 
-def emit(request, transport):
+def emit(request, transport, headers):
+    if QUIET:
+        return
     with LOCK:
         for rs in request.resource_spans:
             resource = attributes(rs.resource.attributes)
@@ -47,6 +52,7 @@ def emit(request, transport):
                 for span in ss.spans:
                     line = {
                         "transport": transport,
+                        "headers": headers,
                         "resource": resource,
                         "scope": ss.scope.name,
                         "name": span.name,
@@ -64,7 +70,7 @@ def emit(request, transport):
 
 class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request, context):
-        emit(request, "grpc")
+        emit(request, "grpc", {k.lower(): v for k, v in context.invocation_metadata()})
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -82,7 +88,7 @@ class HttpHandler(BaseHTTPRequestHandler):
         except Exception as err:  # a body that is not the OTLP message is the sender's bug
             self.send_error(400, str(err))
             return
-        emit(request, "http")
+        emit(request, "http", {k.lower(): v for k, v in self.headers.items()})
         answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
@@ -98,7 +104,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--grpc-port", type=int, default=0)
     parser.add_argument("--http-port", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
+    global QUIET
+    QUIET = args.quiet
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), server)
     grpc_port = server.add_insecure_port(f"127.0.0.1:{args.grpc_port}")

@@ -64,9 +64,22 @@ pub struct OtlpReceiver {
 
 impl OtlpReceiver {
     pub fn start() -> OtlpReceiver {
-        let script = workspace().join("tests/otlp_receiver.py");
-        let mut child = Command::new(otlp_python())
-            .arg(&script)
+        OtlpReceiver::spawn(Command::new(otlp_python()), false)
+    }
+
+    /// A receiver that decodes every request and reports no spans, started in `cgroup`.
+    pub fn start_quiet_in(cgroup: &crate::TestCgroup) -> OtlpReceiver {
+        let mut cmd = Command::new(otlp_python());
+        crate::spawn_in(&mut cmd, cgroup);
+        OtlpReceiver::spawn(cmd, true)
+    }
+
+    fn spawn(mut cmd: Command, quiet: bool) -> OtlpReceiver {
+        cmd.arg(workspace().join("tests/otlp_receiver.py"));
+        if quiet {
+            cmd.arg("--quiet");
+        }
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

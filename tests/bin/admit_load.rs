@@ -11,6 +11,13 @@
 //!
 //! `admit-load --agent PATH --oha PATH [--rate R] [--connections C] [--seconds S]`
 //! (defaults 20000, 50, 10).
+//!
+//! With `--tracing compare [--rounds N]` (`cargo xtask bench admit-trace`) it measures the cost of
+//! tracing instead: round after round (default 3), an agent with `OTEL_TRACES_EXPORTER=none`, one
+//! exporting every span over OTLP/gRPC to the real receiver (`otlp_receiver.py --quiet`, in the
+//! same cgroup), and one sampling 1 % of traces (`parentbased_traceidratio`, 0.01), each under the
+//! fixed rate (from the actual send) and unthrottled. It prints each run, the spans exported and
+//! dropped, the medians per mode and the ratios to tracing off (target: within 10 %).
 
 use std::{
     collections::BTreeMap,
@@ -20,9 +27,12 @@ use std::{
 };
 
 use hugepage_agent_tests::{
-    BenchFlags, HugetlbController, TestCgroup, free_port, host_lock, http, spawn_in, wait_ready,
-    wait_timeout,
+    BenchFlags, HugetlbController, TestCgroup, free_port, host_lock, http,
+    peers::{OtlpReceiver, get},
+    spawn_in, wait_ready, wait_timeout,
 };
+
+const USAGE: &str = "admit-load --agent PATH --oha PATH [--rate R] [--connections C] [--seconds S] [--tracing compare [--rounds N]]";
 
 struct Args {
     agent: PathBuf,
@@ -30,19 +40,39 @@ struct Args {
     rate: u32,
     connections: u32,
     seconds: u32,
+    compare_tracing: bool,
+    rounds: u32,
 }
 
 fn parse_args() -> Args {
     let flags = BenchFlags::parse(
-        "admit-load --agent PATH --oha PATH [--rate R] [--connections C] [--seconds S]",
-        &["--agent", "--oha", "--rate", "--connections", "--seconds"],
+        USAGE,
+        &[
+            "--agent",
+            "--oha",
+            "--rate",
+            "--connections",
+            "--seconds",
+            "--tracing",
+            "--rounds",
+        ],
     );
+    let compare_tracing = match flags.word("--tracing", "none") {
+        "none" => false,
+        "compare" => true,
+        _ => {
+            eprintln!("usage: {USAGE}");
+            std::process::exit(2);
+        }
+    };
     Args {
         agent: flags.path("--agent"),
         oha: flags.path("--oha"),
         rate: flags.number("--rate", 20_000) as u32,
         connections: flags.number("--connections", 50) as u32,
         seconds: flags.number("--seconds", 10) as u32,
+        compare_tracing,
+        rounds: flags.number("--rounds", 3) as u32,
     }
 }
 
@@ -144,6 +174,59 @@ fn print(label: &str, r: &LoadReport) {
     }
 }
 
+const BODY: &str = r#"{"pod":{"namespace":"bench","name":"dpdk-0","uid":"00000000-0000-0000-0000-000000000001"},"containers":[{"name":"app","resources":{"hugepages-2Mi":"2Mi","hugepages-1Gi":"1Gi","memory":"1Gi"}}]}"#;
+
+/// A release agent started for a benchmark, its log in a file.
+struct Running {
+    child: std::process::Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Running {
+    /// Starts the agent in `pod` with `env` added, and waits for `/readyz`.
+    fn start(args: &Args, pod: &TestCgroup, env: &[(&str, &str)]) -> Running {
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!("hugepage-agent-admit-load-{port}.log"));
+        let log_file = std::fs::File::create(&log)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        let mut agent = Command::new(&args.agent);
+        agent
+            .args([
+                "run",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--log-format",
+                "json",
+            ])
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        spawn_in(&mut agent, pod);
+        let mut child = agent
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", args.agent.display()));
+        if wait_ready(port, Duration::from_secs(30)).is_none() {
+            let _ = child.kill();
+            panic!("the agent was not ready within 30 s; see {}", log.display());
+        }
+        let (status, answer) = http(port, "POST", "/v1/admit", Some("application/json"), BODY);
+        assert_eq!(status, 200, "{answer}");
+        Running { child, port, log }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1/admit", self.port)
+    }
+
+    /// SIGTERM, and the exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        wait_timeout(&mut self.child, Duration::from_secs(15))
+    }
+}
+
 fn main() {
     let args = parse_args();
     // The agent and the load run as a pod that requested no hugepages would: in a cgroup whose
@@ -153,38 +236,28 @@ fn main() {
     let pod = TestCgroup::create(&lock, "admit-load");
     pod.set("hugetlb.2MB.max", "0");
     pod.set("hugetlb.1GB.max", "0");
-    let port = free_port();
-    let log = std::env::temp_dir().join(format!("hugepage-agent-admit-load-{port}.log"));
-    let log_file =
-        std::fs::File::create(&log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
-    let mut agent = Command::new(&args.agent);
-    agent
-        .args([
-            "run",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--log-format",
-            "json",
-        ])
-        .stdout(Stdio::null())
-        .stderr(log_file);
-    spawn_in(&mut agent, &pod);
-    let mut agent = agent
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", args.agent.display()));
-    let ready = wait_ready(port, Duration::from_secs(30));
-    let Some(ready) = ready else {
-        let _ = agent.kill();
-        panic!("the agent was not ready within 30 s; see {}", log.display());
-    };
-    let body = r#"{"pod":{"namespace":"bench","name":"dpdk-0","uid":"00000000-0000-0000-0000-000000000001"},"containers":[{"name":"app","resources":{"hugepages-2Mi":"2Mi","hugepages-1Gi":"1Gi","memory":"1Gi"}}]}"#;
-    let (status, answer) = http(port, "POST", "/v1/admit", Some("application/json"), body);
-    assert_eq!(status, 200, "{answer}");
+    if args.compare_tracing {
+        compare_tracing(&args, &pod);
+    } else {
+        load(&args, &pod);
+    }
+}
+
+fn load(args: &Args, pod: &TestCgroup) {
+    let agent = Running::start(args, pod, &[("OTEL_TRACES_EXPORTER", "none")]);
+    let (_, ready) = http(agent.port, "GET", "/readyz", None, "");
+    let (_, answer) = http(
+        agent.port,
+        "POST",
+        "/v1/admit",
+        Some("application/json"),
+        BODY,
+    );
     println!("agent ready: {ready}");
-    println!("request: {body}");
+    println!("request: {BODY}");
     println!("answer:  {answer}");
-    let url = format!("http://127.0.0.1:{port}/v1/admit");
-    oha(&args, &pod, &url, body, 2, Load::Unthrottled);
+    let url = agent.url();
+    oha(args, pod, &url, BODY, 2, Load::Unthrottled);
     for (label, load) in [
         (
             format!("offered {} req/s, corrected", args.rate),
@@ -202,14 +275,123 @@ fn main() {
         ),
         ("unthrottled".to_owned(), Load::Unthrottled),
     ] {
-        let report = oha(&args, &pod, &url, body, args.seconds, load);
+        let report = oha(args, pod, &url, BODY, args.seconds, load);
         print(&format!("{label}, {} conns", args.connections), &report);
     }
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
-    let status = wait_timeout(&mut agent, Duration::from_secs(10));
+    let log = agent.log.clone();
+    let status = agent.stop();
     println!("agent stopped: {status}; its log: {}", log.display());
     println!("target: 20000 req/s with p99 under 2 ms");
+}
+
+/// One mode's figures of one round: unthrottled req/s, p99 at the fixed rate and unthrottled.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    throughput: f64,
+    p99_fixed: f64,
+    p99_unthrottled: f64,
+}
+
+fn compare_tracing(args: &Args, pod: &TestCgroup) {
+    let receiver = OtlpReceiver::start_quiet_in(pod);
+    let endpoint = format!("http://127.0.0.1:{}", receiver.grpc);
+    let exporting = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    ];
+    let sampled = [
+        exporting[0],
+        exporting[1],
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0.01"),
+    ];
+    let modes: [(&str, &[(&str, &str)]); 3] = [
+        ("tracing off", &[("OTEL_TRACES_EXPORTER", "none")]),
+        ("tracing on, every span", &exporting),
+        ("tracing on, 1 % sampled", &sampled),
+    ];
+    let mut figures: Vec<Vec<Figures>> = vec![Vec::new(); modes.len()];
+    for round in 1..=args.rounds {
+        for (i, (label, env)) in modes.iter().enumerate() {
+            let agent = Running::start(args, pod, env);
+            let url = agent.url();
+            oha(args, pod, &url, BODY, 2, Load::Unthrottled);
+            let fixed = oha(
+                args,
+                pod,
+                &url,
+                BODY,
+                args.seconds,
+                Load::Fixed {
+                    rate: args.rate,
+                    corrected: false,
+                },
+            );
+            let free = oha(args, pod, &url, BODY, args.seconds, Load::Unthrottled);
+            let (_, exposition) = get(agent.port, "/metrics");
+            let port = agent.port;
+            let status = agent.stop();
+            assert!(status.success(), "agent on {port} stopped with {status}");
+            print(
+                &format!("round {round}, {label}, {} req/s offered", args.rate),
+                &fixed,
+            );
+            print(&format!("round {round}, {label}, unthrottled"), &free);
+            if i > 0 {
+                println!(
+                    "    spans exported {}, dropped {} (queue full or failed export)",
+                    sum(&exposition, "hugepage_agent_trace_spans_exported_total"),
+                    sum(&exposition, "hugepage_agent_trace_spans_dropped_total"),
+                );
+            }
+            figures[i].push(Figures {
+                throughput: free.requests_per_sec,
+                p99_fixed: p99(&fixed),
+                p99_unthrottled: p99(&free),
+            });
+        }
+    }
+    receiver.stop();
+    let median = |mode: usize, f: fn(&Figures) -> f64| {
+        let mut v: Vec<f64> = figures[mode].iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("medians over {} rounds:", args.rounds);
+    for (i, (label, _)) in modes.iter().enumerate() {
+        println!(
+            "  {label:<24} unthrottled {:>8.0} req/s  p99 at {} req/s {:6.3} ms  p99 unthrottled {:6.3} ms",
+            median(i, |f| f.throughput),
+            args.rate,
+            median(i, |f| f.p99_fixed) * 1000.0,
+            median(i, |f| f.p99_unthrottled) * 1000.0,
+        );
+    }
+    for (i, (label, _)) in modes.iter().enumerate().skip(1) {
+        println!(
+            "ratio {label} / off: throughput {:.3}, p99 at {} req/s {:.3}, p99 unthrottled {:.3} (target: within 10 %)",
+            median(i, |f| f.throughput) / median(0, |f| f.throughput),
+            args.rate,
+            median(i, |f| f.p99_fixed) / median(0, |f| f.p99_fixed),
+            median(i, |f| f.p99_unthrottled) / median(0, |f| f.p99_unthrottled),
+        );
+    }
+}
+
+fn p99(r: &LoadReport) -> f64 {
+    r.latency.get("p99").copied().unwrap_or(f64::NAN)
+}
+
+/// The sum of every sample of `name` in an exposition.
+fn sum(exposition: &str, name: &str) -> f64 {
+    exposition
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::{
     setup,
 };
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Bench {
     /// ns per ordinary 4 KiB fault: no probe, cgroup-filter mode, watch-everything mode.
     ProbeOverhead,
@@ -22,6 +22,8 @@ pub enum Bench {
     AdmitLoad,
     /// Hint generation and merge for 8 NUMA nodes x 3 memory types.
     Hints,
+    /// admit-load with tracing off, then exporting every span to a real OTLP receiver: the ratio.
+    AdmitTrace,
 }
 
 pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
@@ -39,19 +41,20 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
                 vec!["--agent".to_owned(), agent.display().to_string()],
             )
         }
-        Bench::AdmitLoad => {
+        Bench::AdmitLoad | Bench::AdmitTrace => {
             let oha = setup::ensure_oha()?;
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
             let agent = release.join("hugepage-agent");
-            (
-                "admit-load",
-                vec![
-                    "--agent".to_owned(),
-                    agent.display().to_string(),
-                    "--oha".to_owned(),
-                    oha.display().to_string(),
-                ],
-            )
+            let mut all = vec![
+                "--agent".to_owned(),
+                agent.display().to_string(),
+                "--oha".to_owned(),
+                oha.display().to_string(),
+            ];
+            if which == Bench::AdmitTrace {
+                all.extend(["--tracing".to_owned(), "compare".to_owned()]);
+            }
+            ("admit-load", all)
         }
     };
     cmd::cargo(

@@ -5,9 +5,10 @@
 //!   telemetry tests' peers: Prometheus, an OTLP receiver's venv, `@grafana/schema`).
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
 //! * `test`: formatting, clippy, the build without the eBPF toolchain, and every test.
-//! * `bench probe-overhead|verify|psi|inventory|admit-load [-- ARGS]`: the fault probe's cost on
-//!   ordinary faults, one in-process verification, PSI evaluation and trigger latency, the
-//!   cgroup inventory at scale, and `POST /v1/admit` under a load tool.
+//! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace [-- ARGS]`: the fault
+//!   probe's cost on ordinary faults, one in-process verification, PSI evaluation and trigger
+//!   latency, the cgroup inventory at scale, `POST /v1/admit` under a load tool, and the same
+//!   with OTLP tracing on against off.
 
 mod bench;
 mod cmd;
@@ -64,6 +65,9 @@ fn main() -> Result<()> {
         }
         Task::Bench { which, args } => {
             require_root("cargo xtask bench")?;
+            if which == bench::Bench::AdmitTrace {
+                env.peers = setup::ensure_peers()?;
+            }
             bench::run(&env, which, &args)
         }
     }

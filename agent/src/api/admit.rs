@@ -114,6 +114,34 @@ pub fn span() -> tracing::Span {
     )
 }
 
+/// The steps of an admission, each a child span of it.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// Choosing the NUMA nodes: the kubelet's hints, merge and allocation.
+    Hint,
+    /// KEP-5759's fresh sysfs read.
+    Verification,
+    /// Subtracting other pods' reservations and reserving for this one.
+    Reservation,
+}
+
+impl Step {
+    /// The step's span; none for a trace the sampler dropped (children and attributes would
+    /// cost every admission and never be exported).
+    fn span(self, sampled: bool) -> tracing::Span {
+        if !sampled {
+            return tracing::Span::none();
+        }
+        match self {
+            Step::Hint => {
+                tracing::debug_span!("hint", hugepage.numa_nodes = Empty, hint.source = Empty)
+            }
+            Step::Verification => tracing::debug_span!("verification"),
+            Step::Reservation => tracing::debug_span!("reservation", reservation.id = Empty),
+        }
+    }
+}
+
 /// Parses either body form.
 pub fn parse(content_type: Option<&str>, body: &[u8]) -> Result<Parsed, ApiError> {
     let json = content_type.is_some_and(|t| {
@@ -134,18 +162,19 @@ pub fn parse(content_type: Option<&str>, body: &[u8]) -> Result<Parsed, ApiError
 }
 
 /// Where to verify: the request's nodes, or the kubelet's selection on the live state.
-fn placement(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
-    let hint =
-        tracing::debug_span!("hint", hugepage.numa_nodes = Empty, hint.source = Empty).entered();
+fn placement(state: &AppState, parsed: &Parsed, sampled: bool) -> Result<(Plan, bool), ApiError> {
+    let hint = Step::Hint.span(sampled).entered();
     let (plan, selected) = select(state, parsed)?;
-    let nodes: Vec<NumaNode> = plan.groups.keys().flatten().copied().collect();
-    hint.record("hugepage.numa_nodes", node_list(&nodes).as_str());
-    let source = match (selected, &plan.selection.reason) {
-        (false, _) => "request",
-        (true, None) => "kubelet hints and topology policy",
-        (true, Some(reason)) => reason,
-    };
-    hint.record("hint.source", source);
+    if sampled {
+        let nodes: Vec<NumaNode> = plan.groups.keys().flatten().copied().collect();
+        hint.record("hugepage.numa_nodes", node_list(&nodes).as_str());
+        let source = match (selected, &plan.selection.reason) {
+            (false, _) => "request",
+            (true, None) => "kubelet hints and topology policy",
+            (true, Some(reason)) => reason,
+        };
+        hint.record("hint.source", source);
+    }
     Ok((plan, selected))
 }
 
@@ -185,10 +214,13 @@ pub fn admit(
 ) -> Result<Answer, ApiError> {
     let parsed = parse(content_type, body)?;
     let span = tracing::Span::current();
-    span.record("k8s.pod.name", parsed.pod_ref.name.as_str());
-    span.record("k8s.namespace.name", parsed.pod_ref.namespace.as_str());
-    span.record("k8s.pod.uid", parsed.pod_ref.uid.as_str());
-    let (plan, selected) = placement(state, &parsed)?;
+    let sampled = crate::telemetry::traces::is_sampled(&span);
+    if sampled {
+        span.record("k8s.pod.name", parsed.pod_ref.name.as_str());
+        span.record("k8s.namespace.name", parsed.pod_ref.namespace.as_str());
+        span.record("k8s.pod.uid", parsed.pod_ref.uid.as_str());
+    }
+    let (plan, selected) = placement(state, &parsed, sampled)?;
     // Held from the fresh read to the reservation: no other admission sees the pages in between.
     let mut store = state
         .reservations
@@ -196,7 +228,7 @@ pub fn admit(
         .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
     let now = SystemTime::now();
     let started = Instant::now();
-    let verification = tracing::debug_span!("verification").entered();
+    let verification = Step::Verification.span(sampled).entered();
     let mut verdicts = Vec::with_capacity(plan.groups.len());
     for (nodes, pages) in &plan.groups {
         verdicts.push(
@@ -229,7 +261,7 @@ pub fn admit(
         verdict.reason = plan.selection.reason;
         verdict.message = plan.selection.message.clone();
     }
-    let reservation = tracing::debug_span!("reservation", reservation.id = Empty).entered();
+    let reservation = Step::Reservation.span(sampled).entered();
     reservations::apply(&mut verdict, &store, &parsed.pod_ref.uid, now);
     state.metrics.verification(&verdict, took);
     if state.reject_under_pressure && !parsed.request.is_empty() {
@@ -246,7 +278,9 @@ pub fn admit(
     drop(store);
     drop(reservation);
     state.metrics.admission(&verdict);
-    record_verdict(&span, &verdict);
+    if sampled {
+        record_verdict(&span, &verdict);
+    }
     // Refusals are what an operator looks for; admissions are counted in the metrics and logged
     // at debug (at 20,000 requests/s a line each costs more than the verification).
     if verdict.allowed {

@@ -2,8 +2,12 @@
 //! only tries to put the finished span in a bounded queue (a full queue drops the span and
 //! counts it), and one thread of its own that batches the queue and exports each batch with a
 //! deadline (a failed or late export drops the batch and counts it). Nothing the collector does
-//! can make a caller wait: no lock is shared with the exporter, and its network I/O runs on that
-//! thread's own runtime, not the agent's.
+//! can make a caller wait: the queue's lock is held only to push a span or to swap the queue
+//! out, and the network I/O runs on that thread's own runtime, not the agent's.
+//!
+//! The export thread is woken once per full batch, or when the schedule delay passes, never per
+//! span: at tens of thousands of spans a second a wake-up per span (an eventfd write and a
+//! context switch each) cost as much as the admissions themselves.
 //!
 //! Sizes and delays follow the standard variables (`OTEL_BSP_MAX_QUEUE_SIZE`,
 //! `OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, `OTEL_BSP_EXPORT_TIMEOUT`).
@@ -24,10 +28,17 @@ use opentelemetry_sdk::{
     error::{OTelSdkError, OTelSdkResult},
     trace::{Span, SpanData, SpanExporter, SpanProcessor},
 };
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tracing::{info, warn};
 
 use super::encode::{Encoder, Kind};
+
+/// The finished spans waiting for the export thread, and its wake-up.
+#[derive(Debug, Default)]
+struct Queue {
+    spans: Mutex<Vec<SpanData>>,
+    full_batch: Notify,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
@@ -114,7 +125,9 @@ enum Control {
 /// The processor the tracer provider feeds.
 #[derive(Debug)]
 pub struct QueueProcessor {
-    spans: mpsc::Sender<SpanData>,
+    queue: Arc<Queue>,
+    max_queue: usize,
+    max_batch: usize,
     control: mpsc::UnboundedSender<Control>,
     stats: Arc<ExportStats>,
     timeout: Duration,
@@ -143,7 +156,8 @@ impl QueueProcessor {
         E: SpanExporter + 'static,
         B: FnOnce() -> Result<E, String> + Send + 'static,
     {
-        let (spans, rx) = mpsc::channel(settings.max_queue);
+        let queue = Arc::new(Queue::default());
+        let worker_queue = queue.clone();
         let (control, control_rx) = mpsc::unbounded_channel();
         let (built_tx, built_rx) = std_mpsc::sync_channel::<Result<(), String>>(1);
         let worker_stats = stats.clone();
@@ -175,14 +189,16 @@ impl QueueProcessor {
                         stats: worker_stats,
                         failing: false,
                     }
-                    .run(rx, control_rx)
+                    .run(&worker_queue, control_rx)
                     .await;
                 });
             })
             .map_err(ExportError::Thread)?;
         match built_rx.recv() {
             Ok(Ok(())) => Ok(QueueProcessor {
-                spans,
+                queue,
+                max_queue: settings.max_queue,
+                max_batch: settings.max_batch,
                 control,
                 stats,
                 timeout: settings.timeout,
@@ -216,10 +232,24 @@ impl SpanProcessor for QueueProcessor {
         if !span.span_context.is_sampled() {
             return;
         }
-        if self.spans.try_send(span).is_err() {
+        let Ok(mut spans) = self.queue.spans.lock() else {
             self.stats
                 .dropped_queue_full
                 .fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if spans.len() >= self.max_queue {
+            drop(spans);
+            self.stats
+                .dropped_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        spans.push(span);
+        let batch_ready = spans.len() == self.max_batch;
+        drop(spans);
+        if batch_ready {
+            self.queue.full_batch.notify_one();
         }
     }
 
@@ -249,22 +279,15 @@ struct Worker<E> {
 }
 
 impl<E: SpanExporter> Worker<E> {
-    async fn run(
-        mut self,
-        mut spans: mpsc::Receiver<SpanData>,
-        mut control: mpsc::UnboundedReceiver<Control>,
-    ) {
-        let mut batch = Vec::with_capacity(self.settings.max_batch);
-        let mut due: Option<tokio::time::Instant> = None;
+    async fn run(mut self, queue: &Queue, mut control: mpsc::UnboundedReceiver<Control>) {
         loop {
-            let room = self.settings.max_batch - batch.len();
+            let due = tokio::time::Instant::now() + self.settings.delay;
             tokio::select! {
                 biased;
                 message = control.recv() => {
-                    self.drain(&mut spans, &mut batch).await;
+                    self.export_queued(queue).await;
                     match message {
                         Some(Control::Flush(reply)) => {
-                            due = None;
                             let _ = reply.send(());
                         }
                         Some(Control::Shutdown(reply)) => {
@@ -274,40 +297,30 @@ impl<E: SpanExporter> Worker<E> {
                         }
                         None => return,
                     }
+                    continue;
                 }
-                received = spans.recv_many(&mut batch, room) => {
-                    if received == 0 {
-                        self.export(&mut batch).await;
-                        return;
-                    }
-                    if batch.len() >= self.settings.max_batch {
-                        self.export(&mut batch).await;
-                        due = None;
-                    } else if due.is_none() {
-                        due = Some(tokio::time::Instant::now() + self.settings.delay);
-                    }
-                }
-                () = sleep_until(due), if due.is_some() => {
-                    due = None;
-                    self.export(&mut batch).await;
-                }
+                () = queue.full_batch.notified() => {}
+                () = tokio::time::sleep_until(due) => {}
             }
+            self.export_queued(queue).await;
         }
     }
 
-    /// Exports everything queued, batch by batch.
-    async fn drain(&mut self, spans: &mut mpsc::Receiver<SpanData>, batch: &mut Vec<SpanData>) {
+    /// Takes everything queued and exports it, batch by batch.
+    async fn export_queued(&mut self, queue: &Queue) {
         loop {
-            while batch.len() < self.settings.max_batch {
-                match spans.try_recv() {
-                    Ok(span) => batch.push(span),
-                    Err(_) => break,
+            let spans = match queue.spans.lock() {
+                Ok(mut spans) if !spans.is_empty() => {
+                    std::mem::replace(&mut *spans, Vec::with_capacity(self.settings.max_batch))
                 }
+                _ => return,
+            };
+            let mut spans = spans.into_iter().peekable();
+            while spans.peek().is_some() {
+                let mut batch: Vec<SpanData> =
+                    spans.by_ref().take(self.settings.max_batch).collect();
+                self.export(&mut batch).await;
             }
-            if batch.is_empty() {
-                return;
-            }
-            self.export(batch).await;
         }
     }
 
@@ -345,12 +358,6 @@ impl<E: SpanExporter> Worker<E> {
                 }
             }
         }
-    }
-}
-
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    if let Some(at) = at {
-        tokio::time::sleep_until(at).await;
     }
 }
 

@@ -69,7 +69,13 @@ pub fn init(format: LogFormat, traces: &TraceConfig) -> Result<Telemetry, Teleme
         Some((provider, tracer)) => {
             let layer = tracing_opentelemetry::layer()
                 .with_tracer(tracer)
+                // Only the attributes the agent sets: code location, thread and target would
+                // double what each span carries and costs to export.
                 .with_tracked_inactivity(false)
+                .with_location(false)
+                .with_threads(false)
+                .with_target(false)
+                .with_context_activation(false)
                 .with_filter(filter_fn(|meta| {
                     meta.is_span() && meta.target().starts_with("hugepage_agent")
                 }));

@@ -198,6 +198,13 @@ pub fn with_remote_parent(span: &tracing::Span, headers: &HeaderMap) {
     let _ = span.set_parent(cx);
 }
 
+/// Whether `span` is part of a sampled trace. A span of a trace the sampler dropped (or any span
+/// while traces are off) will never be exported: its children and attributes need not be built.
+pub fn is_sampled(span: &tracing::Span) -> bool {
+    use opentelemetry::trace::TraceContextExt;
+    !span.is_disabled() && span.context().span().span_context().is_sampled()
+}
+
 struct Headers<'a>(&'a HeaderMap);
 
 impl Extractor for Headers<'_> {

@@ -173,3 +173,17 @@ fn a_traceparent_header_becomes_the_parent_and_children_nest() {
         parented.span_context.trace_id()
     );
 }
+
+#[test]
+fn is_sampled_follows_the_sampler_and_is_false_without_traces() {
+    use opentelemetry_sdk::trace::Sampler;
+    assert!(!is_sampled(&tracing::info_span!("no subscriber")));
+    for (sampler, want) in [(Sampler::AlwaysOn, true), (Sampler::AlwaysOff, false)] {
+        let provider = SdkTracerProvider::builder().with_sampler(sampler).build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, || {
+            assert_eq!(is_sampled(&tracing::info_span!("admission")), want);
+        });
+    }
+}
