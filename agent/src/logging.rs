@@ -1,6 +1,9 @@
 //! Logging through `tracing` to stderr, as text or JSON lines; `RUST_LOG` filters (default
 //! `info`). Records the kernel programs write with aya-log arrive through the `log` bridge.
-//! [`crate::telemetry`] installs this layer beside the trace exporter's.
+//! [`crate::telemetry`] installs this layer beside the trace exporter's. [`RateLimit`] keeps a
+//! line that can come at request rate (a refused admission) from costing more than the request.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use clap::ValueEnum;
 use tracing_subscriber::{EnvFilter, Layer, registry::LookupSpan};
@@ -25,5 +28,68 @@ where
             .flatten_event(true)
             .with_filter(filter)
             .boxed(),
+    }
+}
+
+/// At most `per_second` lines each second; the others are counted, and the next line let through
+/// says how many were left out.
+#[derive(Debug)]
+pub struct RateLimit {
+    per_second: u32,
+    /// The second (of CLOCK_MONOTONIC) being counted.
+    second: AtomicU64,
+    used: AtomicU32,
+    suppressed: AtomicU64,
+}
+
+impl RateLimit {
+    pub const fn new(per_second: u32) -> Self {
+        RateLimit {
+            per_second,
+            second: AtomicU64::new(0),
+            used: AtomicU32::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(left out since the last line)` when this line may be written, `None` when not.
+    pub fn allow(&self) -> Option<u64> {
+        self.allow_at(crate::numa::map::monotonic_now().as_secs())
+    }
+
+    fn allow_at(&self, second: u64) -> Option<u64> {
+        let counted = self.second.load(Ordering::Relaxed);
+        if counted != second
+            && self
+                .second
+                .compare_exchange(counted, second, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.used.store(0, Ordering::Relaxed);
+        }
+        if self.used.fetch_add(1, Ordering::Relaxed) < self.per_second {
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_past_the_limit_are_counted_and_reported_by_the_next_one_written() {
+        let limit = RateLimit::new(2);
+        assert_eq!(limit.allow_at(7), Some(0));
+        assert_eq!(limit.allow_at(7), Some(0));
+        assert_eq!(limit.allow_at(7), None);
+        assert_eq!(limit.allow_at(7), None);
+        assert_eq!(limit.allow_at(8), Some(2));
+        assert_eq!(limit.allow_at(8), Some(0));
+        assert_eq!(limit.allow_at(8), None);
+        assert_eq!(limit.allow_at(9), Some(1));
     }
 }

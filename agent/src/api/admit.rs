@@ -27,6 +27,7 @@ use crate::{
         reservations::{self, Released, Reservation},
         verify::{Verdict, VerifyError},
     },
+    logging::RateLimit,
     memorymanager::{
         hints::{HintError, Scope},
         selection::{Selection, Topology},
@@ -35,6 +36,10 @@ use crate::{
     psi::condition::NodeCondition,
     topologymanager::Policy,
 };
+
+/// Refusal log lines per second at most.
+pub const REFUSALS_PER_SECOND: u32 = 20;
+static REFUSAL_LINES: RateLimit = RateLimit::new(REFUSALS_PER_SECOND);
 
 /// Largest body accepted.
 pub const BODY_LIMIT: usize = 1 << 20;
@@ -281,16 +286,18 @@ pub fn admit(
     if sampled {
         record_verdict(&span, &verdict);
     }
-    // Refusals are what an operator looks for; admissions are counted in the metrics and logged
-    // at debug (at 20,000 requests/s a line each costs more than the verification).
+    // Refusals are what an operator looks for: logged, at most REFUSALS_PER_SECOND a second
+    // (every one is counted in the metrics). Admissions are logged at debug. At 20,000
+    // requests/s a line each costs more than the verification.
     if verdict.allowed {
         tracing::debug!(pod = %format_args!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "admitted");
-    } else {
+    } else if let Some(left_out) = REFUSAL_LINES.allow() {
         tracing::info!(
             pod = %format_args!("{}/{}", pod.namespace, pod.name),
             uid = %pod.uid,
             reason = verdict.reason.unwrap_or(""),
             message = verdict.message.as_deref().unwrap_or(""),
+            refusals_not_logged = left_out,
             "admission refused"
         );
     }
