@@ -63,7 +63,7 @@ pub enum CheckpointError {
         computed: u32,
     },
     #[error(
-        "{path}: the Memory Manager policy is {policy:?}, not \"Static\": it makes no NUMA assignments to read"
+        "{path}: the Memory Manager policy is {policy:?}: only the static policy makes NUMA assignments to read"
     )]
     Policy { path: String, policy: String },
 }
@@ -156,7 +156,7 @@ fn typed(
             detail: format!("at {}: {}", e.path(), e.inner()),
         })?;
     let policy_name = raw.policy_name.unwrap_or_default();
-    if policy_name != "Static" {
+    if policy_name.is_empty() || policy_name.eq_ignore_ascii_case("none") {
         return Err(CheckpointError::Policy {
             path: name.to_string(),
             policy: policy_name,
@@ -167,7 +167,10 @@ fn typed(
             policy_name,
             machine_state: raw.machine_state.unwrap_or_default(),
             entries: raw.entries.unwrap_or_default(),
-            pod_entries: raw.pod_entries.unwrap_or_default(),
+            pod_entries: match version {
+                Version::V1 => PodAssignments::new(),
+                Version::V2 | Version::V3 => raw.pod_entries.unwrap_or_default(),
+            },
         },
         version,
         verified,
@@ -322,20 +325,17 @@ fn verify(
     if stored == u64::from(current) {
         return Ok((Version::V2, true));
     }
-    if !current_only {
-        for type_name in [spew::TYPE, spew::TYPE_V1] {
-            if stored
-                == u64::from(
-                    spew::checksum(object, Format::Legacy, type_name).map_err(Verify::Shape)?,
-                )
-            {
-                return Ok((Version::V1, true));
-            }
+    // Read as V1, the file's pod entries are not seen (the V1 struct has none).
+    for type_name in [spew::TYPE, spew::TYPE_V1] {
+        if stored
+            == u64::from(spew::checksum(object, Format::Legacy, type_name).map_err(Verify::Shape)?)
+        {
+            return Ok((Version::V1, true));
         }
-        if stored == 0 {
-            // "accept empty checksum for compatibility with old file backend"
-            return Ok((Version::V1, false));
-        }
+    }
+    if stored == 0 {
+        // "accept empty checksum for compatibility with old file backend"
+        return Ok((Version::V1, false));
     }
     Err(Verify::Mismatch {
         stored,

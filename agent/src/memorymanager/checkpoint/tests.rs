@@ -78,12 +78,15 @@ fn one_changed_byte_is_refused_whole_with_what_to_do() {
         message.contains("drain this node and delete the file before restarting the kubelet"),
         "{message}"
     );
-    // A legacy file given pod entries is no longer what the kubelet wrote.
-    let grown = LEGACY.replacen("\"checksum\"", "\"podEntries\":{},\"checksum\"", 1);
-    assert!(matches!(
-        read(path(), grown.as_bytes(), Verification::Kubelet),
-        Err(CheckpointError::Mismatch { .. })
-    ));
+    // A legacy file given pod entries still verifies as V1, which does not see them.
+    let grown = LEGACY.replacen(
+        "\"checksum\"",
+        "\"podEntries\":{\"p\":{\"memoryBlocks\":[]}},\"checksum\"",
+        1,
+    );
+    let read_back = read(path(), grown.as_bytes(), Verification::Kubelet).unwrap();
+    assert_eq!((read_back.version, read_back.verified), (Version::V1, true));
+    assert!(read_back.state.pod_entries.is_empty());
 }
 
 #[test]
@@ -109,7 +112,7 @@ fn foreign_and_malformed_files_say_what_they_are() {
 }
 
 #[test]
-fn without_a_checksum_only_the_kubelets_compatibility_rule_or_the_what_if_command_accepts() {
+fn without_a_checksum_the_kubelets_compatibility_rule_reads_v1_and_the_what_if_command_any() {
     let hand = r#"{"policyName":"Static","machineState":{"0":{"numberOfAssignments":0,"memoryMap":{},"cells":[0]}}}"#;
     // The kubelet accepts a legacy file with no (zero) checksum.
     let read_back = read(path(), hand.as_bytes(), Verification::Kubelet).unwrap();
@@ -117,9 +120,13 @@ fn without_a_checksum_only_the_kubelets_compatibility_rule_or_the_what_if_comman
         (read_back.version, read_back.verified),
         (Version::V1, false)
     );
-    // With pod entries only a hand-written state (the what-if command) is taken unverified.
+    // With pod entries too (as V1, without them), as the kubelet reads a V2 file with checksum 0.
     let with_pods = hand.replacen("}}}", "}},\"podEntries\":{}}", 1);
-    assert!(read(path(), with_pods.as_bytes(), Verification::Kubelet).is_err());
+    let read_back = read(path(), with_pods.as_bytes(), Verification::Kubelet).unwrap();
+    assert_eq!(
+        (read_back.version, read_back.verified),
+        (Version::V1, false)
+    );
     let read_back = read(path(), with_pods.as_bytes(), Verification::UnlessAbsent).unwrap();
     assert_eq!(
         (read_back.version, read_back.verified),
@@ -142,4 +149,96 @@ fn what_we_write_is_what_the_newest_kubelet_writes() {
     assert_eq!(ours["dataChecksum"], theirs["dataChecksum"]);
     assert_eq!(ours["checksum"], theirs["checksum"]);
     assert_eq!(ours["data"], theirs["data"]);
+}
+
+/// The kubelet's own restore cases (`state_checkpoint_test.go`, newest version with V3), with
+/// the checksums the kubelet's tests expect.
+mod upstream {
+    use super::*;
+
+    const MACHINE: &str = r#""machineState":{"0":{"numberOfAssignments":0,"memoryMap":{"memory":{"total":2048,"systemReserved":512,"allocatable":1536,"reserved":512,"free":1024}},"cells":[]}}"#;
+    const ENTRIES: &str =
+        r#""entries":{"pod":{"container1":[{"numaAffinity":[0],"type":"memory","size":512}]}}"#;
+    const POD_ENTRIES: &str = r#""podEntries":{"pod":{"memoryBlocks":[{"numaAffinity":[0],"type":"memory","size":512}]}}"#;
+    /// V1 members that do not match `data`: V3 files are read from `data` alone.
+    const STALE_V1: &str = r#""policyName":"other","machineState":{"0":{"numberOfAssignments":5,"memoryMap":{"memory":{"total":1024,"systemReserved":256,"allocatable":768,"reserved":256,"free":512}},"cells":[]}},"entries":{"pod":{"containerX":[{"numaAffinity":[0],"type":"memory","size":128}]}},"checksum":1234"#;
+    const DATA: &str = r#""{\"policyName\":\"static\",\"machineState\":{\"0\":{\"numberOfAssignments\":0,\"memoryMap\":{\"memory\":{\"total\":2048,\"systemReserved\":512,\"allocatable\":1536,\"reserved\":512,\"free\":1024}},\"cells\":[]}},\"entries\":{\"pod\":{\"container1\":[{\"numaAffinity\":[0],\"type\":\"memory\",\"size\":512}]}}}""#;
+    const DATA_WITH_PODS: &str = r#""{\"policyName\":\"static\",\"machineState\":{\"0\":{\"numberOfAssignments\":0,\"memoryMap\":{\"memory\":{\"total\":2048,\"systemReserved\":512,\"allocatable\":1536,\"reserved\":512,\"free\":1024}},\"cells\":[]}},\"entries\":{\"pod\":{\"container1\":[{\"numaAffinity\":[0],\"type\":\"memory\",\"size\":512}]}},\"podEntries\":{\"pod\":{\"memoryBlocks\":[{\"numaAffinity\":[0],\"type\":\"memory\",\"size\":512}]}}}""#;
+    const DATA_UNKNOWN_FIELD: &str = r#""{\"unknownField\":\"value\",\"policyName\":\"static\",\"machineState\":{\"0\":{\"numberOfAssignments\":0,\"memoryMap\":{\"memory\":{\"total\":2048,\"systemReserved\":512,\"allocatable\":1536,\"reserved\":512,\"free\":1024}},\"cells\":[]}},\"entries\":{\"pod\":{\"container1\":[{\"numaAffinity\":[0],\"type\":\"memory\",\"size\":512}]}}}""#;
+
+    /// `Ok((version, verified, pod entries kept))` or the refusal.
+    fn restore(content: &str) -> Result<(Version, bool, bool), CheckpointError> {
+        read(path(), content.as_bytes(), Verification::Kubelet).map(|c| {
+            let pods = !c.state.pod_entries.is_empty();
+            let container = c.state.container_blocks("pod", "container1");
+            assert_eq!(container.map(<[_]>::len), Some(1), "{content}");
+            (c.version, c.verified, pods)
+        })
+    }
+
+    fn mismatch(content: &str, stored: u64) {
+        match restore(content) {
+            Err(CheckpointError::Mismatch { stored: s, .. }) => assert_eq!(s, stored),
+            other => panic!("{content}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_version_the_kubelet_restores_with_its_checksums() {
+        let v1 = format!(r#"{{"policyName":"static",{MACHINE},{ENTRIES},"checksum":4215593881}}"#);
+        assert_eq!(restore(&v1).unwrap(), (Version::V1, true, false));
+        let zero = format!(r#"{{"policyName":"static",{MACHINE},{ENTRIES},"checksum":0}}"#);
+        assert_eq!(restore(&zero).unwrap(), (Version::V1, false, false));
+        let v2 = format!(
+            r#"{{"policyName":"static",{MACHINE},{ENTRIES},{POD_ENTRIES},"checksum":1278640530}}"#
+        );
+        assert_eq!(restore(&v2).unwrap(), (Version::V2, true, true));
+        // A V2 file with a zero checksum reads as V1: without its pod entries.
+        let v2_zero =
+            format!(r#"{{"policyName":"static",{MACHINE},{ENTRIES},{POD_ENTRIES},"checksum":0}}"#);
+        assert_eq!(restore(&v2_zero).unwrap(), (Version::V1, false, false));
+        let v3 = format!(r#"{{{STALE_V1},"data":{DATA},"dataChecksum":1849615440}}"#);
+        assert_eq!(restore(&v3).unwrap(), (Version::V3, true, false));
+        let v3_unknown =
+            format!(r#"{{{STALE_V1},"data":{DATA_UNKNOWN_FIELD},"dataChecksum":2100279793}}"#);
+        assert_eq!(restore(&v3_unknown).unwrap(), (Version::V3, true, false));
+        let v3_pods = format!(
+            r#"{{{STALE_V1},{POD_ENTRIES},"data":{DATA_WITH_PODS},"dataChecksum":637296054}}"#
+        );
+        assert_eq!(restore(&v3_pods).unwrap(), (Version::V3, true, true));
+    }
+
+    #[test]
+    fn what_the_kubelet_refuses() {
+        let wrong_v1 = format!(
+            r#"{{"policyName":"static",{MACHINE},"entries":{{"pod":{{"container1":[{{"affinity":[0],"type":"memory","size":512}}]}}}},"checksum":101010}}"#
+        );
+        mismatch(&wrong_v1, 101010);
+        let wrong_v2 = format!(
+            r#"{{"policyName":"static",{MACHINE},{ENTRIES},{POD_ENTRIES},"checksum":101010}}"#
+        );
+        mismatch(&wrong_v2, 101010);
+        let wrong_v3 = format!(
+            r#"{{"policyName":"static",{MACHINE},{ENTRIES},"checksum":4215593881,"data":{DATA},"dataChecksum":1234}}"#
+        );
+        mismatch(&wrong_v3, 1234);
+        // V3 markers without what they mark: no fallback to the valid V1 members.
+        let no_data = format!(
+            r#"{{"policyName":"static",{MACHINE},{ENTRIES},"checksum":4215593881,"dataChecksum":1234}}"#
+        );
+        mismatch(&no_data, 1234);
+        let no_data_checksum = format!(
+            r#"{{"policyName":"static",{MACHINE},{ENTRIES},"checksum":4215593881,"data":{DATA}}}"#
+        );
+        mismatch(&no_data_checksum, 0);
+        let not_json = format!(
+            r#"{{"policyName":"static",{MACHINE},{ENTRIES},"checksum":4215593881,"data":"{{","dataChecksum":{}}}"#,
+            fnv32a("(string){")
+        );
+        assert!(matches!(
+            restore(&not_json),
+            Err(CheckpointError::Shape { .. })
+        ));
+        assert!(matches!(restore("{"), Err(CheckpointError::Json { .. })));
+    }
 }
