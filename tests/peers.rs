@@ -358,3 +358,15 @@ fn percent_encode(s: &str) -> String {
         })
         .collect()
 }
+
+/// The sum of every sample of `name` in an exposition.
+pub fn metric_sum(exposition: &str, name: &str) -> f64 {
+    exposition
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

@@ -12,7 +12,7 @@ use std::{
 use hugepage_agent::memorymanager::checkpoint;
 use hugepage_agent_tests::{
     Agent, HugepagePool, MemoryPressure, TestCgroup, Toucher, agent_bin, host_lock,
-    peers::{OtlpReceiver, Prometheus, get, promtool, request, workspace},
+    peers::{OtlpReceiver, Prometheus, get, metric_sum, promtool, request, workspace},
 };
 use serde_json::Value;
 
@@ -56,18 +56,6 @@ fn admit(port: u16, body: &str, traceparent: Option<&str>) -> Value {
     let (status, answer) = request(port, "POST", "/v1/admit", &headers, body);
     assert_eq!(status, 200, "{answer}");
     serde_json::from_str(&answer).expect("JSON answer")
-}
-
-/// The sum of every sample of `name` in an exposition.
-fn total(exposition: &str, name: &str) -> f64 {
-    exposition
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(['{', ' ']))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// A kubelet checkpoint (as the newest kubelet writes it) for node 0 believing `free_2m` bytes
@@ -146,7 +134,7 @@ fn a_real_prometheus_scrapes_the_agent_and_every_dashboard_query_returns_data() 
         "promtool check metrics: {lint}\n{exposition}"
     );
     assert_eq!(
-        total(
+        metric_sum(
             &exposition,
             "memory_manager_hugepages_verification_failures_total"
         ),
@@ -318,7 +306,7 @@ fn over_grpc_the_admission_span_arrives_and_a_dead_collector_only_raises_the_dro
     let deadline = Instant::now() + Duration::from_secs(20);
     let dropped = loop {
         let (_, exposition) = get(port, "/metrics");
-        let dropped = total(&exposition, "hugepage_agent_trace_spans_dropped_total");
+        let dropped = metric_sum(&exposition, "hugepage_agent_trace_spans_dropped_total");
         if dropped > 0.0 || Instant::now() > deadline {
             break dropped;
         }

@@ -28,7 +28,7 @@ use std::{
 
 use hugepage_agent_tests::{
     BenchFlags, HugetlbController, TestCgroup, free_port, host_lock, http,
-    peers::{OtlpReceiver, get},
+    peers::{OtlpReceiver, get, metric_sum},
     spawn_in, wait_ready, wait_timeout,
 };
 
@@ -340,8 +340,8 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
             if i > 0 {
                 println!(
                     "    spans exported {}, dropped {} (queue full or failed export)",
-                    sum(&exposition, "hugepage_agent_trace_spans_exported_total"),
-                    sum(&exposition, "hugepage_agent_trace_spans_dropped_total"),
+                    metric_sum(&exposition, "hugepage_agent_trace_spans_exported_total"),
+                    metric_sum(&exposition, "hugepage_agent_trace_spans_dropped_total"),
                 );
             }
             figures[i].push(Figures {
@@ -380,18 +380,6 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
 
 fn p99(r: &LoadReport) -> f64 {
     r.latency.get("p99").copied().unwrap_or(f64::NAN)
-}
-
-/// The sum of every sample of `name` in an exposition.
-fn sum(exposition: &str, name: &str) -> f64 {
-    exposition
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(['{', ' ']))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[cfg(test)]
