@@ -53,6 +53,17 @@ pub struct Cli {
         global = true
     )]
     pub listen: String,
+    /// Threads that serve the HTTP API, each with its own listener on the `--listen` port. One
+    /// answers tens of thousands of admissions a second; more add contention, not speed, unless
+    /// the agent has cores to spare.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_API_THREADS",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=64),
+        global = true
+    )]
+    pub api_threads: u16,
     /// How often sysfs and the cgroup tree are re-read in full (e.g. 10s, 500ms, 1m).
     #[arg(
         long,
@@ -306,6 +317,7 @@ pub struct Config {
     pub command: Command,
     pub host: HostFs,
     pub listen: std::net::SocketAddr,
+    pub api_threads: usize,
     pub ebpf: EbpfMode,
     pub fault_scope: FaultScope,
     pub reconcile_interval: Duration,
@@ -370,6 +382,7 @@ impl TryFrom<Cli> for Config {
             .unwrap_or_else(|| host.path("/var/lib/kubelet/memory_manager_state"));
         Ok(Config {
             listen,
+            api_threads: usize::from(cli.api_threads),
             command: match cli.command {
                 None | Some(CliCommand::Run) => Command::Run,
                 Some(CliCommand::Status { json, from }) => Command::Status {
@@ -533,5 +546,20 @@ mod tests {
             err.to_string(),
             "--listen \"localhost\": expected an address and port such as 127.0.0.1:9820 or [::]:9820"
         );
+        for threads in ["0", "65", "two"] {
+            let err = Cli::try_parse_from(["hugepage-agent", "--api-threads", threads])
+                .expect_err("out of range");
+            assert!(
+                err.to_string().contains("'--api-threads <API_THREADS>'"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_api_thread_unless_told() {
+        assert_eq!(Config::try_from(cli(&[])).expect("valid").api_threads, 1);
+        let config = Config::try_from(cli(&["--api-threads", "4"])).expect("valid");
+        assert_eq!(config.api_threads, 4);
     }
 }

@@ -12,6 +12,9 @@ use hugepage_agent::{
     whatif,
 };
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let config = match Config::try_from(Cli::parse()) {
         Ok(config) => config,

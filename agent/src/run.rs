@@ -15,7 +15,6 @@ use std::{
 
 use arc_swap::ArcSwap;
 use tokio::{
-    net::TcpListener,
     signal::unix::{Signal, SignalKind, signal},
     sync::{mpsc, watch},
     time::Instant,
@@ -25,7 +24,10 @@ use tracing::{debug, info, warn};
 use crate::{
     admission::reservations::{Released, Reservation, Store},
     admission::verify::Verifier,
-    api::{self, AppState, Readiness},
+    api::{
+        self, AppState, Readiness,
+        server::{Drained, Server, ServerError},
+    },
     config::{Config, EbpfMode, FaultScope},
     consumers::FaultBook,
     kubelet::cgroup_path::{Owner, classify},
@@ -82,12 +84,8 @@ pub enum RunError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     State(String),
-    #[error("--listen {addr}: {source}")]
-    Listen {
-        addr: std::net::SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Server(#[from] ServerError),
 }
 
 /// Runs the agent until a shutdown signal; `/metrics` shows the trace exporter's `traces`.
@@ -102,12 +100,7 @@ pub fn run(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunError> {
 async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunError> {
     // Installed first: a signal that arrives once the agent says it runs must stop it cleanly.
     let shutdown = Shutdown::install()?;
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| RunError::Listen {
-            addr: config.listen,
-            source,
-        })?;
+    let bound = Server::bind(config.listen)?;
     let (writer, map) = MapWriter::new(config.host.clone(), Source::Sysfs)?;
     log_snapshot(&writer.current());
     let metrics = Arc::new(metrics_for(&writer.current(), traces));
@@ -152,7 +145,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
     };
     let (stop_server, stopped) = watch::channel(false);
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));
-    let server = tokio::spawn(serve(listener, state, stopped));
+    let server = Server::start(bound, config.api_threads, api::router(state), stopped)?;
     let mut agent = Agent {
         host: config.host.clone(),
         v2: CgroupV2::find(&config.host),
@@ -183,7 +176,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         Err(why) => (mpsc::channel(1).1, why),
     };
     readiness.release(probes_state);
-    info!(source = %agent.writer.current().source, listen = %config.listen, "agent running");
+    info!(source = %agent.writer.current().source, listen = %config.listen, api_threads = config.api_threads, "agent running");
     let shutdown = shutdown.wait();
     tokio::pin!(shutdown);
     let mut reconcile = tokio::time::interval(config.reconcile_interval);
@@ -208,29 +201,18 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
     if let Err(err) = psi_task.await {
         warn!("PSI monitor task failed: {err}");
     }
-    match tokio::time::timeout(DRAIN, server).await {
-        Ok(Ok(Ok(()))) => info!("HTTP API drained"),
-        Ok(Ok(Err(err))) => warn!("HTTP API stopped with an error: {err}"),
-        Ok(Err(err)) => warn!("HTTP API task failed: {err}"),
-        Err(_) => warn!("HTTP API still busy after {DRAIN:?}; stopping anyway"),
+    match server.stopped(DRAIN).await {
+        Drained::All => info!("HTTP API drained"),
+        Drained::Failed(err) => warn!("HTTP API stopped with an error: {err}"),
+        Drained::Busy(n) => {
+            warn!("{n} HTTP API thread(s) still busy after {DRAIN:?}; stopping anyway")
+        }
     }
     agent.log_totals();
     if agent.probes.take().is_some() {
         info!("eBPF programs detached");
     }
     Ok(())
-}
-
-async fn serve(
-    listener: TcpListener,
-    state: AppState,
-    mut stop: watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(async move {
-            let _ = stop.changed().await;
-        })
-        .await
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -7,6 +7,7 @@
 pub mod admit;
 pub mod error;
 pub mod openapi;
+pub mod server;
 pub mod topology;
 
 use std::{
