@@ -202,7 +202,8 @@ fn select(
         scope: config.topology.scope,
         gates: config.topology.gates,
     };
-    let plan = plan::plan(&view.state, &pod, topology, all).map_err(|e| e.to_string())?;
+    let pages = request::pod_hugepages(&pod.spec).map_err(|e| e.to_string())?;
+    let plan = plan::plan(&view.state, &pod, &pages, topology, all).map_err(|e| e.to_string())?;
     if !plan.selection.admit {
         let reason = plan.selection.reason.unwrap_or("TopologyAffinityError");
         let message = plan.selection.message.unwrap_or_default();

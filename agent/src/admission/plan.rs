@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use super::{
-    request::{self, Hugepages, Pod, RequestError},
+    request::{Hugepages, Pod, PodHugepages},
     verify::Verdict,
 };
 use crate::{
@@ -31,19 +31,20 @@ pub struct Plan {
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     #[error(transparent)]
-    Request(#[from] RequestError),
-    #[error(transparent)]
     Hints(#[from] HintError),
 }
 
-/// Selects nodes for `pod` on `state` and groups its hugepages by the nodes they come from.
+/// Selects nodes for `pod` on `state` and groups its hugepages (`pages`, as
+/// [`request::pod_hugepages`](super::request::pod_hugepages) counts them for `pod`) by the nodes
+/// they come from.
 pub fn plan(
     state: &MemoryManagerState,
     pod: &Pod,
+    pages: &PodHugepages,
     topology: Topology<'_>,
     all_nodes: &[NumaNode],
 ) -> Result<Plan, PlanError> {
-    let total = request::pod_hugepages(&pod.spec)?;
+    let total = &pages.total;
     let selection = selection::select(state, pod, topology)?;
     let mut groups: BTreeMap<Vec<NumaNode>, Hugepages> = BTreeMap::new();
     if !selection.admit {
@@ -66,17 +67,14 @@ pub fn plan(
         placed = total.clone();
         groups.insert(nodes, total.clone());
     } else {
-        for (i, container) in pod.spec.containers.iter().enumerate() {
-            let pages = container
-                .resources
-                .hugepages(&format!("spec.containers[{i}].resources"))?;
+        for (container, own) in pod.spec.containers.iter().zip(&pages.containers) {
             let allocated = selection
                 .placements
                 .iter()
                 .find(|p| !p.init && p.container.as_deref() == Some(container.name.as_str()))
                 .and_then(|p| p.allocated);
             let group = groups.entry(nodes_of(allocated)).or_default();
-            for (&size, &bytes) in &pages {
+            for (&size, &bytes) in own {
                 *group.entry(size).or_default() += bytes;
                 *placed.entry(size).or_default() += bytes;
             }

@@ -7,9 +7,12 @@
 //! restartable init containers (sidecars) run together and add up, each ordinary init container
 //! runs alone beside the sidecars started before it, the larger of the two wins, pod overhead is
 //! added, and pod-level resources (`spec.resources`) replace the sum for the sizes they name.
-//! Errors name the field at fault, as the API reports them.
+//! Errors name the field at fault, as the API reports them. A field's path is passed down as
+//! something to display (`format_args!`), written out only when an error names it: every
+//! admission walks every resource of the pod, and formatting each path up front cost more than
+//! the checks.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, fmt::Display};
 
 use serde::Deserialize;
 
@@ -28,9 +31,9 @@ pub struct RequestError {
     pub detail: String,
 }
 
-fn error(field: impl Into<String>, detail: impl Into<String>) -> RequestError {
+fn error(field: impl Display, detail: impl Into<String>) -> RequestError {
     RequestError {
-        field: field.into(),
+        field: field.to_string(),
         detail: detail.into(),
     }
 }
@@ -59,12 +62,12 @@ impl QuantityValue {
 pub type ResourceList = BTreeMap<String, QuantityValue>;
 
 /// The page size named by a resource, `None` for resources that are not hugepages.
-pub fn page_size(name: &str, field: &str) -> Result<Option<PageSize>, RequestError> {
+pub fn page_size(name: &str, field: impl Display) -> Result<Option<PageSize>, RequestError> {
     let Some(size) = name.strip_prefix(PREFIX) else {
         return Ok(None);
     };
     let bytes = quantity::parse_bytes(size)
-        .map_err(|e| error(field, format!("{name} does not name a page size: {e}")))?;
+        .map_err(|e| error(&field, format!("{name} does not name a page size: {e}")))?;
     if !bytes.is_power_of_two() || bytes < 4096 {
         return Err(error(
             field,
@@ -75,12 +78,11 @@ pub fn page_size(name: &str, field: &str) -> Result<Option<PageSize>, RequestErr
 }
 
 /// The hugepages of one resource list in which requests equal limits (the short form).
-pub fn from_list(list: &ResourceList, field: &str) -> Result<Hugepages, RequestError> {
+pub fn from_list(list: &ResourceList, field: impl Display) -> Result<Hugepages, RequestError> {
     let mut pages = Hugepages::new();
     for (name, value) in list {
-        let at = format!("{field}.{name}");
-        if let Some(size) = page_size(name, &at)? {
-            let bytes = amount(size, value, &at)?;
+        if let Some(size) = page_size(name, format_args!("{field}.{name}"))? {
+            let bytes = amount(size, value, format_args!("{field}.{name}"))?;
             if bytes > 0 {
                 pages.insert(size, bytes);
             }
@@ -89,8 +91,8 @@ pub fn from_list(list: &ResourceList, field: &str) -> Result<Hugepages, RequestE
     Ok(pages)
 }
 
-fn amount(size: PageSize, value: &QuantityValue, field: &str) -> Result<u64, RequestError> {
-    let bytes = value.bytes().map_err(|e| error(field, e.to_string()))?;
+fn amount(size: PageSize, value: &QuantityValue, field: impl Display) -> Result<u64, RequestError> {
+    let bytes = value.bytes().map_err(|e| error(&field, e.to_string()))?;
     if bytes % size.0 != 0 {
         return Err(error(
             field,
@@ -114,20 +116,18 @@ pub struct Requirements {
 
 impl Requirements {
     /// Hugepages of these requirements: the limit (requests must equal it).
-    pub fn hugepages(&self, field: &str) -> Result<Hugepages, RequestError> {
+    pub fn hugepages(&self, field: impl Display + Copy) -> Result<Hugepages, RequestError> {
         let mut pages = Hugepages::new();
         for (name, limit) in &self.limits {
-            let at = format!("{field}.limits.{name}");
-            let Some(size) = page_size(name, &at)? else {
+            let Some(size) = page_size(name, format_args!("{field}.limits.{name}"))? else {
                 continue;
             };
-            let bytes = amount(size, limit, &at)?;
+            let bytes = amount(size, limit, format_args!("{field}.limits.{name}"))?;
             if let Some(request) = self.requests.get(name) {
-                let req_at = format!("{field}.requests.{name}");
-                let requested = amount(size, request, &req_at)?;
+                let requested = amount(size, request, format_args!("{field}.requests.{name}"))?;
                 if requested != bytes {
                     return Err(error(
-                        req_at,
+                        format_args!("{field}.requests.{name}"),
                         format!(
                             "must equal the limit {} (hugepages cannot be overcommitted)",
                             quantity::format_binary(bytes)
@@ -140,8 +140,8 @@ impl Requirements {
             }
         }
         for name in self.requests.keys() {
-            let at = format!("{field}.requests.{name}");
-            if page_size(name, &at)?.is_some() && !self.limits.contains_key(name) {
+            let at = format_args!("{field}.requests.{name}");
+            if page_size(name, at)?.is_some() && !self.limits.contains_key(name) {
                 return Err(error(at, "hugepages need a limit equal to the request"));
             }
         }
@@ -207,22 +207,39 @@ pub struct PodStatus {
     pub qos_class: Option<String>,
 }
 
-/// The pod's hugepage need, by the kubelet's rules (see the module documentation).
-pub fn pod_hugepages(spec: &PodSpec) -> Result<Hugepages, RequestError> {
+/// A pod's hugepages: each app container's own, and the pod's need.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodHugepages {
+    /// Each app container's hugepages, in `spec.containers` order.
+    pub containers: Vec<Hugepages>,
+    /// The pod's need, by the kubelet's rules (see the module documentation).
+    pub total: Hugepages,
+}
+
+impl PodHugepages {
+    /// Whether the pod asks for no hugepages at all.
+    pub fn is_empty(&self) -> bool {
+        self.total.is_empty()
+    }
+}
+
+/// The pod's hugepages, each container's and the pod's need, by the kubelet's rules.
+pub fn pod_hugepages(spec: &PodSpec) -> Result<PodHugepages, RequestError> {
     let mut running = Hugepages::new();
+    let mut containers = Vec::with_capacity(spec.containers.len());
     for (i, c) in spec.containers.iter().enumerate() {
-        add(
-            &mut running,
-            &c.resources
-                .hugepages(&format!("spec.containers[{i}].resources"))?,
-        );
+        let own = c
+            .resources
+            .hugepages(format_args!("spec.containers[{i}].resources"))?;
+        add(&mut running, &own);
+        containers.push(own);
     }
     let mut sidecars = Hugepages::new();
     let mut init_peak = Hugepages::new();
     for (i, c) in spec.init_containers.iter().enumerate() {
         let own = c
             .resources
-            .hugepages(&format!("spec.initContainers[{i}].resources"))?;
+            .hugepages(format_args!("spec.initContainers[{i}].resources"))?;
         let alongside = if c.restart_policy.as_deref() == Some("Always") {
             add(&mut running, &own);
             add(&mut sidecars, &own);
@@ -242,7 +259,10 @@ pub fn pod_hugepages(spec: &PodSpec) -> Result<Hugepages, RequestError> {
         }
     }
     running.retain(|_, bytes| *bytes > 0);
-    Ok(running)
+    Ok(PodHugepages {
+        containers,
+        total: running,
+    })
 }
 
 fn add(into: &mut Hugepages, more: &Hugepages) {

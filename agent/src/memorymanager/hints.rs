@@ -74,8 +74,8 @@ pub fn container_hints(
     if requests::qos_class(pod, gates)? != QosClass::Guaranteed {
         return Ok(None);
     }
-    let field = format!("container {:?}", container.name);
-    let requested = requests::exclusive_requests(pod, container, gates, &field)?;
+    let field = format_args!("container {:?}", container.name);
+    let requested = requests::exclusive_requests(pod, container, gates, field)?;
     if requested.is_empty() || pod_level_unmanaged(pod, gates) {
         return Ok(None);
     }
@@ -121,8 +121,8 @@ pub fn pod_hints(
     let containers = pod.spec.init_containers.iter().chain(&pod.spec.containers);
     for c in containers {
         if let Some(blocks) = state.container_blocks(uid, &c.name) {
-            let field = format!("container {:?}", c.name);
-            let own = requests::exclusive_requests(pod, c, gates, &field)?;
+            let field = format_args!("container {:?}", c.name);
+            let own = requests::exclusive_requests(pod, c, gates, field)?;
             return Ok(regenerate(blocks, &own));
         }
     }
@@ -141,7 +141,7 @@ fn shared_pool_fits(pod: &Pod, budget: &Requested, gates: FeatureGates) -> Resul
     };
     for (i, c) in pod.spec.init_containers.iter().enumerate() {
         let own =
-            requests::exclusive_requests(pod, c, gates, &format!("spec.initContainers[{i}]"))?;
+            requests::exclusive_requests(pod, c, gates, format_args!("spec.initContainers[{i}]"))?;
         let sidecar = c.restart_policy.as_deref() == Some("Always");
         match (sidecar, own.is_empty()) {
             (false, true) if exhausted(&exclusive) => return Ok(false),
@@ -151,7 +151,8 @@ fn shared_pool_fits(pod: &Pod, budget: &Requested, gates: FeatureGates) -> Resul
         }
     }
     for (i, c) in pod.spec.containers.iter().enumerate() {
-        let own = requests::exclusive_requests(pod, c, gates, &format!("spec.containers[{i}]"))?;
+        let own =
+            requests::exclusive_requests(pod, c, gates, format_args!("spec.containers[{i}]"))?;
         if own.is_empty() {
             shared = true;
         } else {

@@ -1,9 +1,10 @@
 //! What the Memory Manager sees of a pod: its QoS class (from `status.qosClass`, else computed as
 //! Kubernetes computes it) and the memory and hugepages each container — or, in pod scope, the
 //! pod — requests, by the kubelet's rules. Hugepage resource names are canonical
-//! (`hugepages-2048Ki` is `hugepages-2Mi`), as the machine state names them.
+//! (`hugepages-2048Ki` is `hugepages-2Mi`), as the machine state names them. Field paths are
+//! written out only when an error names them, as in [`request`].
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, fmt::Display};
 
 use crate::{
     admission::request::{self, Container, Pod, QuantityValue, RequestError, ResourceList},
@@ -44,14 +45,14 @@ fn compute_qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, Request
     let mut guaranteed = true;
     let sum = |into: &mut BTreeMap<&'static str, u128>,
                list: &ResourceList,
-               field: &str|
+               field: &dyn Display|
      -> Result<Vec<&'static str>, RequestError> {
         let mut found = Vec::new();
         for name in ["cpu", "memory"] {
             let Some(value) = list.get(name) else {
                 continue;
             };
-            let amount = nanos(value, &format!("{field}.{name}"))?;
+            let amount = nanos(value, format_args!("{field}.{name}"))?;
             if amount > 0 {
                 *into.entry(name).or_default() += amount;
                 found.push(name);
@@ -64,10 +65,10 @@ fn compute_qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, Request
             sum(
                 &mut requests,
                 &pod_level.requests,
-                "spec.resources.requests",
+                &"spec.resources.requests",
             )?;
             if !pod_level.limits.is_empty() {
-                let found = sum(&mut limits, &pod_level.limits, "spec.resources.limits")?;
+                let found = sum(&mut limits, &pod_level.limits, &"spec.resources.limits")?;
                 guaranteed &= found.len() == 2;
             }
         }
@@ -79,13 +80,16 @@ fn compute_qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, Request
                 .iter()
                 .map(|c| ("initContainers", c));
             for (i, (kind, c)) in all.chain(init).enumerate() {
-                let field = format!("spec.{kind}[{i}].resources");
                 sum(
                     &mut requests,
                     &c.resources.requests,
-                    &format!("{field}.requests"),
+                    &format_args!("spec.{kind}[{i}].resources.requests"),
                 )?;
-                let found = sum(&mut limits, &c.resources.limits, &format!("{field}.limits"))?;
+                let found = sum(
+                    &mut limits,
+                    &c.resources.limits,
+                    &format_args!("spec.{kind}[{i}].resources.limits"),
+                )?;
                 guaranteed &= found.len() == 2;
             }
         }
@@ -103,13 +107,13 @@ fn compute_qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, Request
     }
 }
 
-fn nanos(value: &QuantityValue, field: &str) -> Result<u128, RequestError> {
+fn nanos(value: &QuantityValue, field: impl Display) -> Result<u128, RequestError> {
     let parsed = match value {
         QuantityValue::Text(text) => quantity::parse_nanos(text),
         QuantityValue::Number(n) => Ok(u128::from(*n) * 1_000_000_000),
     };
     parsed.map_err(|e| RequestError {
-        field: field.into(),
+        field: field.to_string(),
         detail: e.to_string(),
     })
 }
@@ -117,10 +121,13 @@ fn nanos(value: &QuantityValue, field: &str) -> Result<u128, RequestError> {
 /// The memory and hugepages a container requests (its `requests`; the kubelet's admitted
 /// values). A quantity that is not a whole number of bytes is an error, as the kubelet's
 /// `AsInt64` refuses it.
-pub fn container_requests(container: &Container, field: &str) -> Result<Requested, RequestError> {
+pub fn container_requests(
+    container: &Container,
+    field: impl Display,
+) -> Result<Requested, RequestError> {
     list_requests(
         &container.resources.requests,
-        &format!("{field}.resources.requests"),
+        format_args!("{field}.resources.requests"),
     )
 }
 
@@ -131,7 +138,7 @@ pub fn exclusive_requests(
     pod: &Pod,
     container: &Container,
     gates: FeatureGates,
-    field: &str,
+    field: impl Display + Copy,
 ) -> Result<Requested, RequestError> {
     if gates.pod_level_resource_managers
         && pod_level_set(pod)
@@ -153,7 +160,10 @@ pub fn pod_level_set(pod: &Pod) -> bool {
 }
 
 /// `IsContainerEquivalentQOSGuaranteed`: CPU and memory requested, non-zero, equal to limits.
-fn container_guaranteed_like(container: &Container, field: &str) -> Result<bool, RequestError> {
+fn container_guaranteed_like(
+    container: &Container,
+    field: impl Display + Copy,
+) -> Result<bool, RequestError> {
     let r = &container.resources;
     for name in ["cpu", "memory"] {
         let request = r.requests.get(name).map(|v| nanos(v, field)).transpose()?;
@@ -166,26 +176,26 @@ fn container_guaranteed_like(container: &Container, field: &str) -> Result<bool,
     Ok(true)
 }
 
-fn list_requests(list: &ResourceList, field: &str) -> Result<Requested, RequestError> {
+fn list_requests(list: &ResourceList, field: impl Display) -> Result<Requested, RequestError> {
     let mut requested = Requested::new();
     for (name, value) in list {
-        let at = format!("{field}.{name}");
+        let at = format_args!("{field}.{name}");
         let resource = if name == "memory" {
             name.clone()
-        } else if let Some(size) = request::page_size(name, &at)? {
-            format!("hugepages-{}", quantity::format_binary(size.0))
+        } else if let Some(size) = request::page_size(name, at)? {
+            size.resource_name()
         } else {
             continue;
         };
-        let amount = nanos(value, &at)?;
+        let amount = nanos(value, at)?;
         if amount % 1_000_000_000 != 0 {
             return Err(RequestError {
-                field: at,
+                field: at.to_string(),
                 detail: "is not a whole number of bytes".into(),
             });
         }
         let bytes = u64::try_from(amount / 1_000_000_000).map_err(|_| RequestError {
-            field: at,
+            field: at.to_string(),
             detail: "is too large".into(),
         })?;
         requested.insert(resource, bytes);
@@ -210,8 +220,8 @@ pub fn pod_requests(pod: &Pod, gates: FeatureGates) -> Result<Requested, Request
     let mut init_peak = Requested::new();
     let mut sidecars = Requested::new();
     for (i, c) in pod.spec.init_containers.iter().enumerate() {
-        let field = format!("spec.initContainers[{i}]");
-        for (name, bytes) in exclusive_requests(pod, c, gates, &field)? {
+        let field = format_args!("spec.initContainers[{i}]");
+        for (name, bytes) in exclusive_requests(pod, c, gates, field)? {
             let running = sidecars.entry(name.clone()).or_default();
             if c.restart_policy.as_deref() == Some("Always") {
                 *running += bytes;
@@ -224,8 +234,8 @@ pub fn pod_requests(pod: &Pod, gates: FeatureGates) -> Result<Requested, Request
     }
     let mut apps = Requested::new();
     for (i, c) in pod.spec.containers.iter().enumerate() {
-        let field = format!("spec.containers[{i}]");
-        for (name, bytes) in exclusive_requests(pod, c, gates, &field)? {
+        let field = format_args!("spec.containers[{i}]");
+        for (name, bytes) in exclusive_requests(pod, c, gates, field)? {
             *apps.entry(name).or_default() += bytes;
         }
     }

@@ -10,7 +10,7 @@
 //! The Memory Manager is the only hint provider the agent knows: CPU and device hints are not
 //! seen, so a pod the kubelet rejects for CPU alignment alone is not rejected here.
 
-use std::collections::BTreeMap;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use serde::Serialize;
 
@@ -112,7 +112,8 @@ pub fn select(
         )
     };
     let guaranteed = requests::qos_class(pod, topology.gates)? == QosClass::Guaranteed;
-    let mut working = state.clone();
+    // Copied only when a container is charged: most admissions never change it.
+    let mut working = Cow::Borrowed(state);
     let mut placements = Vec::new();
     let pod_scope = topology.scope == Scope::Pod;
     let whole = std::iter::once(None).filter(|_| pod_scope);
@@ -124,15 +125,9 @@ pub fn select(
         init.chain(apps).collect()
     };
     for unit in units {
-        let (hints, requested) = match unit {
-            None => (
-                hints::pod_hints(&working, pod, topology.gates)?,
-                requests::pod_requests(pod, topology.gates)?,
-            ),
-            Some((c, _)) => (
-                hints::container_hints(&working, pod, c, topology.gates)?,
-                requests::container_requests(c, &format!("container {:?}", c.name))?,
-            ),
+        let hints = match unit {
+            None => hints::pod_hints(&working, pod, topology.gates)?,
+            Some((c, _)) => hints::container_hints(&working, pod, c, topology.gates)?,
         };
         let merged = merge_one(&hints);
         let mut placement = Placement {
@@ -161,12 +156,25 @@ pub fn select(
         if let Some(nodes) = assigned {
             // Allocated before (a kubelet restart): the kubelet keeps what it assigned.
             placement.allocated = Some(nodes);
-        } else if guaranteed && !requested.is_empty() {
+        } else if guaranteed
+            && let requested = match unit {
+                None => requests::pod_requests(pod, topology.gates)?,
+                Some((c, _)) => {
+                    requests::container_requests(c, format_args!("container {:?}", c.name))?
+                }
+            }
+            && !requested.is_empty()
+        {
+            // Only a Guaranteed pod is charged: the requests of others are never read.
             let computed = placement.hints.as_ref();
             match allocation(&working.machine_state, computed, merged.hint, &requested)? {
                 Ok(nodes) => {
                     if !placement.init {
-                        allocate(&mut working.machine_state, &nodes.nodes(), &requested);
+                        allocate(
+                            &mut working.to_mut().machine_state,
+                            &nodes.nodes(),
+                            &requested,
+                        );
                     }
                     placement.allocated = Some(nodes);
                 }

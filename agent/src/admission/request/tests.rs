@@ -9,6 +9,11 @@ fn spec(value: serde_json::Value) -> PodSpec {
     serde_json::from_value(value).expect("pod spec")
 }
 
+/// The pod's need.
+fn need(s: &PodSpec) -> Result<Hugepages, RequestError> {
+    pod_hugepages(s).map(|p| p.total)
+}
+
 fn limits(pairs: &[(&str, &str)]) -> serde_json::Value {
     let map: serde_json::Map<_, _> = pairs
         .iter()
@@ -47,8 +52,16 @@ fn app_containers_add_up_and_other_resources_are_ignored() {
         {"name": "b", "resources": limits(&[("hugepages-2Mi", "2Gi"), ("hugepages-1Gi", "1Gi")])},
     ]}));
     assert_eq!(
-        pod_hugepages(&s),
+        need(&s),
         Ok(Hugepages::from([(MI2, 6 << 30), (GI1, 1 << 30)]))
+    );
+    let each = pod_hugepages(&s).expect("valid").containers;
+    assert_eq!(
+        each,
+        vec![
+            Hugepages::from([(MI2, 4 << 30)]),
+            Hugepages::from([(MI2, 2 << 30), (GI1, 1 << 30)]),
+        ]
     );
 }
 
@@ -58,7 +71,7 @@ fn an_init_container_larger_than_the_app_containers_sets_the_need() {
         "initContainers": [{"name": "init", "resources": limits(&[("hugepages-2Mi", "8Gi")])}],
         "containers": [{"name": "app", "resources": limits(&[("hugepages-2Mi", "2Gi")])}],
     }));
-    assert_eq!(pod_hugepages(&s), Ok(Hugepages::from([(MI2, 8 << 30)])));
+    assert_eq!(need(&s), Ok(Hugepages::from([(MI2, 8 << 30)])));
 }
 
 #[test]
@@ -71,7 +84,7 @@ fn sidecars_run_with_the_app_and_beside_later_init_containers() {
         "containers": [{"name": "app", "resources": limits(&[("hugepages-2Mi", "2Gi")])}],
     }));
     // app + sidecar = 3Gi; init beside the sidecar = 5Gi.
-    assert_eq!(pod_hugepages(&s), Ok(Hugepages::from([(MI2, 5 << 30)])));
+    assert_eq!(need(&s), Ok(Hugepages::from([(MI2, 5 << 30)])));
 }
 
 #[test]
@@ -82,7 +95,7 @@ fn pod_level_resources_and_overhead_apply() {
         "resources": limits(&[("hugepages-2Mi", "6Gi")]),
     }));
     assert_eq!(
-        pod_hugepages(&s),
+        need(&s),
         Ok(Hugepages::from([(MI2, 6 << 30), (GI1, 1 << 30)]))
     );
 }
@@ -91,7 +104,7 @@ fn pod_level_resources_and_overhead_apply() {
 fn requests_must_equal_limits_and_limits_are_required() {
     let s = spec(json!({"containers": [{"resources": {
         "requests": {"hugepages-2Mi": "2Gi"}, "limits": {"hugepages-2Mi": "4Gi"}}}]}));
-    let err = pod_hugepages(&s).unwrap_err();
+    let err = need(&s).unwrap_err();
     assert_eq!(
         err.field,
         "spec.containers[0].resources.requests.hugepages-2Mi"
@@ -99,18 +112,18 @@ fn requests_must_equal_limits_and_limits_are_required() {
     assert!(err.detail.contains("must equal the limit 4Gi"), "{err}");
     let s = spec(json!({"containers": [{"resources": {"requests": {"hugepages-2Mi": "2Gi"}}}]}));
     assert_eq!(
-        pod_hugepages(&s).unwrap_err().detail,
+        need(&s).unwrap_err().detail,
         "hugepages need a limit equal to the request"
     );
     let s = spec(json!({"containers": [{"resources": {
         "requests": {"hugepages-2Mi": "2048Mi"}, "limits": {"hugepages-2Mi": "2Gi"}}}]}));
-    assert_eq!(pod_hugepages(&s), Ok(Hugepages::from([(MI2, 2 << 30)])));
+    assert_eq!(need(&s), Ok(Hugepages::from([(MI2, 2 << 30)])));
 }
 
 #[test]
 fn amounts_must_be_whole_pages_and_valid_quantities() {
     let s = spec(json!({"containers": [{"resources": limits(&[("hugepages-2Mi", "1G")])}]}));
-    let err = pod_hugepages(&s).unwrap_err();
+    let err = need(&s).unwrap_err();
     assert_eq!(
         err.field,
         "spec.containers[0].resources.limits.hugepages-2Mi"
@@ -121,13 +134,13 @@ fn amounts_must_be_whole_pages_and_valid_quantities() {
     );
     let s = spec(json!({"containers": [{"resources": limits(&[("hugepages-2Mi", "lots")])}]}));
     assert!(
-        pod_hugepages(&s)
+        need(&s)
             .unwrap_err()
             .detail
             .contains("\"lots\" is not a quantity")
     );
     let s = spec(json!({"containers": [{"resources": {"limits": {"hugepages-2Mi": 4194304}}}]}));
-    assert_eq!(pod_hugepages(&s), Ok(Hugepages::from([(MI2, 4 << 20)])));
+    assert_eq!(need(&s), Ok(Hugepages::from([(MI2, 4 << 20)])));
 }
 
 #[test]
