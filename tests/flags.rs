@@ -59,6 +59,18 @@ impl BenchFlags {
         }
     }
 
+    /// A comma-separated list of positive numbers, or `default` when the flag is absent.
+    pub fn numbers(&self, name: &str, default: &[u64]) -> Vec<u64> {
+        match self.get(name) {
+            None => default.to_vec(),
+            Some(v) => v
+                .split(',')
+                .map(|n| n.trim().parse().ok().filter(|&n: &u64| n > 0))
+                .collect::<Option<Vec<u64>>>()
+                .unwrap_or_else(|| BenchFlags::fail(self.usage)),
+        }
+    }
+
     /// The flag's value as given, or `default` when it is absent.
     pub fn word<'a>(&'a self, name: &str, default: &'a str) -> &'a str {
         self.get(name).unwrap_or(default)
@@ -93,6 +105,9 @@ mod tests {
             (f.word("--agent", "x"), f.word("--mode", "plain")),
             ("/bin/a", "plain")
         );
+        let f = flags(&["--rate", "16,50"]).expect("valid");
+        assert_eq!(f.numbers("--rate", &[1]), vec![16, 50]);
+        assert_eq!(f.numbers("--agent", &[4]), vec![4], "absent: the default");
         assert!(flags(&["--rate"]).is_none(), "a flag without its value");
         assert!(flags(&["--speed", "1"]).is_none(), "an unknown flag");
     }

@@ -2,43 +2,50 @@
 //!
 //! Starts the release agent (eBPF as `--ebpf` auto gives it, logs to a file) and the load tool
 //! in a cgroup whose hugetlb limits are 0, as the agent's own pod would be, waits for
-//! `/readyz`, warms up, then drives it with `oha` over `--connections` connections: at a fixed
-//! offered rate (`--rate`), latency-corrected (a stall is charged to every request it delayed)
-//! and measured from the actual send, then as fast as it goes.
-//! Prints achieved throughput and the latency percentiles `oha` measured, and every non-200
-//! answer and transport error. The target is 20,000 requests/s with p99 under 2 ms; the load tool shares the
-//! machine's two cores with the agent, so the figures are a floor for a real node.
+//! `/readyz`, warms up, then, round after round (`--rounds`, default 3) and for each connection
+//! count (`--connections`, default 16 and 50: a webhook's pool, and `oha`'s default), offers a
+//! fixed rate (`--rate`) with `oha`: latency measured from the actual send, then
+//! latency-corrected (a request is timed from when it was due, so a stall of the load tool's
+//! own is charged too), and the same rate on `GET /healthz`, which does no work: the floor this
+//! machine and load tool set at that concurrency. Then as fast as the agent goes.
+//! Prints every run (throughput, percentiles, every non-200 answer and transport error) and the
+//! median p99 of each over the rounds. The target is 20,000 requests/s with p99 under 2 ms; the
+//! load tool shares the machine's two cores with the agent, so the figures are a floor for a real
+//! node.
 //!
-//! `admit-load --agent PATH --oha PATH [--rate R] [--connections C] [--seconds S]`
-//! (defaults 20000, 50, 10).
+//! `admit-load --agent PATH --oha PATH [--rate R] [--connections C[,C…]] [--seconds S] [--rounds N]`
+//! (defaults 20000, 16,50, 10, 3).
 //!
-//! With `--tracing compare [--rounds N]` (`cargo xtask bench admit-trace`) it measures the cost of
-//! tracing instead: round after round (default 3), an agent with `OTEL_TRACES_EXPORTER=none`, one
+//! With `--tracing compare` (`cargo xtask bench admit-trace`) it measures the cost of
+//! tracing instead: round after round, an agent with `OTEL_TRACES_EXPORTER=none`, one
 //! exporting every span over OTLP/gRPC to the real receiver (`otlp_receiver.py --quiet`, in the
 //! same cgroup), and one sampling 1 % of traces (`parentbased_traceidratio`, 0.01), each under the
-//! fixed rate (from the actual send) and unthrottled. It prints each run, the spans exported and
-//! dropped, the medians per mode and the ratios to tracing off (target: within 10 %).
+//! fixed rate (from the actual send) and unthrottled, over the first connection count. It prints
+//! each run, the spans exported and dropped, the medians per mode and the ratios to tracing off
+//! (target: within 10 %).
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Duration,
 };
 
+use serde::Deserialize;
+
 use hugepage_agent_tests::{
     BenchFlags, HugetlbController, TestCgroup, free_port, host_lock, http,
-    peers::{OtlpReceiver, get, metric_sum},
+    peers::{OtlpReceiver, get, metric_sum, otlp_python},
     spawn_in, wait_ready, wait_timeout,
 };
 
-const USAGE: &str = "admit-load --agent PATH --oha PATH [--rate R] [--connections C] [--seconds S] [--tracing compare [--rounds N]]";
+const USAGE: &str = "admit-load --agent PATH --oha PATH [--rate R] [--connections C[,C...]] [--seconds S] [--rounds N] [--tracing compare]";
 
 struct Args {
     agent: PathBuf,
     oha: PathBuf,
     rate: u32,
-    connections: u32,
+    connections: Vec<u32>,
     seconds: u32,
     compare_tracing: bool,
     rounds: u32,
@@ -69,7 +76,11 @@ fn parse_args() -> Args {
         agent: flags.path("--agent"),
         oha: flags.path("--oha"),
         rate: flags.number("--rate", 20_000) as u32,
-        connections: flags.number("--connections", 50) as u32,
+        connections: flags
+            .numbers("--connections", &[16, 50])
+            .into_iter()
+            .map(|c| c as u32)
+            .collect(),
         seconds: flags.number("--seconds", 10) as u32,
         compare_tracing,
         rounds: flags.number("--rounds", 3) as u32,
@@ -118,35 +129,90 @@ fn parse_oha(json: &str) -> Result<LoadReport, String> {
 
 /// How `oha` offers load.
 #[derive(Clone, Copy)]
-enum Load {
+enum Load<'a> {
     /// As fast as the connections go.
     Unthrottled,
-    /// A fixed rate; `corrected` charges a stall to every request it delayed (coordinated
-    /// omission), otherwise latency is measured from the actual send.
-    Fixed { rate: u32, corrected: bool },
+    /// A fixed rate, latency measured from the actual send.
+    Fixed { rate: u32 },
+    /// A fixed rate, latency-corrected (a request is timed from when it was due, so a stall is
+    /// charged to every request it delayed), every request's times stored in `db` for
+    /// [`delays`].
+    Recorded { rate: u32, db: &'a Path },
 }
 
-/// One `oha` run against `url`.
+/// Percentiles (`p50`, `p99`, `p99.9`, `max`) → seconds.
+type Percentiles = BTreeMap<String, f64>;
+
+/// Each request's delays in a recorded run, as `oha_delays.py` reads them.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Delays {
+    requests: u64,
+    /// From the actual send to the answer: the server and the network.
+    from_send: Percentiles,
+    /// From when the request was due: what a client sending on schedule sees.
+    corrected: Percentiles,
+    /// How late `oha` itself sent.
+    send_delay: Percentiles,
+}
+
+/// The delays of the requests a [`Load::Recorded`] run stored in `db`.
+fn delays(db: &Path) -> Delays {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("oha_delays.py");
+    let out = Command::new(otlp_python())
+        .arg(&script)
+        .arg(db)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("reading what {} printed: {e}", script.display()))
+}
+
+/// What one `oha` run sends: `POST` of a body, or `GET`.
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    Post { url: &'a str, body: &'a str },
+    Get { url: &'a str },
+}
+
+/// One `oha` run over `connections` connections.
 fn oha(
     args: &Args,
     pod: &TestCgroup,
-    url: &str,
-    body: &str,
+    target: Target<'_>,
+    connections: u32,
     seconds: u32,
-    load: Load,
+    load: Load<'_>,
 ) -> LoadReport {
     let mut cmd = Command::new(&args.oha);
     spawn_in(&mut cmd, pod);
     cmd.args(["--no-tui", "--output-format", "json", "-z"])
         .arg(format!("{seconds}s"))
-        .args(["-c", &args.connections.to_string()]);
-    if let Load::Fixed { rate, corrected } = load {
-        cmd.args(["-q", &rate.to_string()]);
-        if corrected {
-            cmd.arg("--latency-correction");
+        .args(["-c", &connections.to_string()]);
+    match load {
+        Load::Unthrottled => {}
+        Load::Fixed { rate } => {
+            cmd.args(["-q", &rate.to_string()]);
+        }
+        Load::Recorded { rate, db } => {
+            // oha adds to a database that exists.
+            let _ = std::fs::remove_file(db);
+            cmd.args(["-q", &rate.to_string(), "--latency-correction", "--db-url"])
+                .arg(db);
         }
     }
-    cmd.args(["-m", "POST", "-T", "application/json", "-d", body, url]);
+    match target {
+        Target::Post { url, body } => {
+            cmd.args(["-m", "POST", "-T", "application/json", "-d", body, url])
+        }
+        Target::Get { url } => cmd.arg(url),
+    };
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", args.oha.display()));
@@ -215,8 +281,8 @@ impl Running {
         Running { child, port, log }
     }
 
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/v1/admit", self.port)
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
     }
 
     /// SIGTERM, and the exit status.
@@ -256,32 +322,103 @@ fn load(args: &Args, pod: &TestCgroup) {
     println!("agent ready: {ready}");
     println!("request: {BODY}");
     println!("answer:  {answer}");
-    let url = agent.url();
-    oha(args, pod, &url, BODY, 2, Load::Unthrottled);
-    for (label, load) in [
-        (
-            format!("offered {} req/s, corrected", args.rate),
-            Load::Fixed {
-                rate: args.rate,
-                corrected: true,
-            },
-        ),
-        (
-            format!("offered {} req/s, uncorrected", args.rate),
-            Load::Fixed {
-                rate: args.rate,
-                corrected: false,
-            },
-        ),
-        ("unthrottled".to_owned(), Load::Unthrottled),
-    ] {
-        let report = oha(args, pod, &url, BODY, args.seconds, load);
-        print(&format!("{label}, {} conns", args.connections), &report);
+    let (admit, healthz) = (agent.url("/v1/admit"), agent.url("/healthz"));
+    let admit = Target::Post {
+        url: &admit,
+        body: BODY,
+    };
+    let floor = Target::Get { url: &healthz };
+    let first = args.connections[0];
+    oha(args, pod, admit, first, 2, Load::Unthrottled);
+    let db = std::env::temp_dir().join(format!("hugepage-agent-oha-{}.db", agent.port));
+    let recorded = Load::Recorded {
+        rate: args.rate,
+        db: &db,
+    };
+    let mut runs: Vec<(String, Target<'_>, u32)> = Vec::new();
+    for &c in &args.connections {
+        runs.push((format!("{c} conns, POST /v1/admit"), admit, c));
+        runs.push((format!("{c} conns, GET /healthz (floor)"), floor, c));
     }
+    // Per run: p99 from the send, corrected, and of oha's own send delay.
+    let mut p99s: Vec<[Vec<f64>; 3]> = vec![Default::default(); runs.len()];
+    let mut throughput: Vec<f64> = Vec::new();
+    for round in 1..=args.rounds {
+        for (i, (label, target, connections)) in runs.iter().enumerate() {
+            let report = oha(args, pod, *target, *connections, args.seconds, recorded);
+            let d = delays(&db);
+            print_recorded(&format!("round {round}, {label}"), &report, &d);
+            for (into, from) in p99s[i]
+                .iter_mut()
+                .zip([&d.from_send, &d.corrected, &d.send_delay])
+            {
+                into.push(from.get("p99").copied().unwrap_or(f64::NAN));
+            }
+        }
+        let report = oha(args, pod, admit, first, args.seconds, Load::Unthrottled);
+        print(
+            &format!("round {round}, {first} conns, POST /v1/admit, unthrottled"),
+            &report,
+        );
+        throughput.push(report.requests_per_sec);
+    }
+    let _ = std::fs::remove_file(&db);
     let log = agent.log.clone();
     let status = agent.stop();
     println!("agent stopped: {status}; its log: {}", log.display());
+    println!(
+        "p99 at {} req/s, median of {} rounds (lowest to highest):",
+        args.rate, args.rounds
+    );
+    for ((label, ..), [from_send, corrected, send_delay]) in runs.iter().zip(&p99s) {
+        let ms = |v: &[f64]| {
+            let (median, low, high) = spread(v);
+            format!(
+                "{:6.3} ms ({:.3} to {:.3})",
+                median * 1e3,
+                low * 1e3,
+                high * 1e3
+            )
+        };
+        println!(
+            "  {label:<32} from the send {}  corrected {}  oha's send delay {}",
+            ms(from_send),
+            ms(corrected),
+            ms(send_delay)
+        );
+    }
+    let (median, low, high) = spread(&throughput);
+    println!("  {first} conns, unthrottled: {median:.0} req/s ({low:.0} to {high:.0})");
     println!("target: 20000 req/s with p99 under 2 ms");
+}
+
+/// One recorded run: throughput and statuses as `oha` counted them, the delays per request.
+fn print_recorded(label: &str, r: &LoadReport, d: &Delays) {
+    let ms = |p: &Percentiles, q: &str| p.get(q).map_or(f64::NAN, |s| s * 1000.0);
+    println!(
+        "{label:<44} {:>7.0} req/s  from the send p50 {:6.3} p99 {:6.3} p99.9 {:6.3} ms  corrected p99 {:7.3} ms  send delay p99 {:7.3} ms  ({} requests, statuses {:?})",
+        r.requests_per_sec,
+        ms(&d.from_send, "p50"),
+        ms(&d.from_send, "p99"),
+        ms(&d.from_send, "p99.9"),
+        ms(&d.corrected, "p99"),
+        ms(&d.send_delay, "p99"),
+        d.requests,
+        r.statuses
+    );
+    for (e, n) in &r.errors {
+        println!("    error x{n}: {e}");
+    }
+}
+
+/// Median, lowest and highest of `values`.
+fn spread(values: &[f64]) -> (f64, f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match (v.first(), v.last()) {
+        (Some(&low), Some(&high)) => (v[v.len() / 2], low, high),
+        _ => (f64::NAN, f64::NAN, f64::NAN),
+    }
 }
 
 /// One mode's figures of one round: unthrottled req/s, p99 at the fixed rate and unthrottled.
@@ -314,20 +451,29 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
     for round in 1..=args.rounds {
         for (i, (label, env)) in modes.iter().enumerate() {
             let agent = Running::start(args, pod, env);
-            let url = agent.url();
-            oha(args, pod, &url, BODY, 2, Load::Unthrottled);
+            let url = agent.url("/v1/admit");
+            let admit = Target::Post {
+                url: &url,
+                body: BODY,
+            };
+            let connections = args.connections[0];
+            oha(args, pod, admit, connections, 2, Load::Unthrottled);
             let fixed = oha(
                 args,
                 pod,
-                &url,
-                BODY,
+                admit,
+                connections,
                 args.seconds,
-                Load::Fixed {
-                    rate: args.rate,
-                    corrected: false,
-                },
+                Load::Fixed { rate: args.rate },
             );
-            let free = oha(args, pod, &url, BODY, args.seconds, Load::Unthrottled);
+            let free = oha(
+                args,
+                pod,
+                admit,
+                connections,
+                args.seconds,
+                Load::Unthrottled,
+            );
             let (_, exposition) = get(agent.port, "/metrics");
             let port = agent.port;
             let status = agent.stop();
@@ -398,5 +544,38 @@ mod tests {
         assert_eq!(r.statuses.get("200"), Some(&199_945));
         assert_eq!(r.errors.get("connection closed"), Some(&2));
         assert!(parse_oha(r#"{"summary":{}}"#).is_err());
+    }
+
+    #[test]
+    fn a_recorded_run_is_read_request_by_request() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("oha.db");
+        // oha's table: when due, when sent, when answered (seconds from the start).
+        let made = Command::new(otlp_python())
+            .args([
+                "-c",
+                "import sqlite3, sys\n\
+                 db = sqlite3.connect(sys.argv[1])\n\
+                 db.execute('CREATE TABLE oha (url TEXT, start REAL, start_latency_correction REAL, end REAL, duration REAL, status INTEGER, len_bytes INTEGER, run INTEGER)')\n\
+                 rows = [(0.000, 0.000, 0.001), (0.001, 0.004, 0.005), (0.002, 0.005, 0.009)]\n\
+                 db.executemany('INSERT INTO oha VALUES (\\'/\\', ?, ?, ?, 0, 200, 0, 1)', [(s, d, e) for d, s, e in rows])\n\
+                 db.commit()",
+            ])
+            .arg(&db)
+            .status()
+            .expect("python");
+        assert!(made.success());
+        let d = delays(&db);
+        assert_eq!(d.requests, 3);
+        let close = |p: &Percentiles, q: &str, want: f64| {
+            let got = p[q];
+            assert!((got - want).abs() < 1e-9, "{q}: {got} != {want}");
+        };
+        close(&d.from_send, "p50", 0.001);
+        close(&d.from_send, "max", 0.004);
+        close(&d.corrected, "p50", 0.004);
+        close(&d.corrected, "p99", 0.007);
+        close(&d.send_delay, "p50", 0.003);
+        close(&d.send_delay, "max", 0.003);
     }
 }
