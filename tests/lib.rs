@@ -487,6 +487,22 @@ pub fn output(mut cmd: Command) -> (ExitStatus, String, String) {
     (wait_timeout(&mut child, Duration::from_secs(30)), out, err)
 }
 
+/// User + system CPU time of a process.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let ticks: u64 = fields
+        .get(11..13)
+        .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
 /// Runs the calling thread on `cpu` only.
 pub fn pin_this_thread(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays within it for cpu < 1024.

@@ -149,6 +149,11 @@ impl OtlpReceiver {
         got
     }
 
+    /// The receiver's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the receiver: the collector goes down.
     pub fn stop(mut self) {
         let _ = self.child.kill();

@@ -21,8 +21,9 @@
 //! exporting every span over OTLP/gRPC to the real receiver (`otlp_receiver.py --quiet`, in the
 //! same cgroup), and one sampling 1 % of traces (`parentbased_traceidratio`, 0.01), each under the
 //! fixed rate (from the actual send) and unthrottled, over the first connection count. It prints
-//! each run, the spans exported and dropped, the medians per mode and the ratios to tracing off
-//! (target: within 10 %).
+//! each run with the agent's CPU time per admission at the fixed rate, the spans exported and
+//! dropped and the receiver's CPU time per span, then the medians per mode and the ratios to
+//! tracing off (target: within 10 %).
 
 use std::{
     collections::BTreeMap,
@@ -34,7 +35,7 @@ use std::{
 use serde::Deserialize;
 
 use hugepage_agent_tests::{
-    BenchFlags, HugetlbController, TestCgroup, free_port, host_lock, http,
+    BenchFlags, HugetlbController, TestCgroup, cpu_time, free_port, host_lock, http,
     peers::{OtlpReceiver, get, metric_sum, otlp_python},
     spawn_in, wait_ready, wait_timeout,
 };
@@ -427,6 +428,8 @@ struct Figures {
     throughput: f64,
     p99_fixed: f64,
     p99_unthrottled: f64,
+    /// The agent's CPU time per admission at the fixed rate, µs.
+    agent_us: f64,
 }
 
 fn compare_tracing(args: &Args, pod: &TestCgroup) {
@@ -458,6 +461,8 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
             };
             let connections = args.connections[0];
             oha(args, pod, admit, connections, 2, Load::Unthrottled);
+            let agent_before = cpu_time(agent.child.id());
+            let receiver_before = cpu_time(receiver.pid());
             let fixed = oha(
                 args,
                 pod,
@@ -466,6 +471,7 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
                 args.seconds,
                 Load::Fixed { rate: args.rate },
             );
+            let agent_cpu = cpu_time(agent.child.id()).saturating_sub(agent_before);
             let free = oha(
                 args,
                 pod,
@@ -474,6 +480,7 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
                 args.seconds,
                 Load::Unthrottled,
             );
+            let receiver_cpu = cpu_time(receiver.pid()).saturating_sub(receiver_before);
             let (_, exposition) = get(agent.port, "/metrics");
             let port = agent.port;
             let status = agent.stop();
@@ -483,17 +490,22 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
                 &fixed,
             );
             print(&format!("round {round}, {label}, unthrottled"), &free);
+            let answered: u64 = fixed.statuses.values().sum();
+            let agent_us = agent_cpu.as_secs_f64() * 1e6 / answered.max(1) as f64;
+            println!("    agent CPU per admission at the fixed rate {agent_us:.1} us");
             if i > 0 {
+                let exported = metric_sum(&exposition, "hugepage_agent_trace_spans_exported_total");
                 println!(
-                    "    spans exported {}, dropped {} (queue full or failed export)",
-                    metric_sum(&exposition, "hugepage_agent_trace_spans_exported_total"),
+                    "    spans exported {exported}, dropped {} (queue full or failed export); the receiver's CPU {:.1} us per span",
                     metric_sum(&exposition, "hugepage_agent_trace_spans_dropped_total"),
+                    receiver_cpu.as_secs_f64() * 1e6 / exported.max(1.0),
                 );
             }
             figures[i].push(Figures {
                 throughput: free.requests_per_sec,
                 p99_fixed: p99(&fixed),
                 p99_unthrottled: p99(&free),
+                agent_us,
             });
         }
     }
@@ -506,11 +518,12 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
     println!("medians over {} rounds:", args.rounds);
     for (i, (label, _)) in modes.iter().enumerate() {
         println!(
-            "  {label:<24} unthrottled {:>8.0} req/s  p99 at {} req/s {:6.3} ms  p99 unthrottled {:6.3} ms",
+            "  {label:<24} unthrottled {:>8.0} req/s  p99 at {} req/s {:6.3} ms  p99 unthrottled {:6.3} ms  agent CPU {:5.1} us per admission",
             median(i, |f| f.throughput),
             args.rate,
             median(i, |f| f.p99_fixed) * 1000.0,
             median(i, |f| f.p99_unthrottled) * 1000.0,
+            median(i, |f| f.agent_us),
         );
     }
     for (i, (label, _)) in modes.iter().enumerate().skip(1) {

@@ -26,7 +26,7 @@ use hugepage_agent::{
     sysfs::HostFs,
 };
 use hugepage_agent_tests::{
-    BenchFlags, Percentiles, TestCgroup, free_port, host_lock, wait_ready, wait_timeout,
+    BenchFlags, Percentiles, TestCgroup, cpu_time, free_port, host_lock, wait_ready, wait_timeout,
 };
 
 struct Args {
@@ -59,22 +59,6 @@ fn peak_rss_kib(pid: &str) -> u64 {
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)
-}
-
-/// User + system CPU time of a process.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    let ticks: u64 = fields
-        .get(11..13)
-        .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
-        .unwrap_or(0);
-    Duration::from_millis(ticks * 1000 / hz)
 }
 
 fn generate(root: &Path, pods: usize) -> usize {
