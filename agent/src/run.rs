@@ -665,18 +665,25 @@ impl Agent {
 
     /// Releases the reservations `pick` gives a reason for (one save), and logs each.
     fn release(&self, pick: impl Fn(&Reservation, &Agent) -> Option<Released>) {
-        let Ok(mut store) = self.reservations.lock() else {
-            warn!("the reservation store is poisoned");
-            return;
+        let (gone, snapshot, writer) = {
+            let Ok(mut store) = self.reservations.lock() else {
+                warn!("the reservation store is poisoned");
+                return;
+            };
+            let (gone, snapshot) = store.release(|r| pick(r, self));
+            (gone, snapshot, store.writer())
         };
-        match store.release(|r| pick(r, self)) {
-            Ok(gone) => {
-                for (r, why) in gone {
-                    self.metrics.reservation_ended(why);
-                    info!(id = %r.id, pod_uid = %r.pod_uid, reason = ?why, "reservation released");
-                }
-            }
-            Err(err) => warn!("saving the reservations: {err}"),
+        for (r, why) in gone {
+            self.metrics.reservation_ended(why);
+            info!(id = %r.id, pod_uid = %r.pod_uid, reason = ?why, "reservation released");
+        }
+        // Written without the lock: admissions do not wait for this disk write.
+        if let Some(snapshot) = snapshot
+            && let Err(err) = writer.write(snapshot)
+        {
+            warn!(
+                "saving the reservations: {err}; the file keeps the released ones until they expire"
+            );
         }
     }
 }

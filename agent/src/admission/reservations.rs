@@ -9,12 +9,20 @@
 //! temporary file, fsynced and renamed over the old one, with a checksum (FNV-1a 64 of the
 //! reservations' JSON) as the kubelet's checkpoints have. A file that does not parse or whose
 //! checksum does not match is renamed aside (`.corrupt-<unix time>`) and reported, never half-read.
+//!
+//! A change is made in memory under the caller's lock and returns a [`Snapshot`] of the file's
+//! content; the caller writes it with the store's [`Writer`] after releasing the lock (an
+//! admission answers only once its snapshot is written). So a slow disk never holds the lock,
+//! and the API thread never waits for an fsync: the handler hands the write to a blocking thread.
+//! Snapshots carry the store's generation, and the writer skips one older than what it already
+//! wrote, which holds every change up to its own.
 
 use std::{
     collections::BTreeMap,
     fs,
     io::Write,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
@@ -103,13 +111,30 @@ struct Checkpoint {
     checksum: String,
 }
 
-/// The reservations and their file.
+/// The reservations, in memory; their file is written through [`Store::writer`].
 #[derive(Debug)]
 pub struct Store {
-    path: PathBuf,
+    writer: Arc<Writer>,
     ttl: Duration,
     entries: BTreeMap<String, Reservation>,
     next: u64,
+    /// Changes made so far; each [`Snapshot`] carries the count it was taken at.
+    generation: u64,
+}
+
+/// The file's content at one generation of the store.
+#[derive(Debug)]
+pub struct Snapshot {
+    generation: u64,
+    text: Vec<u8>,
+}
+
+/// Writes snapshots to the store's file, one at a time, skipping any older than one written.
+#[derive(Debug)]
+pub struct Writer {
+    path: PathBuf,
+    /// The generation the file holds.
+    written: Mutex<u64>,
 }
 
 /// FNV-1a, 64 bits, as hex.
@@ -132,10 +157,14 @@ impl Store {
         })?;
         let path = dir.join(FILE);
         let mut store = Store {
-            path: path.clone(),
+            writer: Arc::new(Writer {
+                path: path.clone(),
+                written: Mutex::new(0),
+            }),
             ttl,
             entries: BTreeMap::new(),
             next: 0,
+            generation: 0,
         };
         let text = match fs::read(&path) {
             Ok(text) => text,
@@ -169,6 +198,11 @@ impl Store {
         }
     }
 
+    /// What writes this store's snapshots to its file.
+    pub fn writer(&self) -> Arc<Writer> {
+        Arc::clone(&self.writer)
+    }
+
     pub fn list(&self) -> Vec<Reservation> {
         self.entries.values().cloned().collect()
     }
@@ -185,7 +219,8 @@ impl Store {
             .sum()
     }
 
-    /// Reserves what `verdict` admitted for `pod_uid`; replaces that pod's earlier reservation.
+    /// Reserves what `verdict` admitted for `pod_uid`, replacing that pod's earlier reservation;
+    /// the snapshot to write before the admission is answered.
     pub fn reserve(
         &mut self,
         verdict: &Verdict,
@@ -193,7 +228,7 @@ impl Store {
         namespace: &str,
         name: &str,
         now: SystemTime,
-    ) -> Result<ReservationRef, ReservationError> {
+    ) -> (ReservationRef, Snapshot) {
         self.next += 1;
         let id = format!(
             "{}-{}",
@@ -216,45 +251,46 @@ impl Store {
             created_at: now,
             expires_at: now + self.ttl,
         };
-        let before = self.entries.clone();
         self.entries.retain(|_, r| r.pod_uid != pod_uid);
         self.entries.insert(id.clone(), reservation);
-        if let Err(err) = self.save() {
-            self.entries = before;
-            return Err(err);
-        }
-        Ok(ReservationRef {
+        let made = ReservationRef {
             id,
             expires_at: now + self.ttl,
-        })
+        };
+        (made, self.snapshot())
     }
 
-    /// Removes the reservations `pick` gives a reason for, saves once, and returns them with it.
+    /// Takes back reservation `id` (its snapshot could not be written, so the admission that
+    /// made it failed); the snapshot to write, if it was there.
+    pub fn forget(&mut self, id: &str) -> Option<Snapshot> {
+        self.entries.remove(id)?;
+        Some(self.snapshot())
+    }
+
+    /// Removes the reservations `pick` gives a reason for and returns them with it, and the
+    /// snapshot to write when there were any.
     pub fn release<R>(
         &mut self,
         mut pick: impl FnMut(&Reservation) -> Option<R>,
-    ) -> Result<Vec<(Reservation, R)>, ReservationError> {
+    ) -> (Vec<(Reservation, R)>, Option<Snapshot>) {
         let gone: Vec<(Reservation, R)> = self
             .entries
             .values()
             .filter_map(|r| pick(r).map(|why| (r.clone(), why)))
             .collect();
         if gone.is_empty() {
-            return Ok(gone);
+            return (gone, None);
         }
-        let before = self.entries.clone();
         for (r, _) in &gone {
             self.entries.remove(&r.id);
         }
-        if let Err(err) = self.save() {
-            self.entries = before;
-            return Err(err);
-        }
-        Ok(gone)
+        let snapshot = self.snapshot();
+        (gone, Some(snapshot))
     }
 
-    /// Writes the file atomically: temporary file, fsync, rename, fsync of the directory.
-    fn save(&self) -> Result<(), ReservationError> {
+    /// The file's content now, as the next generation.
+    fn snapshot(&mut self) -> Snapshot {
+        self.generation += 1;
         let reservations: Vec<&Reservation> = self.entries.values().collect();
         let data = serde_json::to_vec(&reservations).unwrap_or_default();
         let text = serde_json::to_vec_pretty(&serde_json::json!({
@@ -263,13 +299,35 @@ impl Store {
             "checksum": checksum(&data),
         }))
         .unwrap_or_default();
+        Snapshot {
+            generation: self.generation,
+            text,
+        }
+    }
+}
+
+impl Writer {
+    /// Writes `snapshot` atomically (temporary file, fsync, rename, fsync of the directory),
+    /// unless the file already holds it or a later one.
+    pub fn write(&self, snapshot: Snapshot) -> Result<(), ReservationError> {
+        // A poisoned lock only means an earlier write panicked; the generation is still right.
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        if snapshot.generation <= *written {
+            return Ok(());
+        }
+        self.replace(&snapshot.text)?;
+        *written = snapshot.generation;
+        Ok(())
+    }
+
+    fn replace(&self, text: &[u8]) -> Result<(), ReservationError> {
         let tmp = self.path.with_extension("json.tmp");
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ReservationError::Io { path, source }
         };
         let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(&text).map_err(io(&tmp))?;
+        f.write_all(text).map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
         fs::rename(&tmp, &self.path).map_err(io(&self.path))?;
         if let Some(dir) = self.path.parent() {

@@ -3,9 +3,13 @@
 //! logic is [`admit`], a plain function of the state and the raw request; the handler only
 //! extracts and maps.
 //!
+//! [`admit`] decides; a reservation it made is written by
+//! [`reservations::persist`](super::reservations::persist) before the answer goes out; then
+//! [`conclude`] counts the admission in the metrics, puts the verdict on its span and logs it.
+//!
 //! Each admission is a span ([`span`]) with the pod, sizes, NUMA nodes, bytes, result and
 //! reason as attributes, and its steps as children: `hint` (choosing the NUMA nodes),
-//! `verification` (the fresh sysfs read) and `reservation`. It also counts in the metrics.
+//! `verification` (the fresh sysfs read) and `reservation`.
 
 use std::{
     collections::BTreeMap,
@@ -16,7 +20,7 @@ use tracing::field::Empty;
 
 use serde::{Deserialize, Serialize};
 
-use super::{AppState, error::ApiError};
+use super::{AppState, error::ApiError, reservations::Pending};
 use crate::{
     admission::{
         plan::{self, Plan, PlanError},
@@ -24,7 +28,7 @@ use crate::{
             self, Container, Hugepages, ObjectMeta, Pod, PodHugepages, PodSpec, PodStatus,
             Requirements, ResourceList,
         },
-        reservations::{self, Released, Reservation},
+        reservations,
         verify::{Verdict, VerifyError},
     },
     logging::RateLimit,
@@ -88,6 +92,15 @@ pub struct Answer {
     /// The kubelet's selection (hints, merged hint, allocation), when the request named no nodes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub selection: Option<Selection>,
+}
+
+/// An admission decided, not yet counted or logged ([`conclude`]).
+pub struct Decided {
+    pub answer: Answer,
+    /// Whether the admission's trace is sampled (its span takes the verdict's attributes).
+    pub sampled: bool,
+    /// The reservation the admission made, still to be written.
+    pub pending: Option<Pending>,
 }
 
 /// A request, validated: who, what, and where (given, or to be selected with what policy).
@@ -213,12 +226,12 @@ fn select(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
     Ok((plan, true))
 }
 
-/// Validates and verifies one admission request.
+/// Validates and verifies one admission request, and reserves what it admits for a named pod.
 pub fn admit(
     state: &AppState,
     content_type: Option<&str>,
     body: &[u8],
-) -> Result<Answer, ApiError> {
+) -> Result<Decided, ApiError> {
     let parsed = parse(content_type, body)?;
     let span = tracing::Span::current();
     let sampled = crate::telemetry::traces::is_sampled(&span);
@@ -275,18 +288,37 @@ pub fn admit(
         refuse_under_pressure(&mut verdict, state.psi.load().memory_pressure());
     }
     let pod = parsed.pod_ref;
+    let mut pending = None;
     if verdict.allowed && !pod.uid.is_empty() && !verdict.checks.is_empty() {
-        let made = store
-            .reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now)
-            .map_err(|e| ApiError::internal(format!("the reservation could not be saved: {e}")))?;
+        let (made, snapshot) = store.reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now);
         reservation.record("reservation.id", made.id.as_str());
+        pending = Some(Pending {
+            id: made.id.clone(),
+            snapshot,
+            writer: store.writer(),
+        });
         verdict.reservation = Some(made);
     }
     drop(store);
     drop(reservation);
-    state.metrics.admission(&verdict);
+    Ok(Decided {
+        answer: Answer {
+            verdict,
+            pod,
+            selection: selected.then_some(plan.selection),
+        },
+        sampled,
+        pending,
+    })
+}
+
+/// Counts an answered admission in the metrics, records its verdict on the current (admission)
+/// span when sampled, and logs it.
+pub fn conclude(state: &AppState, answer: &Answer, sampled: bool) {
+    let (verdict, pod) = (&answer.verdict, &answer.pod);
+    state.metrics.admission(verdict);
     if sampled {
-        record_verdict(&span, &verdict);
+        record_verdict(&tracing::Span::current(), verdict);
     }
     // Refusals are what an operator looks for: logged, at most REFUSALS_PER_SECOND a second
     // (every one is counted in the metrics). Admissions are logged at debug. At 20,000
@@ -303,29 +335,6 @@ pub fn admit(
             "admission refused"
         );
     }
-    Ok(Answer {
-        verdict,
-        pod,
-        selection: selected.then_some(plan.selection),
-    })
-}
-
-/// `DELETE /v1/reservations/{id}`: the removed reservation, or 404.
-pub fn delete_reservation(state: &AppState, id: &str) -> Result<Reservation, ApiError> {
-    let mut store = state
-        .reservations
-        .lock()
-        .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
-    let removed = store
-        .release(|r| (r.id == id).then_some(Released::Deleted))
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let (found, _) = removed
-        .into_iter()
-        .next()
-        .ok_or_else(|| ApiError::no_reservation(id))?;
-    state.metrics.reservation_ended(Released::Deleted);
-    tracing::info!(id = %found.id, pod_uid = %found.pod_uid, "reservation deleted");
-    Ok(found)
 }
 
 /// The verdict's attributes on the admission span: sums over the sizes checked.

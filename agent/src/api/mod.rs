@@ -7,6 +7,7 @@
 pub mod admit;
 pub mod error;
 pub mod openapi;
+pub mod reservations;
 pub mod server;
 pub mod topology;
 
@@ -25,6 +26,7 @@ use axum::{
     routing::{delete, get, post},
 };
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::{
     admission::{
@@ -138,10 +140,19 @@ async fn admit_handler(
     };
     let span = admit::span();
     crate::telemetry::traces::with_remote_parent(&span, &headers);
-    match span.in_scope(|| admit::admit(&state, content_type, &body)) {
-        Ok(answer) => json_answer(&answer),
-        Err(e) => e.into_response(),
+    let decided = match span.in_scope(|| admit::admit(&state, content_type, &body)) {
+        Ok(decided) => decided,
+        Err(e) => return e.into_response(),
+    };
+    if let Some(pending) = decided.pending
+        && let Err(e) = reservations::persist(&state, pending)
+            .instrument(span.clone())
+            .await
+    {
+        return e.into_response();
     }
+    span.in_scope(|| admit::conclude(&state, &decided.answer, decided.sampled));
+    json_answer(&decided.answer)
 }
 
 /// Room for an admission's answer (about 1 KiB with two sizes and a selection).
@@ -233,7 +244,7 @@ async fn reservations_list(State(state): State<AppState>) -> Response {
 }
 
 async fn reservation_delete(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    match admit::delete_reservation(&state, &id) {
+    match reservations::delete(&state, &id).await {
         Ok(removed) => Json(removed).into_response(),
         Err(e) => e.into_response(),
     }

@@ -625,6 +625,57 @@ async fn story_2_an_admitted_pod_reserves_and_the_next_sees_less_until_it_is_del
 }
 
 #[tokio::test]
+async fn a_reservation_is_in_the_file_when_the_admission_is_answered() {
+    let (dir, state) = state();
+    let (_, _, b) = admit(&state, with_uid(short("3Gi", Some(json!([0, 1]))), "uid-b")).await;
+    assert_eq!(b["allowed"], true, "{b}");
+    let (on_disk, _) = Store::open(
+        &dir.path().join("state"),
+        std::time::Duration::from_secs(30),
+    )
+    .expect("the file reads back");
+    let ids: Vec<String> = on_disk.list().into_iter().map(|r| r.id).collect();
+    assert_eq!(ids, [b["reservation"]["id"].as_str().unwrap_or("-")]);
+}
+
+#[tokio::test]
+async fn an_admission_whose_reservation_cannot_be_written_fails_and_holds_nothing() {
+    let (dir, state) = state();
+    std::fs::remove_dir_all(dir.path().join("state")).expect("the state directory goes away");
+    let (status, ctype, problem) =
+        admit(&state, with_uid(short("3Gi", Some(json!([0, 1]))), "uid-b")).await;
+    assert_eq!(
+        (status, ctype.as_str()),
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "application/problem+json"
+        )
+    );
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("the reservation could not be saved")
+                && d.contains("reservations.json")),
+        "{problem}"
+    );
+    let (_, _, listed) = send(&state, "GET", "/v1/reservations", None, "").await;
+    assert_eq!(listed["reservations"], json!([]), "taken back");
+    // Nothing is held: with the directory back, another pod gets all 4 GiB.
+    std::fs::create_dir_all(dir.path().join("state")).expect("mkdir");
+    let (_, _, c) = admit(&state, with_uid(short("4Gi", Some(json!([0, 1]))), "uid-c")).await;
+    assert_eq!(c["allowed"], true, "{c}");
+    let (_, exposition) = scrape(&state, None).await;
+    assert_eq!(
+        sample(
+            &exposition,
+            r#"hugepage_agent_admissions_total{result="admitted"}"#
+        ),
+        Some(1.0),
+        "the failed admission is not counted as admitted"
+    );
+}
+
+#[tokio::test]
 async fn a_request_without_a_pod_uid_reserves_nothing() {
     let (_d, state) = state();
     let (_, _, answer) = admit(&state, with_uid(short("2Gi", Some(json!([0]))), "")).await;

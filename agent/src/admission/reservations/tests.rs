@@ -36,6 +36,20 @@ fn t0() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
 }
 
+/// Reserves and writes the file, as an admission does before it answers.
+fn saved(
+    store: &mut Store,
+    verdict: &Verdict,
+    uid: &str,
+    namespace: &str,
+    name: &str,
+    now: SystemTime,
+) -> ReservationRef {
+    let (made, snapshot) = store.reserve(verdict, uid, namespace, name, now);
+    store.writer().write(snapshot).expect("saves");
+    made
+}
+
 #[test]
 fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -43,9 +57,7 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
     assert_eq!(warning, None);
     // 8 GiB free on nodes 0 and 1; pod B is admitted for 6 GiB and reserves it.
     let b = verdict(&[0, 1], 6 * GI, 8 * GI);
-    store
-        .reserve(&b, "uid-b", "batch", "job-b", t0())
-        .expect("reserves");
+    saved(&mut store, &b, "uid-b", "batch", "job-b", t0());
     // Pod C asks 4 GiB: 8 free, 6 reserved for B, 2 left.
     let mut c = verdict(&[0, 1], 4 * GI, 8 * GI);
     apply(&mut c, &store, "uid-c", t0());
@@ -66,9 +78,14 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
     );
     let other_dir = tempfile::tempdir().expect("tempdir");
     let (mut other, _) = Store::open(other_dir.path(), Duration::from_secs(30)).expect("opens");
-    other
-        .reserve(&verdict(&[1], GI, 8 * GI), "uid-d", "", "", t0())
-        .expect("reserves");
+    saved(
+        &mut other,
+        &verdict(&[1], GI, 8 * GI),
+        "uid-d",
+        "",
+        "",
+        t0(),
+    );
     assert_eq!(other.held(MI2, &[NumaNode(0)], "x", t0()), 0);
 }
 
@@ -76,15 +93,14 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
 fn reservations_survive_a_restart_and_end_when_released() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    let r = store
-        .reserve(
-            &verdict(&[0], 2 * GI, 4 * GI),
-            "uid-b",
-            "batch",
-            "job-b",
-            t0(),
-        )
-        .expect("reserves");
+    let r = saved(
+        &mut store,
+        &verdict(&[0], 2 * GI, 4 * GI),
+        "uid-b",
+        "batch",
+        "job-b",
+        t0(),
+    );
     assert_eq!(r.expires_at, t0() + Duration::from_secs(30));
     let (reopened, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
     assert_eq!(warning, None);
@@ -93,10 +109,19 @@ fn reservations_survive_a_restart_and_end_when_released() {
         store.list(),
         "the file holds what memory held"
     );
-    let gone = store
-        .release(|r| (r.expires_at <= t0() + Duration::from_secs(31)).then_some(Released::Expired))
-        .expect("saves");
+    let (gone, snapshot) = store
+        .release(|r| (r.expires_at <= t0() + Duration::from_secs(31)).then_some(Released::Expired));
     assert_eq!(gone.len(), 1);
+    let (reopened, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    assert_eq!(
+        reopened.list().len(),
+        1,
+        "not in the file before it is written"
+    );
+    store
+        .writer()
+        .write(snapshot.expect("a change"))
+        .expect("saves");
     let (reopened, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
     assert!(reopened.list().is_empty());
 }
@@ -105,12 +130,22 @@ fn reservations_survive_a_restart_and_end_when_released() {
 fn a_new_admission_of_the_same_pod_replaces_its_reservation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    store
-        .reserve(&verdict(&[0], 2 * GI, 4 * GI), "uid-b", "", "", t0())
-        .expect("reserves");
-    store
-        .reserve(&verdict(&[0], GI, 4 * GI), "uid-b", "", "", t0())
-        .expect("reserves");
+    saved(
+        &mut store,
+        &verdict(&[0], 2 * GI, 4 * GI),
+        "uid-b",
+        "",
+        "",
+        t0(),
+    );
+    saved(
+        &mut store,
+        &verdict(&[0], GI, 4 * GI),
+        "uid-b",
+        "",
+        "",
+        t0(),
+    );
     let list = store.list();
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].bytes.get(&MI2), Some(&GI));
@@ -156,9 +191,14 @@ fn a_corrupt_or_foreign_file_is_set_aside_never_half_read() {
 fn a_flipped_byte_is_caught_by_the_checksum() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    store
-        .reserve(&verdict(&[0], 2 * GI, 4 * GI), "uid-b", "", "", t0())
-        .expect("reserves");
+    saved(
+        &mut store,
+        &verdict(&[0], 2 * GI, 4 * GI),
+        "uid-b",
+        "",
+        "",
+        t0(),
+    );
     let path = dir.path().join(FILE);
     let text = fs::read_to_string(&path).expect("read");
     fs::write(&path, text.replace("2147483648", "1073741824")).expect("write");
@@ -171,9 +211,14 @@ fn a_flipped_byte_is_caught_by_the_checksum() {
 fn an_expired_reservation_holds_nothing_before_it_is_removed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    store
-        .reserve(&verdict(&[0], 2 * GI, 4 * GI), "uid-b", "", "", t0())
-        .expect("reserves");
+    saved(
+        &mut store,
+        &verdict(&[0], 2 * GI, 4 * GI),
+        "uid-b",
+        "",
+        "",
+        t0(),
+    );
     let nodes = [NumaNode(0)];
     assert_eq!(
         store.held(MI2, &nodes, "x", t0() + Duration::from_secs(29)),
@@ -188,4 +233,38 @@ fn an_expired_reservation_holds_nothing_before_it_is_removed() {
         1,
         "still listed until the run loop removes it"
     );
+}
+
+#[test]
+fn a_snapshot_older_than_the_file_is_not_written_over_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    // Two admissions reserve; the second one's write happens first.
+    let (_, first) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), "uid-a", "", "", t0());
+    let (_, second) = store.reserve(&verdict(&[0], GI, 8 * GI), "uid-b", "", "", t0());
+    let writer = store.writer();
+    writer.write(second).expect("saves");
+    writer.write(first).expect("skipped, not an error");
+    let (reopened, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    assert_eq!(
+        reopened.list(),
+        store.list(),
+        "both, from the newer snapshot"
+    );
+    assert_eq!(reopened.list().len(), 2);
+}
+
+#[test]
+fn a_reservation_that_could_not_be_written_is_taken_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    let (made, snapshot) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), "uid-a", "", "", t0());
+    // The state directory is gone: the write fails and names the file.
+    fs::remove_dir_all(dir.path()).expect("remove");
+    let err = store.writer().write(snapshot).expect_err("no directory");
+    assert!(err.to_string().contains("reservations.json.tmp"), "{err}");
+    assert!(store.forget(&made.id).is_some());
+    assert!(store.list().is_empty());
+    assert_eq!(store.held(MI2, &[NumaNode(0)], "x", t0()), 0);
+    assert!(store.forget(&made.id).is_none(), "already taken back");
 }
