@@ -53,9 +53,9 @@ pub struct Cli {
         global = true
     )]
     pub listen: String,
-    /// Threads that serve the HTTP API, each with its own listener on the `--listen` port. One
-    /// answers tens of thousands of admissions a second; more add contention, not speed, unless
-    /// the agent has cores to spare.
+    /// Threads that serve the HTTP API, all accepting on the `--listen` socket. One answers tens
+    /// of thousands of admissions a second (reservation files are written on other threads);
+    /// more add contention, not speed, unless the agent has cores to spare.
     #[arg(
         long,
         env = "HUGEPAGE_AGENT_API_THREADS",

@@ -26,7 +26,7 @@ use crate::{
     admission::verify::Verifier,
     api::{
         self, AppState, Readiness,
-        server::{Drained, Server, ServerError},
+        server::{Server, ServerError},
     },
     config::{Config, EbpfMode, FaultScope},
     consumers::FaultBook,
@@ -201,12 +201,13 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
     if let Err(err) = psi_task.await {
         warn!("PSI monitor task failed: {err}");
     }
-    match server.stopped(DRAIN).await {
-        Drained::All => info!("HTTP API drained"),
-        Drained::Failed(err) => warn!("HTTP API stopped with an error: {err}"),
-        Drained::Busy(n) => {
-            warn!("{n} HTTP API thread(s) still busy after {DRAIN:?}; stopping anyway")
-        }
+    let drained = server.stopped(DRAIN).await;
+    if let Some(err) = &drained.failed {
+        warn!("the HTTP API stopped with an error: {err}");
+    }
+    match drained.busy {
+        0 => info!("HTTP API drained"),
+        n => warn!("{n} HTTP API thread(s) still busy after {DRAIN:?}; stopping anyway"),
     }
     agent.log_totals();
     if agent.probes.take().is_some() {

@@ -12,6 +12,10 @@ use super::*;
 /// `GET path` over a new connection; the answer's body.
 fn get_body(addr: SocketAddr, path: &str) -> String {
     let mut stream = TcpStream::connect(addr).expect("connect");
+    // A request nobody serves fails the test instead of hanging it.
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
@@ -25,39 +29,63 @@ fn get_body(addr: SocketAddr, path: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Answers with the name of the thread that served the request.
-fn thread_name_router() -> Router {
-    Router::new().route(
-        "/",
-        get(|| async { thread::current().name().unwrap_or("?").to_owned() }),
-    )
+fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().expect("address")
+}
+
+/// `/slow` blocks its thread until `release` is notified (`entered` says it has started);
+/// `/` answers with the name of the thread that served it.
+fn router(entered: Arc<Notify>, release: Arc<std::sync::Barrier>) -> Router {
+    Router::new()
+        .route(
+            "/",
+            get(|| async { thread::current().name().unwrap_or("?").to_owned() }),
+        )
+        .route(
+            "/slow",
+            get(move || {
+                entered.notify_one();
+                // Blocks the thread's runtime, as a slow synchronous step would.
+                release.wait();
+                async { "done" }
+            }),
+        )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn every_thread_accepts_on_the_one_port_and_all_drain() {
-    let bound = Server::bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+async fn a_thread_blocked_in_a_request_leaves_new_connections_to_the_others() {
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(std::sync::Barrier::new(2));
+    let bound = Server::bind(any_port()).expect("bind");
     let addr = bound.addr();
     let (stop, stopped) = watch::channel(false);
-    let server = Server::start(bound, 2, thread_name_router(), stopped).expect("start");
-    let served = tokio::task::spawn_blocking(move || {
-        // The kernel spreads new connections over the two listeners by their ports: 40
-        // connections all landing on one of two listeners would happen once in 2^39 runs.
-        (0..40)
+    let app = router(Arc::clone(&entered), Arc::clone(&release));
+    let server = Server::start(bound, 2, app, stopped).expect("start");
+    let slow = tokio::task::spawn_blocking(move || get_body(addr, "/slow"));
+    entered.notified().await;
+    let blocked = tokio::task::spawn_blocking(move || {
+        (0..5)
             .map(|_| get_body(addr, "/"))
             .collect::<std::collections::BTreeSet<_>>()
     })
     .await
     .expect("client");
     assert_eq!(
-        served,
-        ["http-api-0", "http-api-1"].map(String::from).into(),
-        "both API threads answer on {addr}"
+        blocked.len(),
+        1,
+        "one thread answered while the other was blocked: {blocked:?}"
     );
+    assert!(
+        blocked.iter().all(|name| name.starts_with("http-api-")),
+        "{blocked:?}"
+    );
+    release.wait();
+    assert_eq!(slow.await.expect("client"), "done");
     stop.send(true).expect("stop");
-    assert!(matches!(
+    assert_eq!(
         server.stopped(Duration::from_secs(5)).await,
-        Drained::All
-    ));
+        Drained::default()
+    );
     assert!(
         TcpStream::connect(addr).is_err(),
         "nothing listens on {addr} once drained"
@@ -65,9 +93,14 @@ async fn every_thread_accepts_on_the_one_port_and_all_drain() {
 }
 
 #[tokio::test]
-async fn a_port_taken_by_another_socket_is_an_error_naming_the_address() {
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = taken.local_addr().expect("address");
+async fn a_port_another_socket_holds_is_refused_even_if_it_allows_sharing() {
+    // A second agent's listener, or anything that set SO_REUSEPORT to share the port.
+    let other = TcpSocket::new_v4().expect("socket");
+    other.set_reuseport(true).expect("SO_REUSEPORT");
+    other.set_reuseaddr(true).expect("SO_REUSEADDR");
+    other.bind(any_port()).expect("bind");
+    let addr = other.local_addr().expect("address");
+    let _held = other.listen(8).expect("listen");
     let err = Server::bind(addr).expect_err("the port is taken");
     assert!(
         err.to_string().starts_with(&format!("--listen {addr}: ")),
@@ -77,30 +110,25 @@ async fn a_port_taken_by_another_socket_is_an_error_naming_the_address() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_request_still_running_at_the_deadline_is_reported_busy() {
-    let release = Arc::new(Notify::new());
     let entered = Arc::new(Notify::new());
-    let (held, seen) = (Arc::clone(&release), Arc::clone(&entered));
-    let router = Router::new().route(
-        "/slow",
-        get(move || {
-            let (held, seen) = (Arc::clone(&held), Arc::clone(&seen));
-            async move {
-                seen.notify_one();
-                held.notified().await;
-                "done"
-            }
-        }),
-    );
-    let bound = Server::bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+    let release = Arc::new(std::sync::Barrier::new(2));
+    let bound = Server::bind(any_port()).expect("bind");
     let addr = bound.addr();
     let (stop, stopped) = watch::channel(false);
-    let server = Server::start(bound, 1, router, stopped).expect("start");
+    let app = router(Arc::clone(&entered), Arc::clone(&release));
+    let server = Server::start(bound, 1, app, stopped).expect("start");
     let client = tokio::task::spawn_blocking(move || get_body(addr, "/slow"));
     entered.notified().await;
     stop.send(true).expect("stop");
     let drained = server.stopped(Duration::from_millis(200)).await;
-    assert!(matches!(drained, Drained::Busy(1)), "{drained:?}");
-    release.notify_one();
+    assert_eq!(
+        drained,
+        Drained {
+            busy: 1,
+            failed: None
+        }
+    );
+    release.wait();
     assert_eq!(
         client.await.expect("client"),
         "done",
