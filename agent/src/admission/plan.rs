@@ -18,7 +18,7 @@ use crate::{
         selection::{self, Selection, Topology},
         state::MemoryManagerState,
     },
-    numa::NumaNode,
+    numa::{NumaNode, PageSize},
 };
 
 /// Hugepages to verify per set of NUMA nodes, and the selection behind them.
@@ -67,6 +67,7 @@ pub fn plan(
         placed = total.clone();
         groups.insert(nodes, total.clone());
     } else {
+        debug_assert_eq!(pod.spec.containers.len(), pages.containers.len());
         for (container, own) in pod.spec.containers.iter().zip(&pages.containers) {
             let allocated = selection
                 .placements
@@ -75,8 +76,8 @@ pub fn plan(
                 .and_then(|p| p.allocated);
             let group = groups.entry(nodes_of(allocated)).or_default();
             for (&size, &bytes) in own {
-                *group.entry(size).or_default() += bytes;
-                *placed.entry(size).or_default() += bytes;
+                add(group, size, bytes);
+                add(&mut placed, size, bytes);
             }
         }
     }
@@ -90,11 +91,17 @@ pub fn plan(
     if !rest.is_empty() {
         let group = groups.entry(all_nodes.to_vec()).or_default();
         for (size, bytes) in rest {
-            *group.entry(size).or_default() += bytes;
+            add(group, size, bytes);
         }
     }
     groups.retain(|_, pages| !pages.is_empty());
     Ok(Plan { groups, selection })
+}
+
+/// Adds `bytes` of `size` (a request's amounts: saturating, never wrapping).
+fn add(pages: &mut Hugepages, size: PageSize, bytes: u64) {
+    let slot = pages.entry(size).or_default();
+    *slot = slot.saturating_add(bytes);
 }
 
 /// One verdict from the verdicts of several groups: allowed only if all are, the first refusal's

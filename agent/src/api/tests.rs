@@ -676,6 +676,28 @@ async fn an_admission_whose_reservation_cannot_be_written_fails_and_holds_nothin
 }
 
 #[tokio::test]
+async fn the_memory_of_a_pod_the_memory_manager_does_not_manage_is_not_read() {
+    let (_d, state) = state();
+    // 1.5 bytes of memory: the kubelet refuses it for a Guaranteed pod's allocation, and never
+    // reads it for a Burstable one.
+    let mut body = short("2Gi", None);
+    body["containers"][0]["resources"]["memory"] = json!("1500m");
+    body["pod"]["qosClass"] = json!("Burstable");
+    let (status, _, answer) = admit(&state, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["allowed"], true, "{answer}");
+    body["pod"]["qosClass"] = json!("Guaranteed");
+    let (status, _, problem) = admit(&state, body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("whole number of bytes")),
+        "{problem}"
+    );
+}
+
+#[tokio::test]
 async fn a_request_without_a_pod_uid_reserves_nothing() {
     let (_d, state) = state();
     let (_, _, answer) = admit(&state, with_uid(short("2Gi", Some(json!([0]))), "")).await;

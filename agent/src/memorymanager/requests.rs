@@ -73,13 +73,11 @@ fn compute_qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, Request
             }
         }
         _ => {
-            let all = pod.spec.containers.iter().map(|c| ("containers", c));
-            let init = pod
-                .spec
-                .init_containers
-                .iter()
-                .map(|c| ("initContainers", c));
-            for (i, (kind, c)) in all.chain(init).enumerate() {
+            let all = pod.spec.containers.iter().enumerate();
+            let init = pod.spec.init_containers.iter().enumerate();
+            let each = (all.map(|(i, c)| ("containers", i, c)))
+                .chain(init.map(|(i, c)| ("initContainers", i, c)));
+            for (kind, i, c) in each {
                 sum(
                     &mut requests,
                     &c.resources.requests,
@@ -247,4 +245,46 @@ pub fn pod_requests(pod: &Pod, gates: FeatureGates) -> Result<Requested, Request
             (name, long_running.max(init))
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).expect("pod")
+    }
+
+    #[test]
+    fn a_bad_value_in_an_init_container_names_that_init_container() {
+        let p = pod(serde_json::json!({"spec": {
+            "containers": [{"name": "a"}, {"name": "b"}],
+            "initContainers": [{"name": "init", "resources": {"requests": {"memory": "lots"}}}],
+        }}));
+        let err = qos_class(&p, FeatureGates::default()).expect_err("not a quantity");
+        assert_eq!(
+            err.field,
+            "spec.initContainers[0].resources.requests.memory"
+        );
+    }
+
+    #[test]
+    fn qos_is_computed_over_app_and_init_containers() {
+        let guaranteed = serde_json::json!({"cpu": "1", "memory": "1Gi"});
+        let p = pod(serde_json::json!({"spec": {
+            "containers": [{"name": "a", "resources": {"requests": guaranteed, "limits": guaranteed}}],
+            "initContainers": [{"name": "init", "resources": {"requests": {"memory": "1Gi"}}}],
+        }}));
+        assert_eq!(
+            qos_class(&p, FeatureGates::default()),
+            Ok(QosClass::Burstable)
+        );
+        let p = pod(serde_json::json!({"spec": {
+            "containers": [{"name": "a", "resources": {"requests": guaranteed, "limits": guaranteed}}],
+        }}));
+        assert_eq!(
+            qos_class(&p, FeatureGates::default()),
+            Ok(QosClass::Guaranteed)
+        );
+    }
 }
