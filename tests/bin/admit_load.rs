@@ -153,16 +153,21 @@ struct Delays {
     from_send: Percentiles,
     /// From when the request was due: what a client sending on schedule sees.
     corrected: Percentiles,
-    /// How late `oha` itself sent.
+    /// How late `oha` sent: waiting for a free connection, and its own lateness.
     send_delay: Percentiles,
+    /// The part of the send delay while every connection had a request in flight.
+    connection_wait: Percentiles,
+    /// The rest: a connection was free and `oha` had not sent yet.
+    oha_delay: Percentiles,
 }
 
-/// The delays of the requests a [`Load::Recorded`] run stored in `db`.
-fn delays(db: &Path) -> Delays {
+/// The delays of the requests a [`Load::Recorded`] run over `connections` stored in `db`.
+fn delays(db: &Path, connections: u32) -> Delays {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("oha_delays.py");
     let out = Command::new(otlp_python())
         .arg(&script)
         .arg(db)
+        .arg(connections.to_string())
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
     assert!(
@@ -341,18 +346,20 @@ fn load(args: &Args, pod: &TestCgroup) {
         runs.push((format!("{c} conns, POST /v1/admit"), admit, c));
         runs.push((format!("{c} conns, GET /healthz (floor)"), floor, c));
     }
-    // Per run: p99 from the send, corrected, and of oha's own send delay.
-    let mut p99s: Vec<[Vec<f64>; 3]> = vec![Default::default(); runs.len()];
+    // Per run: p99 from the send, corrected, of the wait for a connection and of oha's lateness.
+    let mut p99s: Vec<[Vec<f64>; 4]> = vec![Default::default(); runs.len()];
     let mut throughput: Vec<f64> = Vec::new();
     for round in 1..=args.rounds {
         for (i, (label, target, connections)) in runs.iter().enumerate() {
             let report = oha(args, pod, *target, *connections, args.seconds, recorded);
-            let d = delays(&db);
+            let d = delays(&db, *connections);
             print_recorded(&format!("round {round}, {label}"), &report, &d);
-            for (into, from) in p99s[i]
-                .iter_mut()
-                .zip([&d.from_send, &d.corrected, &d.send_delay])
-            {
+            for (into, from) in p99s[i].iter_mut().zip([
+                &d.from_send,
+                &d.corrected,
+                &d.connection_wait,
+                &d.oha_delay,
+            ]) {
                 into.push(from.get("p99").copied().unwrap_or(f64::NAN));
             }
         }
@@ -371,7 +378,7 @@ fn load(args: &Args, pod: &TestCgroup) {
         "p99 at {} req/s, median of {} rounds (lowest to highest):",
         args.rate, args.rounds
     );
-    for ((label, ..), [from_send, corrected, send_delay]) in runs.iter().zip(&p99s) {
+    for ((label, ..), [from_send, corrected, wait, late]) in runs.iter().zip(&p99s) {
         let ms = |v: &[f64]| {
             let (median, low, high) = spread(v);
             format!(
@@ -382,10 +389,15 @@ fn load(args: &Args, pod: &TestCgroup) {
             )
         };
         println!(
-            "  {label:<32} from the send {}  corrected {}  oha's send delay {}",
+            "  {label:<32} from the send {}  corrected {}",
             ms(from_send),
-            ms(corrected),
-            ms(send_delay)
+            ms(corrected)
+        );
+        println!(
+            "  {:<32} sent late: waiting for a connection {}  oha's own lateness {}",
+            "",
+            ms(wait),
+            ms(late)
         );
     }
     let (median, low, high) = spread(&throughput);
@@ -397,13 +409,15 @@ fn load(args: &Args, pod: &TestCgroup) {
 fn print_recorded(label: &str, r: &LoadReport, d: &Delays) {
     let ms = |p: &Percentiles, q: &str| p.get(q).map_or(f64::NAN, |s| s * 1000.0);
     println!(
-        "{label:<44} {:>7.0} req/s  from the send p50 {:6.3} p99 {:6.3} p99.9 {:6.3} ms  corrected p99 {:7.3} ms  send delay p99 {:7.3} ms  ({} requests, statuses {:?})",
+        "{label:<44} {:>7.0} req/s  from the send p50 {:6.3} p99 {:6.3} p99.9 {:6.3} ms  corrected p99 {:7.3} ms  sent late p99 {:7.3} ms (connection wait {:7.3}, oha {:7.3})  ({} requests, statuses {:?})",
         r.requests_per_sec,
         ms(&d.from_send, "p50"),
         ms(&d.from_send, "p99"),
         ms(&d.from_send, "p99.9"),
         ms(&d.corrected, "p99"),
         ms(&d.send_delay, "p99"),
+        ms(&d.connection_wait, "p99"),
+        ms(&d.oha_delay, "p99"),
         d.requests,
         r.statuses
     );
@@ -463,6 +477,7 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
             oha(args, pod, admit, connections, 2, Load::Unthrottled);
             let agent_before = cpu_time(agent.child.id());
             let receiver_before = cpu_time(receiver.pid());
+            let exported_before = exported(agent.port);
             let fixed = oha(
                 args,
                 pod,
@@ -481,6 +496,7 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
                 Load::Unthrottled,
             );
             let receiver_cpu = cpu_time(receiver.pid()).saturating_sub(receiver_before);
+            let exported = exported(agent.port) - exported_before;
             let (_, exposition) = get(agent.port, "/metrics");
             let port = agent.port;
             let status = agent.stop();
@@ -494,7 +510,6 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
             let agent_us = agent_cpu.as_secs_f64() * 1e6 / answered.max(1) as f64;
             println!("    agent CPU per admission at the fixed rate {agent_us:.1} us");
             if i > 0 {
-                let exported = metric_sum(&exposition, "hugepage_agent_trace_spans_exported_total");
                 println!(
                     "    spans exported {exported}, dropped {} (queue full or failed export); the receiver's CPU {:.1} us per span",
                     metric_sum(&exposition, "hugepage_agent_trace_spans_dropped_total"),
@@ -537,6 +552,12 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
     }
 }
 
+/// Spans the agent on `port` has exported so far.
+fn exported(port: u16) -> f64 {
+    let (_, exposition) = get(port, "/metrics");
+    metric_sum(&exposition, "hugepage_agent_trace_spans_exported_total")
+}
+
 fn p99(r: &LoadReport) -> f64 {
     r.latency.get("p99").copied().unwrap_or(f64::NAN)
 }
@@ -570,7 +591,7 @@ mod tests {
                 "import sqlite3, sys\n\
                  db = sqlite3.connect(sys.argv[1])\n\
                  db.execute('CREATE TABLE oha (url TEXT, start REAL, start_latency_correction REAL, end REAL, duration REAL, status INTEGER, len_bytes INTEGER, run INTEGER)')\n\
-                 rows = [(0.000, 0.000, 0.001), (0.001, 0.004, 0.005), (0.002, 0.005, 0.009)]\n\
+                 rows = [(0.000, 0.000, 0.004), (0.001, 0.004, 0.005), (0.006, 0.008, 0.009)]\n\
                  db.executemany('INSERT INTO oha VALUES (\\'/\\', ?, ?, ?, 0, 200, 0, 1)', [(s, d, e) for d, s, e in rows])\n\
                  db.commit()",
             ])
@@ -578,7 +599,9 @@ mod tests {
             .status()
             .expect("python");
         assert!(made.success());
-        let d = delays(&db);
+        // Over one connection: the second request waits 3 ms for the first's answer; the third
+        // is sent 2 ms late with the connection free.
+        let d = delays(&db, 1);
         assert_eq!(d.requests, 3);
         let close = |p: &Percentiles, q: &str, want: f64| {
             let got = p[q];
@@ -587,8 +610,16 @@ mod tests {
         close(&d.from_send, "p50", 0.001);
         close(&d.from_send, "max", 0.004);
         close(&d.corrected, "p50", 0.004);
-        close(&d.corrected, "p99", 0.007);
-        close(&d.send_delay, "p50", 0.003);
+        close(&d.corrected, "p99", 0.004);
+        close(&d.send_delay, "p50", 0.002);
         close(&d.send_delay, "max", 0.003);
+        close(&d.connection_wait, "max", 0.003);
+        close(&d.connection_wait, "p50", 0.0);
+        close(&d.oha_delay, "max", 0.002);
+        close(&d.oha_delay, "p50", 0.0);
+        // Over two connections nobody waited for one: all of it is oha's.
+        let d = delays(&db, 2);
+        close(&d.connection_wait, "max", 0.0);
+        close(&d.oha_delay, "max", 0.003);
     }
 }
