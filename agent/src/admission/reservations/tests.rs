@@ -36,16 +36,10 @@ fn t0() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
 }
 
-/// Reserves and writes the file, as an admission does before it answers.
-fn saved(
-    store: &mut Store,
-    verdict: &Verdict,
-    uid: &str,
-    namespace: &str,
-    name: &str,
-    now: SystemTime,
-) -> ReservationRef {
-    let (made, snapshot) = store.reserve(verdict, uid, namespace, name, now);
+/// Reserves for pod `uid` (batch/job) at `t0()` and writes the file, as an admission does
+/// before it answers.
+fn saved(store: &mut Store, verdict: &Verdict, uid: &str) -> ReservationRef {
+    let (made, snapshot) = store.reserve(verdict, uid, "batch", "job", t0());
     store.writer().write(snapshot).expect("saves");
     made
 }
@@ -57,7 +51,7 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
     assert_eq!(warning, None);
     // 8 GiB free on nodes 0 and 1; pod B is admitted for 6 GiB and reserves it.
     let b = verdict(&[0, 1], 6 * GI, 8 * GI);
-    saved(&mut store, &b, "uid-b", "batch", "job-b", t0());
+    saved(&mut store, &b, "uid-b");
     // Pod C asks 4 GiB: 8 free, 6 reserved for B, 2 left.
     let mut c = verdict(&[0, 1], 4 * GI, 8 * GI);
     apply(&mut c, &store, "uid-c", t0());
@@ -78,14 +72,7 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
     );
     let other_dir = tempfile::tempdir().expect("tempdir");
     let (mut other, _) = Store::open(other_dir.path(), Duration::from_secs(30)).expect("opens");
-    saved(
-        &mut other,
-        &verdict(&[1], GI, 8 * GI),
-        "uid-d",
-        "",
-        "",
-        t0(),
-    );
+    saved(&mut other, &verdict(&[1], GI, 8 * GI), "uid-d");
     assert_eq!(other.held(MI2, &[NumaNode(0)], "x", t0()), 0);
 }
 
@@ -93,14 +80,7 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
 fn reservations_survive_a_restart_and_end_when_released() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    let r = saved(
-        &mut store,
-        &verdict(&[0], 2 * GI, 4 * GI),
-        "uid-b",
-        "batch",
-        "job-b",
-        t0(),
-    );
+    let r = saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), "uid-b");
     assert_eq!(r.expires_at, t0() + Duration::from_secs(30));
     let (reopened, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
     assert_eq!(warning, None);
@@ -130,22 +110,8 @@ fn reservations_survive_a_restart_and_end_when_released() {
 fn a_new_admission_of_the_same_pod_replaces_its_reservation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    saved(
-        &mut store,
-        &verdict(&[0], 2 * GI, 4 * GI),
-        "uid-b",
-        "",
-        "",
-        t0(),
-    );
-    saved(
-        &mut store,
-        &verdict(&[0], GI, 4 * GI),
-        "uid-b",
-        "",
-        "",
-        t0(),
-    );
+    saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), "uid-b");
+    saved(&mut store, &verdict(&[0], GI, 4 * GI), "uid-b");
     let list = store.list();
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].bytes.get(&MI2), Some(&GI));
@@ -191,14 +157,7 @@ fn a_corrupt_or_foreign_file_is_set_aside_never_half_read() {
 fn a_flipped_byte_is_caught_by_the_checksum() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    saved(
-        &mut store,
-        &verdict(&[0], 2 * GI, 4 * GI),
-        "uid-b",
-        "",
-        "",
-        t0(),
-    );
+    saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), "uid-b");
     let path = dir.path().join(FILE);
     let text = fs::read_to_string(&path).expect("read");
     fs::write(&path, text.replace("2147483648", "1073741824")).expect("write");
@@ -211,14 +170,7 @@ fn a_flipped_byte_is_caught_by_the_checksum() {
 fn an_expired_reservation_holds_nothing_before_it_is_removed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    saved(
-        &mut store,
-        &verdict(&[0], 2 * GI, 4 * GI),
-        "uid-b",
-        "",
-        "",
-        t0(),
-    );
+    saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), "uid-b");
     let nodes = [NumaNode(0)];
     assert_eq!(
         store.held(MI2, &nodes, "x", t0() + Duration::from_secs(29)),

@@ -52,17 +52,45 @@ fn router(entered: Arc<Notify>, release: Arc<std::sync::Barrier>) -> Router {
         )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn a_thread_blocked_in_a_request_leaves_new_connections_to_the_others() {
+/// A server of `threads` threads, one of them blocked in a `/slow` request.
+struct Blocked {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    server: Server,
+    /// Lets the `/slow` request finish.
+    release: Arc<std::sync::Barrier>,
+    /// The `/slow` request's answer.
+    slow: tokio::task::JoinHandle<String>,
+}
+
+async fn blocked(threads: usize) -> Blocked {
     let entered = Arc::new(Notify::new());
     let release = Arc::new(std::sync::Barrier::new(2));
     let bound = Server::bind(any_port()).expect("bind");
     let addr = bound.addr();
     let (stop, stopped) = watch::channel(false);
     let app = router(Arc::clone(&entered), Arc::clone(&release));
-    let server = Server::start(bound, 2, app, stopped).expect("start");
+    let server = Server::start(bound, threads, app, stopped).expect("start");
     let slow = tokio::task::spawn_blocking(move || get_body(addr, "/slow"));
     entered.notified().await;
+    Blocked {
+        addr,
+        stop,
+        server,
+        release,
+        slow,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_thread_blocked_in_a_request_leaves_new_connections_to_the_others() {
+    let Blocked {
+        addr,
+        stop,
+        server,
+        release,
+        slow,
+    } = blocked(2).await;
     let blocked = tokio::task::spawn_blocking(move || {
         (0..5)
             .map(|_| get_body(addr, "/"))
@@ -110,15 +138,13 @@ async fn a_port_another_socket_holds_is_refused_even_if_it_allows_sharing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_request_still_running_at_the_deadline_is_reported_busy() {
-    let entered = Arc::new(Notify::new());
-    let release = Arc::new(std::sync::Barrier::new(2));
-    let bound = Server::bind(any_port()).expect("bind");
-    let addr = bound.addr();
-    let (stop, stopped) = watch::channel(false);
-    let app = router(Arc::clone(&entered), Arc::clone(&release));
-    let server = Server::start(bound, 1, app, stopped).expect("start");
-    let client = tokio::task::spawn_blocking(move || get_body(addr, "/slow"));
-    entered.notified().await;
+    let Blocked {
+        stop,
+        server,
+        release,
+        slow,
+        ..
+    } = blocked(1).await;
     stop.send(true).expect("stop");
     let drained = server.stopped(Duration::from_millis(200)).await;
     assert_eq!(
@@ -130,7 +156,7 @@ async fn a_request_still_running_at_the_deadline_is_reported_busy() {
     );
     release.wait();
     assert_eq!(
-        client.await.expect("client"),
+        slow.await.expect("client"),
         "done",
         "the request in flight is answered"
     );
