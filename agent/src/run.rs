@@ -666,13 +666,13 @@ impl Agent {
 
     /// Releases the reservations `pick` gives a reason for (one save), and logs each.
     fn release(&self, pick: impl Fn(&Reservation, &Agent) -> Option<Released>) {
-        let (gone, snapshot, writer) = {
-            let Ok(mut store) = self.reservations.lock() else {
-                warn!("the reservation store is poisoned");
-                return;
-            };
-            let (gone, snapshot) = store.release(|r| pick(r, self));
-            (gone, snapshot, store.writer())
+        let Ok((gone, snapshot)) = self
+            .reservations
+            .lock()
+            .map(|mut store| store.release(|r| pick(r, self)))
+        else {
+            warn!("the reservation store is poisoned");
+            return;
         };
         for (r, why) in gone {
             self.metrics.reservation_ended(why);
@@ -680,7 +680,7 @@ impl Agent {
         }
         // Written without the lock: admissions do not wait for this disk write.
         if let Some(snapshot) = snapshot
-            && let Err(err) = writer.write(snapshot)
+            && let Err(err) = snapshot.write()
         {
             warn!(
                 "saving the reservations: {err}; the file keeps the released ones until they expire"

@@ -241,6 +241,11 @@ fn print(label: &str, r: &LoadReport) {
         ms("p99.9"),
         r.statuses
     );
+    print_errors(r);
+}
+
+/// Every transport error `oha` counted.
+fn print_errors(r: &LoadReport) {
     for (e, n) in &r.errors {
         println!("    error x{n}: {e}");
     }
@@ -421,9 +426,7 @@ fn print_recorded(label: &str, r: &LoadReport, d: &Delays) {
         d.requests,
         r.statuses
     );
-    for (e, n) in &r.errors {
-        println!("    error x{n}: {e}");
-    }
+    print_errors(r);
 }
 
 /// Median, lowest and highest of `values`.
@@ -477,7 +480,7 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
             oha(args, pod, admit, connections, 2, Load::Unthrottled);
             let agent_before = cpu_time(agent.child.id());
             let receiver_before = cpu_time(receiver.pid());
-            let exported_before = exported(agent.port);
+            let exported_before = metric_sum(&get(agent.port, "/metrics").1, EXPORTED);
             let fixed = oha(
                 args,
                 pod,
@@ -496,8 +499,8 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
                 Load::Unthrottled,
             );
             let receiver_cpu = cpu_time(receiver.pid()).saturating_sub(receiver_before);
-            let exported = exported(agent.port) - exported_before;
             let (_, exposition) = get(agent.port, "/metrics");
+            let exported = metric_sum(&exposition, EXPORTED) - exported_before;
             let port = agent.port;
             let status = agent.stop();
             assert!(status.success(), "agent on {port} stopped with {status}");
@@ -526,9 +529,7 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
     }
     receiver.stop();
     let median = |mode: usize, f: fn(&Figures) -> f64| {
-        let mut v: Vec<f64> = figures[mode].iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        spread(&figures[mode].iter().map(f).collect::<Vec<_>>()).0
     };
     println!("medians over {} rounds:", args.rounds);
     for (i, (label, _)) in modes.iter().enumerate() {
@@ -552,11 +553,8 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
     }
 }
 
-/// Spans the agent on `port` has exported so far.
-fn exported(port: u16) -> f64 {
-    let (_, exposition) = get(port, "/metrics");
-    metric_sum(&exposition, "hugepage_agent_trace_spans_exported_total")
-}
+/// Spans the agent has exported so far.
+const EXPORTED: &str = "hugepage_agent_trace_spans_exported_total";
 
 fn p99(r: &LoadReport) -> f64 {
     r.latency.get("p99").copied().unwrap_or(f64::NAN)

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use super::{
-    request::{Hugepages, Pod, PodHugepages},
+    request::{self, Hugepages, Pod, PodHugepages},
     verify::Verdict,
 };
 use crate::{
@@ -18,7 +18,7 @@ use crate::{
         selection::{self, Selection, Topology},
         state::MemoryManagerState,
     },
-    numa::{NumaNode, PageSize},
+    numa::NumaNode,
 };
 
 /// Hugepages to verify per set of NUMA nodes, and the selection behind them.
@@ -35,8 +35,7 @@ pub enum PlanError {
 }
 
 /// Selects nodes for `pod` on `state` and groups its hugepages (`pages`, as
-/// [`request::pod_hugepages`](super::request::pod_hugepages) counts them for `pod`) by the nodes
-/// they come from.
+/// [`request::pod_hugepages`] counts them for `pod`) by the nodes they come from.
 pub fn plan(
     state: &MemoryManagerState,
     pod: &Pod,
@@ -75,10 +74,8 @@ pub fn plan(
                 .find(|p| !p.init && p.container.as_deref() == Some(container.name.as_str()))
                 .and_then(|p| p.allocated);
             let group = groups.entry(nodes_of(allocated)).or_default();
-            for (&size, &bytes) in own {
-                add(group, size, bytes);
-                add(&mut placed, size, bytes);
-            }
+            request::add(group, own);
+            request::add(&mut placed, own);
         }
     }
     let rest: Hugepages = total
@@ -89,19 +86,10 @@ pub fn plan(
         })
         .collect();
     if !rest.is_empty() {
-        let group = groups.entry(all_nodes.to_vec()).or_default();
-        for (size, bytes) in rest {
-            add(group, size, bytes);
-        }
+        request::add(groups.entry(all_nodes.to_vec()).or_default(), &rest);
     }
     groups.retain(|_, pages| !pages.is_empty());
     Ok(Plan { groups, selection })
-}
-
-/// Adds `bytes` of `size` (a request's amounts: saturating, never wrapping).
-fn add(pages: &mut Hugepages, size: PageSize, bytes: u64) {
-    let slot = pages.entry(size).or_default();
-    *slot = slot.saturating_add(bytes);
 }
 
 /// One verdict from the verdicts of several groups: allowed only if all are, the first refusal's

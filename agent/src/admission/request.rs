@@ -265,7 +265,8 @@ pub fn pod_hugepages(spec: &PodSpec) -> Result<PodHugepages, RequestError> {
     })
 }
 
-fn add(into: &mut Hugepages, more: &Hugepages) {
+/// Adds `more` to `into`, size by size (saturating: a request's amounts never wrap).
+pub fn add(into: &mut Hugepages, more: &Hugepages) {
     for (&size, &bytes) in more {
         let slot = into.entry(size).or_default();
         *slot = slot.saturating_add(bytes);

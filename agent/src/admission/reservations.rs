@@ -11,11 +11,11 @@
 //! checksum does not match is renamed aside (`.corrupt-<unix time>`) and reported, never half-read.
 //!
 //! A change is made in memory under the caller's lock and returns a [`Snapshot`] of the file's
-//! content; the caller writes it with the store's [`Writer`] after releasing the lock (an
-//! admission answers only once its snapshot is written). So a slow disk never holds the lock,
-//! and the API thread never waits for an fsync: the handler hands the write to a blocking thread.
-//! Snapshots carry the store's generation, and the writer skips one older than what it already
-//! wrote, which holds every change up to its own.
+//! content, which the caller writes ([`Snapshot::write`]) after releasing the lock (an admission
+//! answers only once its snapshot is written). So a slow disk never holds the lock, and the API
+//! thread never waits for an fsync: the handler hands the write to a blocking thread. Snapshots
+//! carry the store's generation, and one older than what the file holds is skipped: the file
+//! already has every change up to its own.
 
 use std::{
     collections::BTreeMap,
@@ -111,7 +111,7 @@ struct Checkpoint {
     checksum: String,
 }
 
-/// The reservations, in memory; their file is written through [`Store::writer`].
+/// The reservations, in memory; each change returns the [`Snapshot`] that writes their file.
 #[derive(Debug)]
 pub struct Store {
     writer: Arc<Writer>,
@@ -122,16 +122,17 @@ pub struct Store {
     generation: u64,
 }
 
-/// The file's content at one generation of the store.
+/// The file's content at one generation of the store, and the file.
 #[derive(Debug)]
 pub struct Snapshot {
     generation: u64,
     text: Vec<u8>,
+    writer: Arc<Writer>,
 }
 
-/// Writes snapshots to the store's file, one at a time, skipping any older than one written.
+/// The store's file: written one snapshot at a time.
 #[derive(Debug)]
-pub struct Writer {
+struct Writer {
     path: PathBuf,
     /// The generation the file holds.
     written: Mutex<u64>,
@@ -196,11 +197,6 @@ impl Store {
                 ))
             }
         }
-    }
-
-    /// What writes this store's snapshots to its file.
-    pub fn writer(&self) -> Arc<Writer> {
-        Arc::clone(&self.writer)
     }
 
     pub fn list(&self) -> Vec<Reservation> {
@@ -302,24 +298,28 @@ impl Store {
         Snapshot {
             generation: self.generation,
             text,
+            writer: Arc::clone(&self.writer),
         }
     }
 }
 
-impl Writer {
-    /// Writes `snapshot` atomically (temporary file, fsync, rename, fsync of the directory),
-    /// unless the file already holds it or a later one.
-    pub fn write(&self, snapshot: Snapshot) -> Result<(), ReservationError> {
+impl Snapshot {
+    /// Writes the file atomically (temporary file, fsync, rename, fsync of the directory),
+    /// unless it already holds this snapshot or a later one.
+    pub fn write(self) -> Result<(), ReservationError> {
+        let writer = &self.writer;
         // A poisoned lock only means an earlier write panicked; the generation is still right.
-        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-        if snapshot.generation <= *written {
+        let mut written = writer.written.lock().unwrap_or_else(|p| p.into_inner());
+        if self.generation <= *written {
             return Ok(());
         }
-        self.replace(&snapshot.text)?;
-        *written = snapshot.generation;
+        writer.replace(&self.text)?;
+        *written = self.generation;
         Ok(())
     }
+}
 
+impl Writer {
     fn replace(&self, text: &[u8]) -> Result<(), ReservationError> {
         let tmp = self.path.with_extension("json.tmp");
         let io = |path: &Path| {

@@ -295,7 +295,6 @@ pub fn admit(
         pending = Some(Pending {
             id: made.id.clone(),
             snapshot,
-            writer: store.writer(),
         });
         verdict.reservation = Some(made);
     }
@@ -454,10 +453,7 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
     for (i, c) in form.containers.into_iter().enumerate() {
         let pages = request::from_list(&c.resources, format_args!("containers[{i}].resources"))
             .map_err(field_error)?;
-        for (&size, &bytes) in &pages {
-            let slot = total.entry(size).or_default();
-            *slot = slot.saturating_add(bytes);
-        }
+        request::add(&mut total, &pages);
         each.push(pages);
         containers.push(Container {
             name: c.name.unwrap_or_else(|| format!("container-{i}")),

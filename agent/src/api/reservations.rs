@@ -4,22 +4,19 @@
 //! blocking thread, so the API thread, which serves every other request, never waits for the
 //! disk; the store's lock is not held meanwhile (see [`crate::admission::reservations`]).
 
-use std::sync::Arc;
-
 use super::{AppState, error::ApiError};
-use crate::admission::reservations::{Released, Reservation, Snapshot, Writer};
+use crate::admission::reservations::{Released, Reservation, Snapshot};
 
 /// A reservation an admission made, in memory, with the snapshot of the file that holds it.
 #[derive(Debug)]
 pub struct Pending {
     pub id: String,
     pub snapshot: Snapshot,
-    pub writer: Arc<Writer>,
 }
 
-/// Writes `snapshot` with `writer` on a blocking thread.
-async fn write(writer: Arc<Writer>, snapshot: Snapshot) -> Result<(), String> {
-    match tokio::task::spawn_blocking(move || writer.write(snapshot)).await {
+/// Writes `snapshot` on a blocking thread.
+async fn write(snapshot: Snapshot) -> Result<(), String> {
+    match tokio::task::spawn_blocking(move || snapshot.write()).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(e) => Err(format!("the write did not finish: {e}")),
@@ -30,12 +27,8 @@ async fn write(writer: Arc<Writer>, snapshot: Snapshot) -> Result<(), String> {
 /// back (and the file written without it, should a later admission's write have carried it)
 /// and the admission fails.
 pub async fn persist(state: &AppState, pending: Pending) -> Result<(), ApiError> {
-    let Pending {
-        id,
-        snapshot,
-        writer,
-    } = pending;
-    let Err(failure) = write(Arc::clone(&writer), snapshot).await else {
+    let Pending { id, snapshot } = pending;
+    let Err(failure) = write(snapshot).await else {
         return Ok(());
     };
     let undo = state
@@ -44,7 +37,7 @@ pub async fn persist(state: &AppState, pending: Pending) -> Result<(), ApiError>
         .ok()
         .and_then(|mut store| store.forget(&id));
     if let Some(snapshot) = undo
-        && let Err(again) = write(writer, snapshot).await
+        && let Err(again) = write(snapshot).await
     {
         tracing::warn!(%id, "writing the reservations without {id}: {again}");
     }
@@ -56,14 +49,11 @@ pub async fn persist(state: &AppState, pending: Pending) -> Result<(), ApiError>
 
 /// `DELETE /v1/reservations/{id}`: the removed reservation, or 404.
 pub async fn delete(state: &AppState, id: &str) -> Result<Reservation, ApiError> {
-    let (removed, snapshot, writer) = {
-        let mut store = state
-            .reservations
-            .lock()
-            .map_err(|_| ApiError::internal("the reservation store is poisoned"))?;
-        let (removed, snapshot) = store.release(|r| (r.id == id).then_some(Released::Deleted));
-        (removed, snapshot, store.writer())
-    };
+    let (removed, snapshot) = state
+        .reservations
+        .lock()
+        .map_err(|_| ApiError::internal("the reservation store is poisoned"))?
+        .release(|r| (r.id == id).then_some(Released::Deleted));
     let (found, _) = removed
         .into_iter()
         .next()
@@ -71,7 +61,7 @@ pub async fn delete(state: &AppState, id: &str) -> Result<Reservation, ApiError>
     state.metrics.reservation_ended(Released::Deleted);
     tracing::info!(id = %found.id, pod_uid = %found.pod_uid, "reservation deleted");
     if let Some(snapshot) = snapshot {
-        write(writer, snapshot).await.map_err(|e| {
+        write(snapshot).await.map_err(|e| {
             ApiError::internal(format!(
                 "reservation {id} is deleted, but the file still holds it until it expires: {e}"
             ))

@@ -164,7 +164,8 @@ impl Server {
 /// Whether a thread listens, or why it cannot (its index and the error).
 type Listening = Result<(), (usize, io::Error)>;
 
-/// One API thread: its runtime, its registration of the socket, the server.
+/// One API thread: its runtime, its registration of the socket (reported on `listening`), the
+/// server.
 fn serve_thread(
     index: usize,
     socket: std::net::TcpListener,
@@ -172,25 +173,26 @@ fn serve_thread(
     mut stop: watch::Receiver<bool>,
     listening: mpsc::Sender<Listening>,
 ) -> io::Result<()> {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let started = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
+        .and_then(|runtime| {
+            let listener = {
+                let _entered = runtime.enter();
+                TcpListener::from_std(socket)?
+            };
+            Ok((runtime, listener))
+        });
+    let (runtime, listener) = match started {
+        Ok(started) => started,
         Err(err) => {
-            let _ = listening.send(Err((index, io::Error::new(err.kind(), err.to_string()))));
-            return Err(err);
+            // Server::start fails with it; nothing waits for this thread's result.
+            let _ = listening.send(Err((index, err)));
+            return Ok(());
         }
     };
+    let _ = listening.send(Ok(()));
     let served = runtime.block_on(async move {
-        let listener = match TcpListener::from_std(socket) {
-            Ok(listener) => listener,
-            Err(err) => {
-                let _ = listening.send(Err((index, io::Error::new(err.kind(), err.to_string()))));
-                return Err(err);
-            }
-        };
-        let _ = listening.send(Ok(()));
         axum::serve(listener, router)
             .with_graceful_shutdown(async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;

@@ -153,19 +153,18 @@ pub fn select(
             }),
             Some((c, _)) => assigned_nodes(state.container_blocks(&pod.metadata.uid, &c.name)),
         };
+        // Only a Guaranteed pod not allocated before is charged: no one else's requests are read.
+        let requested = match unit {
+            _ if assigned.is_some() || !guaranteed => Requested::new(),
+            None => requests::pod_requests(pod, topology.gates)?,
+            Some((c, _)) => {
+                requests::container_requests(c, format_args!("container {:?}", c.name))?
+            }
+        };
         if let Some(nodes) = assigned {
             // Allocated before (a kubelet restart): the kubelet keeps what it assigned.
             placement.allocated = Some(nodes);
-        } else if guaranteed
-            && let requested = match unit {
-                None => requests::pod_requests(pod, topology.gates)?,
-                Some((c, _)) => {
-                    requests::container_requests(c, format_args!("container {:?}", c.name))?
-                }
-            }
-            && !requested.is_empty()
-        {
-            // Only a Guaranteed pod is charged: the requests of others are never read.
+        } else if !requested.is_empty() {
             let computed = placement.hints.as_ref();
             match allocation(&working.machine_state, computed, merged.hint, &requested)? {
                 Ok(nodes) => {

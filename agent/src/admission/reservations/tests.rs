@@ -40,7 +40,7 @@ fn t0() -> SystemTime {
 /// before it answers.
 fn saved(store: &mut Store, verdict: &Verdict, uid: &str) -> ReservationRef {
     let (made, snapshot) = store.reserve(verdict, uid, "batch", "job", t0());
-    store.writer().write(snapshot).expect("saves");
+    snapshot.write().expect("saves");
     made
 }
 
@@ -98,10 +98,7 @@ fn reservations_survive_a_restart_and_end_when_released() {
         1,
         "not in the file before it is written"
     );
-    store
-        .writer()
-        .write(snapshot.expect("a change"))
-        .expect("saves");
+    snapshot.expect("a change").write().expect("saves");
     let (reopened, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
     assert!(reopened.list().is_empty());
 }
@@ -194,9 +191,8 @@ fn a_snapshot_older_than_the_file_is_not_written_over_it() {
     // Two admissions reserve; the second one's write happens first.
     let (_, first) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), "uid-a", "", "", t0());
     let (_, second) = store.reserve(&verdict(&[0], GI, 8 * GI), "uid-b", "", "", t0());
-    let writer = store.writer();
-    writer.write(second).expect("saves");
-    writer.write(first).expect("skipped, not an error");
+    second.write().expect("saves");
+    first.write().expect("skipped, not an error");
     let (reopened, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
     assert_eq!(
         reopened.list(),
@@ -213,7 +209,7 @@ fn a_reservation_that_could_not_be_written_is_taken_back() {
     let (made, snapshot) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), "uid-a", "", "", t0());
     // The state directory is gone: the write fails and names the file.
     fs::remove_dir_all(dir.path()).expect("remove");
-    let err = store.writer().write(snapshot).expect_err("no directory");
+    let err = snapshot.write().expect_err("no directory");
     assert!(err.to_string().contains("reservations.json.tmp"), "{err}");
     assert!(store.forget(&made.id).is_some());
     assert!(store.list().is_empty());
