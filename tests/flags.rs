@@ -76,6 +76,11 @@ impl BenchFlags {
         self.get(name).unwrap_or(default)
     }
 
+    /// A path that may be given.
+    pub fn optional_path(&self, name: &str) -> Option<PathBuf> {
+        self.get(name).map(PathBuf::from)
+    }
+
     /// A path that must be given.
     pub fn path(&self, name: &str) -> PathBuf {
         self.get(name)
@@ -101,6 +106,9 @@ mod tests {
         let f = flags(&["--rate", "500", "--agent", "/bin/a"]).expect("valid");
         assert_eq!((f.number("--rate", 1), f.number("--missing", 7)), (500, 7));
         assert_eq!(f.path("--agent"), PathBuf::from("/bin/a"));
+        assert_eq!(f.optional_path("--agent"), Some(PathBuf::from("/bin/a")));
+        assert_eq!(f.optional_path("--rate"), Some(PathBuf::from("500")));
+        assert_eq!(f.optional_path("--versus"), None);
         assert_eq!(
             (f.word("--agent", "x"), f.word("--mode", "plain")),
             ("/bin/a", "plain")

@@ -343,9 +343,24 @@ pub fn agent_bin() -> PathBuf {
     path
 }
 
+/// A fresh, empty directory for an agent's `--state-dir`, owned by `uid` (the user the agent runs
+/// as), removed when dropped. No test may share the host's `/var/lib/hugepage-agent`: a test
+/// that relied on another having created it passed only on machines that had run the suite once.
+pub fn fresh_state_dir(uid: u32) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("hugepage-agent-state-")
+        .tempdir()
+        .expect("a temporary state directory");
+    std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid))
+        .unwrap_or_else(|e| panic!("chown {} to {uid}: {e}", dir.path().display()));
+    dir
+}
+
 /// A running agent whose JSON log lines (stderr) are collected as they come.
 pub struct Agent {
     child: Child,
+    /// Its `--state-dir`, when the test did not pass one (removed with the agent).
+    _state: Option<tempfile::TempDir>,
     /// The port its HTTP API listens on (127.0.0.1).
     pub port: u16,
     lines: mpsc::Receiver<serde_json::Value>,
@@ -354,8 +369,19 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts `cmd` (an agent command line) with JSON logs, listening on a free loopback port.
-    pub fn start(mut cmd: Command) -> Agent {
+    /// Starts `cmd` (an agent command line) with JSON logs, listening on a free loopback port, with
+    /// a fresh `--state-dir` unless `cmd` names one.
+    pub fn start(cmd: Command) -> Agent {
+        Agent::start_as(cmd, 0)
+    }
+
+    /// [`Agent::start`] for an agent that runs as `uid` (its fresh state directory is its own).
+    pub fn start_as(mut cmd: Command, uid: u32) -> Agent {
+        let names_state = cmd.get_args().any(|a| a == "--state-dir");
+        let state = (!names_state).then(|| fresh_state_dir(uid));
+        if let Some(dir) = &state {
+            cmd.arg("--state-dir").arg(dir.path());
+        }
         let port = free_port();
         cmd.args([
             "--log-format",
@@ -378,6 +404,7 @@ impl Agent {
         });
         Agent {
             child,
+            _state: state,
             port,
             lines,
             seen: Vec::new(),
@@ -426,6 +453,11 @@ impl Agent {
             .filter(|v| v["message"] == message)
             .cloned()
             .collect()
+    }
+
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Sends SIGTERM and returns the exit status and the remaining log.
@@ -485,6 +517,52 @@ pub fn output(mut cmd: Command) -> (ExitStatus, String, String) {
         .read_to_string(&mut err)
         .expect("read stderr");
     (wait_timeout(&mut child, Duration::from_secs(30)), out, err)
+}
+
+/// A process's memory as the kernel counts it: resident now, the peak, and how much of it is
+/// transparent huge pages (`/proc/<pid>/status` and `smaps_rollup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    pub rss_kib: u64,
+    pub peak_rss_kib: u64,
+    pub anon_huge_kib: u64,
+}
+
+impl Footprint {
+    /// Resets the process's peak RSS to its current RSS (`clear_refs` 5), so that the next
+    /// [`Footprint::of`] shows the peak since now.
+    pub fn reset_peak(pid: u32) {
+        let path = format!("/proc/{pid}/clear_refs");
+        std::fs::write(&path, "5").unwrap_or_else(|e| panic!("writing 5 to {path}: {e}"));
+    }
+
+    pub fn of(pid: u32) -> Footprint {
+        let field = |file: &str, name: &str| {
+            std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        Footprint {
+            rss_kib: field("status", "VmRSS:"),
+            peak_rss_kib: field("status", "VmHWM:"),
+            anon_huge_kib: field("smaps_rollup", "AnonHugePages:"),
+        }
+    }
+}
+
+impl std::fmt::Display for Footprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RSS {:.1} MB, peak {:.1} MB, AnonHugePages {} kB",
+            self.rss_kib as f64 / 1024.0,
+            self.peak_rss_kib as f64 / 1024.0,
+            self.anon_huge_kib
+        )
+    }
 }
 
 /// User + system CPU time of a process.

@@ -11,7 +11,8 @@ use std::{
 
 use hugepage_agent::memorymanager::checkpoint;
 use hugepage_agent_tests::{
-    Agent, HugepagePool, MemoryPressure, TestCgroup, Toucher, agent_bin, host_lock,
+    Agent, HugepagePool, MemoryPressure, TestCgroup, Toucher, agent_bin, fresh_state_dir,
+    host_lock,
     peers::{OtlpReceiver, Prometheus, get, metric_sum, promtool, request, workspace},
 };
 use serde_json::Value;
@@ -22,13 +23,11 @@ const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
 
-fn state_dir(name: &str) -> String {
-    let dir = std::env::temp_dir().join(format!(
-        "hugepage-agent-telemetry-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir.display().to_string()
+/// A fresh state directory (removed when the guard drops) and its path as an argument.
+fn state_dir() -> (tempfile::TempDir, String) {
+    let dir = fresh_state_dir(0);
+    let path = dir.path().display().to_string();
+    (dir, path)
 }
 
 fn agent(args: &[&str], env: &[(&str, &str)]) -> Command {
@@ -99,9 +98,8 @@ fn dashboard_queries() -> Vec<(String, String)> {
 fn a_real_prometheus_scrapes_the_agent_and_every_dashboard_query_returns_data() {
     let lock = host_lock();
     let _pool = HugepagePool::reserve(&lock, 4);
-    let dir = state_dir("prometheus");
+    let (_state, dir) = state_dir();
     // A kubelet Memory Manager checkpoint, so that the discrepancy gauge has series.
-    std::fs::create_dir_all(&dir).expect("state dir");
     let checkpoint = std::path::Path::new(&dir).join("memory_manager_state");
     std::fs::write(&checkpoint, kubelet_checkpoint(4 * (2 << 20))).expect("checkpoint");
     let checkpoint = checkpoint.display().to_string();
@@ -275,7 +273,7 @@ fn traceparent() -> String {
 #[test]
 fn over_grpc_the_admission_span_arrives_and_a_dead_collector_only_raises_the_drop_counter() {
     let mut receiver = OtlpReceiver::start();
-    let dir = state_dir("grpc");
+    let (_state, dir) = state_dir();
     let running = traced_agent(&receiver, "grpc", "100", &dir);
     let port = running.port;
     let answer = admit(port, REJECTED, Some(&traceparent()));
@@ -327,7 +325,7 @@ fn over_grpc_the_admission_span_arrives_and_a_dead_collector_only_raises_the_dro
 #[test]
 fn over_http_the_admission_span_arrives_and_shutdown_flushes_what_is_queued() {
     let mut receiver = OtlpReceiver::start();
-    let dir = state_dir("http");
+    let (_state, dir) = state_dir();
     // A batching delay far beyond the test: only the shutdown flush can deliver the spans.
     let running = traced_agent(&receiver, "http/protobuf", "600000", &dir);
     let answer = admit(running.port, REJECTED, Some(&traceparent()));
@@ -350,7 +348,7 @@ fn over_http_the_admission_span_arrives_and_shutdown_flushes_what_is_queued() {
 fn otel_traces_exporter_none_exports_nothing_and_a_bad_protocol_names_the_variable() {
     let mut receiver = OtlpReceiver::start();
     let endpoint = format!("http://127.0.0.1:{}", receiver.http);
-    let dir = state_dir("none");
+    let (_state, dir) = state_dir();
     let mut running = Agent::start(agent(
         &["run", "--ebpf", "off", "--state-dir", &dir],
         &[
@@ -387,7 +385,7 @@ fn a_map_refresh_an_ebpf_fault_prompted_and_a_psi_transition_are_spans() {
     let _pool = HugepagePool::reserve(&lock, 8);
     let mut receiver = OtlpReceiver::start();
     let endpoint = format!("http://127.0.0.1:{}", receiver.http);
-    let dir = state_dir("ebpf");
+    let (_state, dir) = state_dir();
     let mut running = Agent::start(agent(
         &[
             "run",
@@ -467,7 +465,7 @@ fn a_map_refresh_an_ebpf_fault_prompted_and_a_psi_transition_are_spans() {
 fn otel_traces_sampler_is_honoured_and_parent_based_follows_the_webhooks_decision() {
     let mut receiver = OtlpReceiver::start();
     let endpoint = format!("http://127.0.0.1:{}", receiver.http);
-    let dir = state_dir("sampler");
+    let (_state, dir) = state_dir();
     let mut running = Agent::start(agent(
         &["run", "--ebpf", "off", "--state-dir", &dir],
         &[

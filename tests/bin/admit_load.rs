@@ -24,6 +24,11 @@
 //! each run with the agent's CPU time per admission at the fixed rate, the spans exported and
 //! dropped and the receiver's CPU time per span, then the medians per mode and the ratios to
 //! tracing off (target: within 10 %).
+//!
+//! With `--versus PATH` it compares this agent with another binary the same way (tracing off
+//! for both), round by round: the allocator's choice was made so, and any change can be.
+//! Every agent's memory (RSS, peak, `AnonHugePages`) is printed when it stops, and idle before
+//! the load.
 
 use std::{
     collections::BTreeMap,
@@ -35,12 +40,13 @@ use std::{
 use serde::Deserialize;
 
 use hugepage_agent_tests::{
-    BenchFlags, HugetlbController, TestCgroup, cpu_time, free_port, host_lock, http,
+    BenchFlags, Footprint, HugetlbController, TestCgroup, cpu_time, free_port, fresh_state_dir,
+    host_lock, http,
     peers::{OtlpReceiver, get, metric_sum, otlp_python},
     spawn_in, wait_ready, wait_timeout,
 };
 
-const USAGE: &str = "admit-load --agent PATH --oha PATH [--rate R] [--connections C[,C...]] [--seconds S] [--rounds N] [--tracing compare]";
+const USAGE: &str = "admit-load --agent PATH --oha PATH [--rate R] [--connections C[,C...]] [--seconds S] [--rounds N] [--tracing compare | --versus PATH]";
 
 struct Args {
     agent: PathBuf,
@@ -49,6 +55,7 @@ struct Args {
     connections: Vec<u32>,
     seconds: u32,
     compare_tracing: bool,
+    versus: Option<PathBuf>,
     rounds: u32,
 }
 
@@ -63,6 +70,7 @@ fn parse_args() -> Args {
             "--seconds",
             "--tracing",
             "--rounds",
+            "--versus",
         ],
     );
     let compare_tracing = match flags.word("--tracing", "none") {
@@ -84,6 +92,7 @@ fn parse_args() -> Args {
             .collect(),
         seconds: flags.number("--seconds", 10) as u32,
         compare_tracing,
+        versus: flags.optional_path("--versus"),
         rounds: flags.number("--rounds", 3) as u32,
     }
 }
@@ -258,16 +267,18 @@ struct Running {
     child: std::process::Child,
     port: u16,
     log: PathBuf,
+    _state: tempfile::TempDir,
 }
 
 impl Running {
-    /// Starts the agent in `pod` with `env` added, and waits for `/readyz`.
-    fn start(args: &Args, pod: &TestCgroup, env: &[(&str, &str)]) -> Running {
+    /// Starts the agent `binary` in `pod` with `env` added, and waits for `/readyz`.
+    fn start(binary: &Path, pod: &TestCgroup, env: &[(&str, &str)]) -> Running {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("hugepage-agent-admit-load-{port}.log"));
         let log_file = std::fs::File::create(&log)
             .unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
-        let mut agent = Command::new(&args.agent);
+        let state = fresh_state_dir(0);
+        let mut agent = Command::new(binary);
         agent
             .args([
                 "run",
@@ -276,28 +287,39 @@ impl Running {
                 "--log-format",
                 "json",
             ])
+            .arg("--state-dir")
+            .arg(state.path())
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log_file);
         spawn_in(&mut agent, pod);
         let mut child = agent
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", args.agent.display()));
+            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
         if wait_ready(port, Duration::from_secs(30)).is_none() {
             let _ = child.kill();
             panic!("the agent was not ready within 30 s; see {}", log.display());
         }
         let (status, answer) = http(port, "POST", "/v1/admit", Some("application/json"), BODY);
         assert_eq!(status, 200, "{answer}");
-        Running { child, port, log }
+        Running {
+            child,
+            port,
+            log,
+            _state: state,
+        }
     }
 
     fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
-    /// SIGTERM, and the exit status.
+    /// SIGTERM, and the exit status; prints the agent's memory first.
     fn stop(mut self) -> std::process::ExitStatus {
+        println!(
+            "agent memory at the end (peak: since the load began): {}",
+            Footprint::of(self.child.id())
+        );
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         wait_timeout(&mut self.child, Duration::from_secs(15))
@@ -313,15 +335,21 @@ fn main() {
     let pod = TestCgroup::create(&lock, "admit-load");
     pod.set("hugetlb.2MB.max", "0");
     pod.set("hugetlb.1GB.max", "0");
-    if args.compare_tracing {
-        compare_tracing(&args, &pod);
-    } else {
-        load(&args, &pod);
+    match (&args.versus, args.compare_tracing) {
+        (Some(versus), _) => compare_agents(&args, &pod, versus),
+        (None, true) => compare_tracing(&args, &pod),
+        (None, false) => load(&args, &pod),
     }
 }
 
 fn load(args: &Args, pod: &TestCgroup) {
-    let agent = Running::start(args, pod, &[("OTEL_TRACES_EXPORTER", "none")]);
+    let agent = Running::start(&args.agent, pod, &[("OTEL_TRACES_EXPORTER", "none")]);
+    std::thread::sleep(Duration::from_secs(2));
+    println!(
+        "agent memory idle (ready, one admission, 2 s; the peak is start-up's): {}",
+        Footprint::of(agent.child.id())
+    );
+    Footprint::reset_peak(agent.child.id());
     let (_, ready) = http(agent.port, "GET", "/readyz", None, "");
     let (_, answer) = http(
         agent.port,
@@ -462,15 +490,39 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
         ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
         ("OTEL_TRACES_SAMPLER_ARG", "0.01"),
     ];
-    let modes: [(&str, &[(&str, &str)]); 3] = [
-        ("tracing off", &[("OTEL_TRACES_EXPORTER", "none")]),
-        ("tracing on, every span", &exporting),
-        ("tracing on, 1 % sampled", &sampled),
+    let agent = args.agent.as_path();
+    let modes: [Mode<'_>; 3] = [
+        ("tracing off", agent, &[("OTEL_TRACES_EXPORTER", "none")]),
+        ("tracing on, every span", agent, &exporting),
+        ("tracing on, 1 % sampled", agent, &sampled),
     ];
+    compare(args, pod, &modes, Some(&receiver));
+    receiver.stop();
+    println!("target: tracing on within 10 % of tracing off");
+}
+
+/// A way of running the agent: its label, binary and added environment.
+type Mode<'a> = (&'a str, &'a Path, &'a [(&'a str, &'a str)]);
+
+/// `--versus PATH`: this agent against another binary (another allocator, another commit),
+/// alternating round by round on the same machine, tracing off for both.
+fn compare_agents(args: &Args, pod: &TestCgroup, versus: &Path) {
+    let off: &[(&str, &str)] = &[("OTEL_TRACES_EXPORTER", "none")];
+    let this = format!("this agent ({})", args.agent.display());
+    let other = format!("versus ({})", versus.display());
+    let modes: [Mode<'_>; 2] = [(&this, &args.agent, off), (&other, versus, off)];
+    compare(args, pod, &modes, None);
+}
+
+/// Round after round, each mode's agent under the fixed rate and unthrottled; every run, then
+/// the medians per mode and the ratios to the first mode. With a `receiver`, the spans each
+/// exported and the receiver's CPU per span.
+fn compare(args: &Args, pod: &TestCgroup, modes: &[Mode<'_>], receiver: Option<&OtlpReceiver>) {
     let mut figures: Vec<Vec<Figures>> = vec![Vec::new(); modes.len()];
     for round in 1..=args.rounds {
-        for (i, (label, env)) in modes.iter().enumerate() {
-            let agent = Running::start(args, pod, env);
+        for (i, (label, binary, env)) in modes.iter().enumerate() {
+            let agent = Running::start(binary, pod, env);
+            Footprint::reset_peak(agent.child.id());
             let url = agent.url("/v1/admit");
             let admit = Target::Post {
                 url: &url,
@@ -479,7 +531,7 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
             let connections = args.connections[0];
             oha(args, pod, admit, connections, 2, Load::Unthrottled);
             let agent_before = cpu_time(agent.child.id());
-            let receiver_before = cpu_time(receiver.pid());
+            let receiver_before = receiver.map(|r| cpu_time(r.pid()));
             let exported_before = metric_sum(&get(agent.port, "/metrics").1, EXPORTED);
             let fixed = oha(
                 args,
@@ -498,7 +550,9 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
                 args.seconds,
                 Load::Unthrottled,
             );
-            let receiver_cpu = cpu_time(receiver.pid()).saturating_sub(receiver_before);
+            let receiver_cpu = receiver
+                .zip(receiver_before)
+                .map(|(r, before)| cpu_time(r.pid()).saturating_sub(before));
             let (_, exposition) = get(agent.port, "/metrics");
             let exported = metric_sum(&exposition, EXPORTED) - exported_before;
             let port = agent.port;
@@ -512,7 +566,7 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
             let answered: u64 = fixed.statuses.values().sum();
             let agent_us = agent_cpu.as_secs_f64() * 1e6 / answered.max(1) as f64;
             println!("    agent CPU per admission at the fixed rate {agent_us:.1} us");
-            if i > 0 {
+            if let Some(receiver_cpu) = receiver_cpu.filter(|_| i > 0) {
                 println!(
                     "    spans exported {exported}, dropped {} (queue full or failed export); the receiver's CPU {:.1} us per span",
                     metric_sum(&exposition, "hugepage_agent_trace_spans_dropped_total"),
@@ -527,12 +581,11 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
             });
         }
     }
-    receiver.stop();
     let median = |mode: usize, f: fn(&Figures) -> f64| {
         spread(&figures[mode].iter().map(f).collect::<Vec<_>>()).0
     };
     println!("medians over {} rounds:", args.rounds);
-    for (i, (label, _)) in modes.iter().enumerate() {
+    for (i, (label, ..)) in modes.iter().enumerate() {
         println!(
             "  {label:<24} unthrottled {:>8.0} req/s  p99 at {} req/s {:6.3} ms  p99 unthrottled {:6.3} ms  agent CPU {:5.1} us per admission",
             median(i, |f| f.throughput),
@@ -542,9 +595,10 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
             median(i, |f| f.agent_us),
         );
     }
-    for (i, (label, _)) in modes.iter().enumerate().skip(1) {
+    let first = modes.first().map_or("", |m| m.0);
+    for (i, (label, ..)) in modes.iter().enumerate().skip(1) {
         println!(
-            "ratio {label} / off: throughput {:.3}, p99 at {} req/s {:.3}, p99 unthrottled {:.3} (target: within 10 %)",
+            "ratio {label} / {first}: throughput {:.3}, p99 at {} req/s {:.3}, p99 unthrottled {:.3}",
             median(i, |f| f.throughput) / median(0, |f| f.throughput),
             args.rate,
             median(i, |f| f.p99_fixed) / median(0, |f| f.p99_fixed),

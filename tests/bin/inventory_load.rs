@@ -26,7 +26,8 @@ use hugepage_agent::{
     sysfs::HostFs,
 };
 use hugepage_agent_tests::{
-    BenchFlags, Percentiles, TestCgroup, cpu_time, free_port, host_lock, wait_ready, wait_timeout,
+    BenchFlags, Footprint, Percentiles, TestCgroup, cpu_time, free_port, fresh_state_dir,
+    host_lock, wait_ready, wait_timeout,
 };
 
 struct Args {
@@ -135,6 +136,7 @@ fn main() {
     let lock = host_lock();
     let port = free_port();
     let log = std::env::temp_dir().join(format!("hugepage-agent-inventory-{port}.log"));
+    let state = fresh_state_dir(0);
     let mut agent = Command::new(&args.agent)
         .args([
             "run",
@@ -147,6 +149,8 @@ fn main() {
             "--reconcile-interval",
             "1h",
         ])
+        .arg("--state-dir")
+        .arg(state.path())
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).expect("log file"))
         .spawn()
@@ -171,7 +175,7 @@ fn main() {
     let took = began.elapsed();
     std::thread::sleep(Duration::from_secs(1));
     let cpu = cpu_time(agent.id()).saturating_sub(cpu_before);
-    let agent_rss = peak_rss_kib(&agent.id().to_string());
+    let agent_memory = Footprint::of(agent.id());
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
     wait_timeout(&mut agent, Duration::from_secs(10));
@@ -190,10 +194,9 @@ fn main() {
         events as f64 / took.as_secs_f64()
     );
     println!(
-        "agent CPU {:.0} ms in all, {:.1} us per offered event; agent peak memory {} KiB",
+        "agent CPU {:.0} ms in all, {:.1} us per offered event; agent memory: {agent_memory}",
         cpu.as_secs_f64() * 1000.0,
         cpu.as_secs_f64() * 1e6 / events as f64,
-        agent_rss
     );
     println!(
         "probe: cgroup_events {} (mkdir, rmdir and release, every hierarchy), cgroup_events_lost {}",
