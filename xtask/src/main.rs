@@ -4,7 +4,11 @@
 //! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages, and the
 //!   telemetry tests' peers: Prometheus, an OTLP receiver's venv, `@grafana/schema`).
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
-//! * `test`: formatting, clippy, the build without the eBPF toolchain, and every test.
+//! * `test`: formatting, clippy, the build without the eBPF toolchain, and every test; then a
+//!   check that the tests left nothing on the host ([`host`]).
+//! * `fresh-test`: `test` as on a new machine: the host's leftovers of earlier runs removed, a
+//!   fresh clone of the committed tree, a new target directory and a new cache (bpf-linker and
+//!   the peers installed again).
 //! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace [-- ARGS]`: the fault
 //!   probe's cost on ordinary faults, one in-process verification, PSI evaluation and trigger
 //!   latency, the cgroup inventory at scale, `POST /v1/admit` under a load tool, and the same
@@ -12,6 +16,7 @@
 
 mod bench;
 mod cmd;
+mod host;
 mod setup;
 
 use anyhow::{Result, bail};
@@ -35,6 +40,13 @@ enum Task {
     },
     /// Run every check and test (as root: the tests load eBPF and reserve hugepages).
     Test,
+    /// Run `test` as on a new machine: remove what earlier runs left on the host, then test a
+    /// fresh clone of the committed tree with a new target directory and a new cache.
+    FreshTest {
+        /// Keep the project's cache (bpf-linker, the peers) instead of installing it again.
+        #[arg(long)]
+        keep_cache: bool,
+    },
     /// Run a benchmark and print its figures.
     Bench {
         #[arg(value_enum)]
@@ -45,11 +57,14 @@ enum Task {
 }
 
 fn main() -> Result<()> {
-    let mut env = setup::ensure()?;
     match Cli::parse().command {
-        Task::Setup => setup::ensure_peers().map(drop),
+        Task::Setup => {
+            setup::ensure()?;
+            setup::ensure_peers().map(drop)
+        }
         Task::Run { args } => {
             require_root("cargo xtask run")?;
+            let env = setup::ensure()?;
             cmd::cargo(&env, &["build", "--release", "--package", "hugepage-agent"])?;
             let mut all = vec!["run".to_owned()];
             all.extend(args);
@@ -60,11 +75,15 @@ fn main() -> Result<()> {
             )
         }
         Task::Test => {
+            require_root("cargo xtask test")?;
+            let mut env = setup::ensure()?;
             env.peers = setup::ensure_peers()?;
             test(&env)
         }
+        Task::FreshTest { keep_cache } => fresh_test(keep_cache),
         Task::Bench { which, args } => {
             require_root("cargo xtask bench")?;
+            let mut env = setup::ensure()?;
             if which == bench::Bench::AdmitTrace {
                 env.peers = setup::ensure_peers()?;
             }
@@ -74,7 +93,7 @@ fn main() -> Result<()> {
 }
 
 fn test(env: &cmd::Env) -> Result<()> {
-    require_root("cargo xtask test")?;
+    let before = host::Snapshot::capture();
     cmd::step("formatting");
     cmd::cargo(env, &["fmt", "--all", "--", "--check"])?;
     cmd::step("clippy, every crate and target");
@@ -108,15 +127,52 @@ fn test(env: &cmd::Env) -> Result<()> {
     cmd::cargo(env, &["build", "--package", "hugepage-agent"])?;
     cmd::step("every test");
     let (passed, failed) = cmd::cargo_test(env, &["test", "--workspace"])?;
+    cmd::step("nothing left on the host by the tests");
+    let left = host::without_documented(host::Snapshot::capture().changes_since(&before));
+    for line in &left {
+        eprintln!("left on the host: {line}");
+    }
+    if !left.is_empty() {
+        bail!(
+            "the tests left {} change(s) on the host (above): a test must restore what it changes",
+            left.len()
+        );
+    }
     println!("{passed} passed, {failed} failed");
     Ok(())
 }
 
+/// `cargo xtask test` in a fresh clone, on a host reset to a new machine's state.
+fn fresh_test(keep_cache: bool) -> Result<()> {
+    require_root("cargo xtask fresh-test")?;
+    cmd::step("removing what earlier runs left on this host");
+    for line in host::reset()? {
+        eprintln!("  {line}");
+    }
+    let clone = host::fresh_clone()?;
+    cmd::step(&format!(
+        "cargo xtask test in a fresh clone at {}",
+        clone.display()
+    ));
+    let mut test = std::process::Command::new("cargo");
+    test.args(["xtask", "test"])
+        .current_dir(&clone)
+        .env("CARGO_TARGET_DIR", clone.join("target"));
+    if !keep_cache {
+        test.env(setup::CACHE_VAR, clone.join("cache"));
+    }
+    let outcome = cmd::run(test);
+    if outcome.is_ok() {
+        let _ = std::fs::remove_dir_all(clone.parent().unwrap_or(&clone));
+    } else {
+        eprintln!("the clone is kept for a look: {}", clone.display());
+    }
+    outcome
+}
+
 fn require_root(what: &str) -> Result<()> {
     if !cmd::is_root() {
-        bail!(
-            "{what} loads eBPF programs and changes hugepage pools: run it as root (sudo -E cargo xtask …)"
-        );
+        bail!("{what} loads eBPF programs and changes hugepage pools: run it as root");
     }
     Ok(())
 }

@@ -2,10 +2,12 @@
 //! built against that nightly's own libLLVM (no system LLVM), and the Debian packages tests use;
 //! and the peers the telemetry tests run ([`ensure_peers`]): Prometheus and promtool (Debian),
 //! an OTLP receiver's Python packages (PyPI, in a venv) and `@grafana/schema` with TypeScript
-//! (npm), each in `~/.cache/hugepage-agent` at pinned versions.
+//! (npm), each in the project's cache (`HUGEPAGE_AGENT_CACHE`, else `~/.cache/hugepage-agent`) at
+//! pinned versions.
 //!
-//! bpf-linker lives in `~/.cache/hugepage-agent/bpf-linker-<nightly commit>`: a new nightly gets a
-//! new linker, and the check is "does that binary run", not "does the directory exist".
+//! bpf-linker lives in `<cache>/bpf-linker-<nightly commit>`: a new nightly gets a new linker, and
+//! the check is "does that binary run", not "does the directory exist". `<cache>/bin` points at the
+//! current one, which is where a plain `cargo build` (`agent/build.rs`) finds it.
 
 use std::{
     fs,
@@ -98,14 +100,20 @@ fn ensure_bpf_linker(sysroot: &Path) -> Result<PathBuf> {
         .next()
         .unwrap_or_default()
         .to_owned();
-    let home = std::env::var_os("HOME").context("HOME is not set")?;
-    let prefix = PathBuf::from(home)
-        .join(".cache/hugepage-agent")
-        .join(format!("bpf-linker-{}", &commit[..commit.len().min(12)]));
+    let cache = cache_dir()?;
+    let prefix = cache.join(format!("bpf-linker-{}", &commit[..commit.len().min(12)]));
     let bin = prefix.join("bin");
-    if runs(&bin.join("bpf-linker")) {
-        return Ok(bin);
+    if !runs(&bin.join("bpf-linker")) {
+        build_bpf_linker(sysroot, &prefix, &llvm_major)?;
     }
+    // The stable name `agent/build.rs` looks for, so that a plain `cargo build` finds the linker.
+    let current = cache.join("bin");
+    let _ = fs::remove_file(&current);
+    symlink(&bin, &current).with_context(|| format!("linking {}", current.display()))?;
+    Ok(bin)
+}
+
+fn build_bpf_linker(sysroot: &Path, prefix: &Path, llvm_major: &str) -> Result<()> {
     cmd::step(&format!(
         "building bpf-linker {BPF_LINKER_VERSION} against the nightly's LLVM {llvm_major} (a few minutes, once)"
     ));
@@ -142,10 +150,9 @@ fn ensure_bpf_linker(sysroot: &Path) -> Result<PathBuf> {
     );
     install
         .args(["--features", &format!("llvm-{llvm_major}"), "--root"])
-        .arg(&prefix)
+        .arg(prefix)
         .env("LLVM_PREFIX", &llvm);
-    cmd::run(install)?;
-    Ok(bin)
+    cmd::run(install)
 }
 
 /// Where the telemetry tests' peers are, for the environment of `cargo test`.
@@ -164,10 +171,17 @@ pub fn ensure_peers() -> Result<Vec<(&'static str, PathBuf)>> {
     ])
 }
 
-fn cache_dir() -> Result<PathBuf> {
+/// `HUGEPAGE_AGENT_CACHE`, else `~/.cache/hugepage-agent`: where bpf-linker, the peers and the
+/// load generator are installed (`agent/build.rs` reads the same variable).
+pub fn cache_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(CACHE_VAR) {
+        return Ok(PathBuf::from(dir));
+    }
     let home = std::env::var_os("HOME").context("HOME is not set")?;
     Ok(PathBuf::from(home).join(".cache/hugepage-agent"))
 }
+
+pub const CACHE_VAR: &str = "HUGEPAGE_AGENT_CACHE";
 
 /// A venv with [`PYTHON_PACKAGES`]; the check imports them and compares the pins it recorded.
 fn ensure_venv(venv: &Path) -> Result<PathBuf> {
@@ -232,10 +246,7 @@ fn ensure_npm(prefix: &Path) -> Result<PathBuf> {
 /// `~/.cache/hugepage-agent/oha-<version>`; returns its path.
 pub fn ensure_oha() -> Result<PathBuf> {
     ensure_debian_packages(&BENCH_PACKAGES)?;
-    let home = std::env::var_os("HOME").context("HOME is not set")?;
-    let prefix = PathBuf::from(home)
-        .join(".cache/hugepage-agent")
-        .join(format!("oha-{OHA_VERSION}"));
+    let prefix = cache_dir()?.join(format!("oha-{OHA_VERSION}"));
     let bin = prefix.join("bin/oha");
     if runs(&bin) {
         return Ok(bin);
