@@ -1,7 +1,11 @@
-//! `hugepage-agent check`: one verification from the shell. Without `--numa`, the NUMA nodes are
-//! those the kubelet would pick for a Guaranteed pod asking these hugepages (`--policy`, else
-//! `--topology-policy`), then verified there. Exit 0 admitted, 1 rejected (the KEP's message, or
-//! the kubelet's topology refusal, on stderr), 2 bad input (the flag at fault on stderr).
+//! `hugepage-agent check`: one verification from the shell. `--request` takes what a pod's
+//! container asks, as `POST /v1/admit` does: `hugepages-<size>` (placed and verified), `memory`
+//! (placed, never verified: KEP-5759 verifies hugepages only), and any other resource name
+//! (accepted and ignored, with a note: the Memory Manager does not place it). Without `--numa`,
+//! the NUMA nodes are those the kubelet would pick for a Guaranteed pod asking these resources
+//! (`--policy`, else `--topology-policy`), then verified there. Exit 0 admitted, 1 rejected (the
+//! KEP's message, or the kubelet's topology refusal, on stderr), 2 bad input (the flag at fault on
+//! stderr).
 
 use std::{collections::BTreeMap, process::ExitCode};
 
@@ -10,7 +14,7 @@ use crate::{
         plan,
         request::{
             self, Container, Hugepages, Pod, PodSpec, PodStatus, QuantityValue, Requirements,
-            ResourceList,
+            ResourceList, ResourceUse,
         },
         verify::{Verdict, Verifier},
     },
@@ -20,48 +24,84 @@ use crate::{
         NumaNode,
         map::{MapWriter, Source},
     },
-    quantity::format_binary,
+    quantity::{self, format_binary},
     sysfs::topology,
     topologymanager::{NumaInfo, Policy},
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CheckError {
-    #[error("--request {0:?}: expected hugepages-<size>=<quantity>, e.g. hugepages-2Mi=4Gi")]
+    #[error(
+        "--request {0:?}: expected <resource>=<quantity>, e.g. hugepages-2Mi=4Gi or memory=1Gi"
+    )]
     RequestSyntax(String),
-    #[error("--request {0:?}: not a hugepages resource")]
-    NotHugepages(String),
     #[error("--request {given:?}: {detail}")]
     Request { given: String, detail: String },
+    #[error("--request {resource}: the total of the requests overflows 64 bits of bytes")]
+    Overflow { resource: String },
     #[error("--numa {0:?}: expected NUMA node numbers separated by commas, e.g. 0,1")]
     Numa(String),
 }
 
-/// Parses `--request` values into a resource list (requests equal limits).
-pub fn parse_requests(values: &[String]) -> Result<request::Hugepages, CheckError> {
-    let mut total = request::Hugepages::new();
+/// What `--request` values ask, as a container's resources (requests equal limits).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Requests {
+    /// Bytes of memory and of each hugepage size, summed over repeated names.
+    pub placed: BTreeMap<String, u64>,
+    /// The hugepages among them, per page size: what is verified.
+    pub pages: Hugepages,
+    /// Values naming resources the Memory Manager does not place, as given.
+    pub ignored: Vec<String>,
+}
+
+/// Parses `--request` values: `hugepages-<size>` and `memory` are kept (summed per name), other
+/// resource names are set aside in [`Requests::ignored`].
+pub fn parse_requests(values: &[String]) -> Result<Requests, CheckError> {
+    let mut requests = Requests::default();
     for value in values {
         let (name, amount) = value
             .split_once('=')
             .ok_or_else(|| CheckError::RequestSyntax(value.clone()))?;
-        let list: ResourceList =
-            BTreeMap::from([(name.to_owned(), QuantityValue::Text(amount.to_owned()))]);
-        let pages = request::from_list(&list, "--request").map_err(|e| CheckError::Request {
+        let bad = |e: request::RequestError| CheckError::Request {
             given: value.clone(),
             detail: e.detail,
-        })?;
-        if request::page_size(name, "--request")
-            .ok()
-            .flatten()
-            .is_none()
-        {
-            return Err(CheckError::NotHugepages(value.clone()));
-        }
-        for (size, bytes) in pages {
-            *total.entry(size).or_default() += bytes;
-        }
+        };
+        let (key, bytes) = match request::resource_use(name, "--request").map_err(bad)? {
+            ResourceUse::Ignored => {
+                requests.ignored.push(value.clone());
+                continue;
+            }
+            ResourceUse::Memory => {
+                let bytes = quantity::parse_bytes(amount).map_err(|e| CheckError::Request {
+                    given: value.clone(),
+                    detail: e.to_string(),
+                })?;
+                ("memory".to_owned(), bytes)
+            }
+            ResourceUse::Hugepages(size) => {
+                let list: ResourceList =
+                    BTreeMap::from([(name.to_owned(), QuantityValue::Text(amount.to_owned()))]);
+                let pages = request::from_list(&list, "--request").map_err(bad)?;
+                let bytes = pages.get(&size).copied().unwrap_or(0);
+                if bytes > 0 {
+                    requests.pages.insert(size, 0);
+                }
+                (size.resource_name(), bytes)
+            }
+        };
+        let total = requests.placed.entry(key.clone()).or_default();
+        *total = total
+            .checked_add(bytes)
+            .ok_or(CheckError::Overflow { resource: key })?;
     }
-    Ok(total)
+    for (size, bytes) in &mut requests.pages {
+        *bytes = requests
+            .placed
+            .get(&size.resource_name())
+            .copied()
+            .unwrap_or(0);
+    }
+    Ok(requests)
 }
 
 /// Parses `--numa 0,1`.
@@ -84,10 +124,15 @@ pub fn run(
         eprintln!("hugepage-agent: {err}");
         ExitCode::from(2)
     };
-    let request = match parse_requests(requests) {
+    let requests = match parse_requests(requests) {
         Ok(r) => r,
         Err(e) => return bad(&e),
     };
+    for value in &requests.ignored {
+        eprintln!(
+            "hugepage-agent: --request {value}: not memory or hugepages; the Memory Manager does not place it, ignored"
+        );
+    }
     let verifier = match Verifier::new(config.host.clone()) {
         Ok(v) => v,
         Err(e) => {
@@ -96,8 +141,8 @@ pub fn run(
         }
     };
     let groups = match numa.map(parse_numa).transpose() {
-        Ok(Some(nodes)) => BTreeMap::from([(nodes, request.clone())]),
-        Ok(None) => match select(config, policy, &request, &verifier.nodes()) {
+        Ok(Some(nodes)) => BTreeMap::from([(nodes, requests.pages.clone())]),
+        Ok(None) => match select(config, policy, &requests.placed, &verifier.nodes()) {
             Ok(Selected::Groups(groups)) => groups,
             Ok(Selected::Refused { reason, message }) => {
                 println!("rejected ({reason})");
@@ -150,12 +195,12 @@ enum Selected {
     },
 }
 
-/// NUMA nodes as the kubelet would pick them for a Guaranteed pod asking these hugepages (on the
-/// kubelet's checkpoint, or the state built from sysfs).
+/// NUMA nodes as the kubelet would pick them for a Guaranteed pod asking this memory and these
+/// hugepages (on the kubelet's checkpoint, or the state built from sysfs).
 fn select(
     config: &Config,
     policy: Option<Policy>,
-    request: &Hugepages,
+    placed: &BTreeMap<String, u64>,
     all: &[NumaNode],
 ) -> Result<Selected, String> {
     let (writer, _) =
@@ -174,9 +219,9 @@ fn select(
     let topology_nodes = topology::read(&config.host).map_err(|e| e.to_string())?;
     let info = NumaInfo::from_topology(&topology_nodes, &config.topology.options)
         .map_err(|e| e.to_string())?;
-    let list: ResourceList = request
+    let list: ResourceList = placed
         .iter()
-        .map(|(size, bytes)| (size.resource_name(), QuantityValue::Number(*bytes)))
+        .map(|(name, bytes)| (name.clone(), QuantityValue::Number(*bytes)))
         .collect();
     let pod = Pod {
         spec: PodSpec {
@@ -254,8 +299,51 @@ mod tests {
         .map(String::from);
         let parsed = parse_requests(&values).expect("valid");
         assert_eq!(
-            parsed,
+            parsed.pages,
             request::Hugepages::from([(PageSize(2 << 20), 6 << 30), (PageSize(1 << 30), 2 << 30)])
+        );
+    }
+
+    #[test]
+    fn check_accepts_the_memory_a_pod_asks_for_and_places_it_without_verifying_it() {
+        let values = ["memory=4Gi", "hugepages-1Gi=2Gi", "memory=1Gi"].map(String::from);
+        let parsed = parse_requests(&values).expect("memory is a pod's request");
+        assert_eq!(
+            parsed.placed,
+            BTreeMap::from([
+                ("hugepages-1Gi".to_owned(), 2 << 30),
+                ("memory".to_owned(), 5 << 30)
+            ])
+        );
+        assert_eq!(
+            parsed.pages,
+            request::Hugepages::from([(PageSize(1 << 30), 2 << 30)])
+        );
+        assert!(parsed.ignored.is_empty());
+    }
+
+    #[test]
+    fn other_resources_are_set_aside_and_malformed_names_refused() {
+        let values = ["cpu=2", "example.com/nic=1", "hugepages-2Mi=2Mi"].map(String::from);
+        let parsed = parse_requests(&values).expect("valid names");
+        assert_eq!(parsed.ignored, ["cpu=2", "example.com/nic=1"]);
+        assert_eq!(parsed.placed.len(), 1);
+        let err = parse_requests(&["bad name=1".to_owned()]).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--request \"bad name=1\": \"bad name\" is not a resource name"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_total_that_overflows_names_the_resource() {
+        let values = ["memory=8Ei", "memory=8Ei"].map(String::from);
+        assert_eq!(
+            parse_requests(&values),
+            Err(CheckError::Overflow {
+                resource: "memory".into()
+            })
         );
     }
 
@@ -264,12 +352,9 @@ mod tests {
         let one = |v: &str| parse_requests(&[v.to_owned()]).unwrap_err().to_string();
         assert_eq!(
             one("hugepages-2Mi"),
-            "--request \"hugepages-2Mi\": expected hugepages-<size>=<quantity>, e.g. hugepages-2Mi=4Gi"
+            "--request \"hugepages-2Mi\": expected <resource>=<quantity>, e.g. hugepages-2Mi=4Gi or memory=1Gi"
         );
-        assert_eq!(
-            one("memory=1Gi"),
-            "--request \"memory=1Gi\": not a hugepages resource"
-        );
+        assert!(one("memory=lots").contains("is not a quantity"));
         assert!(one("hugepages-2Mi=1G").contains("not a whole multiple of the page size 2Mi"));
         assert!(one("hugepages-2Mi=lots").contains("is not a quantity"));
     }

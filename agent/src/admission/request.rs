@@ -61,6 +61,67 @@ impl QuantityValue {
 /// A resource list: name → quantity.
 pub type ResourceList = BTreeMap<String, QuantityValue>;
 
+/// What the agent makes of a resource a request names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResourceUse {
+    /// `hugepages-<size>`: placed by NUMA selection and verified against `free_hugepages`.
+    Hugepages(PageSize),
+    /// `memory`: placed by NUMA selection (the Memory Manager hints over it), never verified
+    /// (KEP-5759 verifies hugepages only).
+    Memory,
+    /// Any other resource (`cpu`, `ephemeral-storage`, extended resources): the Memory Manager
+    /// does not place it, so neither selection nor verification reads it.
+    Ignored,
+}
+
+/// How `name` is used, after checking that it is a Kubernetes resource name (a qualified name:
+/// an optional DNS subdomain prefix and `/`, then 1 to 63 alphanumerics, `-`, `_` or `.`,
+/// beginning and ending alphanumeric), as the API server checks it.
+pub fn resource_use(name: &str, field: impl Display) -> Result<ResourceUse, RequestError> {
+    if !is_qualified_name(name) {
+        return Err(error(
+            field,
+            format!(
+                "{name:?} is not a resource name (an optional DNS subdomain and '/', then up to 63 letters, digits, '-', '_' or '.')"
+            ),
+        ));
+    }
+    Ok(match page_size(name, &field)? {
+        Some(size) => ResourceUse::Hugepages(size),
+        None if name == "memory" => ResourceUse::Memory,
+        None => ResourceUse::Ignored,
+    })
+}
+
+fn is_qualified_name(name: &str) -> bool {
+    let (prefix, local) = match name.rsplit_once('/') {
+        Some((prefix, local)) => (Some(prefix), local),
+        None => (None, name),
+    };
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    let local_ok = !local.is_empty()
+        && local.len() <= 63
+        && local.starts_with(alnum)
+        && local.ends_with(alnum)
+        && local
+            .chars()
+            .all(|c| alnum(c) || matches!(c, '-' | '_' | '.'));
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                    && label.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                    && label
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            })
+    });
+    local_ok && prefix_ok
+}
+
 /// The page size named by a resource, `None` for resources that are not hugepages.
 pub fn page_size(name: &str, field: impl Display) -> Result<Option<PageSize>, RequestError> {
     let Some(size) = name.strip_prefix(PREFIX) else {
@@ -81,7 +142,7 @@ pub fn page_size(name: &str, field: impl Display) -> Result<Option<PageSize>, Re
 pub fn from_list(list: &ResourceList, field: impl Display) -> Result<Hugepages, RequestError> {
     let mut pages = Hugepages::new();
     for (name, value) in list {
-        if let Some(size) = page_size(name, format_args!("{field}.{name}"))? {
+        if let ResourceUse::Hugepages(size) = resource_use(name, format_args!("{field}.{name}"))? {
             let bytes = amount(size, value, format_args!("{field}.{name}"))?;
             if bytes > 0 {
                 pages.insert(size, bytes);
@@ -119,7 +180,9 @@ impl Requirements {
     pub fn hugepages(&self, field: impl Display + Copy) -> Result<Hugepages, RequestError> {
         let mut pages = Hugepages::new();
         for (name, limit) in &self.limits {
-            let Some(size) = page_size(name, format_args!("{field}.limits.{name}"))? else {
+            let ResourceUse::Hugepages(size) =
+                resource_use(name, format_args!("{field}.limits.{name}"))?
+            else {
                 continue;
             };
             let bytes = amount(size, limit, format_args!("{field}.limits.{name}"))?;
@@ -141,7 +204,9 @@ impl Requirements {
         }
         for name in self.requests.keys() {
             let at = format_args!("{field}.requests.{name}");
-            if page_size(name, at)?.is_some() && !self.limits.contains_key(name) {
+            if matches!(resource_use(name, at)?, ResourceUse::Hugepages(_))
+                && !self.limits.contains_key(name)
+            {
                 return Err(error(at, "hugepages need a limit equal to the request"));
             }
         }

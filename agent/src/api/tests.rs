@@ -365,6 +365,31 @@ async fn bad_input_is_problem_json_naming_the_field_and_changes_nothing() {
 }
 
 #[tokio::test]
+async fn the_api_takes_resource_names_as_check_does_memory_placed_others_ignored_bad_names_refused()
+{
+    let (_d, state) = state();
+    let mut body = short("2Gi", None);
+    body["containers"][0]["resources"]["cpu"] = json!("500m");
+    body["containers"][0]["resources"]["example.com/nic"] = json!("1");
+    let (status, _, answer) = admit(&state, body).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["allowed"], true, "{answer}");
+    let memory = &answer["selection"]["placements"][0]["hints"]["memory"];
+    assert!(memory.is_array(), "memory is placed: {answer}");
+    let mut bad = short("2Gi", None);
+    bad["containers"][0]["resources"]["bad name"] = json!("1");
+    let (status, _, problem) = admit(&state, bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    assert_eq!(problem["field"], "containers[0].resources.bad name");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("\"bad name\" is not a resource name")),
+        "{problem}"
+    );
+}
+
+#[tokio::test]
 async fn transport_errors_are_400_413_415() {
     let (_d, state) = state();
     let (status, ctype, problem) = send(
