@@ -4,7 +4,7 @@
 //!
 //! Two machine states: one where a single node can serve the pod (every mask fits; the singles
 //! are preferred), and one where no node alone has enough free although one has enough capacity
-//! (every hint is non-preferred: the merge's order-sensitive path). Each is measured for hint
+//! (every hint is non-preferred: the merge's non-preferred path). Each is measured for hint
 //! generation alone, the merge alone (best-effort with prefer-closest-numa-nodes, restricted and
 //! single-numa-node), and the whole selection as admission runs it. Target: p99 under 100 µs.
 //!

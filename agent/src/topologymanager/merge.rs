@@ -1,20 +1,40 @@
 //! The Topology Manager's merge: every permutation of one hint per resource of every provider is
 //! merged (the AND of its masks; preferred only if all its hints are preferred and agree), and the
-//! best merged hint wins by the kubelet's `compare` — preferred over not, then the narrowest (or,
-//! with `prefer-closest-numa-nodes`, the closest) mask, and among non-preferred hints the one
-//! closest to the widest provider's narrowest need. `single-numa-node` first keeps only preferred
-//! single-node and "don't care" hints, and reports a merged hint spanning every node as none.
+//! best merged hint wins by the kubelet's `compare`. Preferred beats non-preferred, and between
+//! preferred hints the narrowest (or, with `prefer-closest-numa-nodes`, the closest) mask wins.
+//! Between non-preferred hints `compare` steers towards `BestNonPreferredAffinityCount`, the
+//! widest of the lists' narrowest hints: a best wider than that gives way to a fitter mask, one
+//! as wide only to a fitter mask as wide, and one narrower to any mask as wide as the count, to
+//! one with more nodes short of it, or to a fitter one with as many. `single-numa-node` first
+//! keeps only preferred single-node and "don't care" hints, and reports a merged hint spanning
+//! every node as none.
 //!
 //! The kubelet walks all permutations (255³ for 8 nodes and 3 memory types). This merge returns
-//! the same hint without doing so: once a preferred candidate exists only preferred ones can win,
-//! and between preferred masks the comparison is a total order, so the best preferred candidate
-//! is found directly; otherwise every candidate is non-preferred, a candidate seen again never
-//! changes the kubelet's running best, and a subtree of permutations is fully determined by its
-//! level and the AND so far — so each (level, AND) is walked once, in the kubelet's order. The
-//! running best only ever improves and the rules for replacing it only tighten, so a subtree none
-//! of whose masks (subsets of its AND) could replace the best now is skipped.
+//! the same hint without doing so, because `compare` always keeps the higher of its two hints in
+//! one strict total order: preferred hints above the others, ranked by the mask comparison
+//! (fewer nodes; with `closest`, among as many nodes the shorter mean distance; then the smaller
+//! number); then non-preferred masks as wide as the count, ranked by the mask comparison; then
+//! narrower ones, more nodes first and then by the mask comparison; then wider ones, by the mask
+//! comparison. Every rule of `compare` agrees with that order, across groups too: a wider
+//! non-preferred best gives way to any narrower mask (the mask comparison calls it fitter), and
+//! one as wide as the count or narrower never to a wider one. So the kubelet's answer is the
+//! highest merged hint, whatever order the permutations come in (Go's map order already shuffles
+//! the resources). Hence:
+//!
+//! * once a preferred candidate exists only preferred ones can win, and the best of them is found
+//!   directly from the masks every list offers as preferred (or as "any node");
+//! * otherwise every candidate is non-preferred and the walk runs in the kubelet's order with the
+//!   kubelet's compare, but visits each (level, AND) once: the candidates below it depend on
+//!   nothing else, and taking the highest of a set twice changes nothing. A subtree none of whose
+//!   masks (subsets of its AND) ranks above the best so far is skipped; the best only rises, so
+//!   such a subtree could not matter later either.
+//!
+//! `merge/reference.rs` transcribes the kubelet's walk line by line, for the tests to compare.
 
-use std::collections::{BTreeMap, HashSet};
+use std::{
+    cmp::Ordering,
+    collections::{BTreeMap, HashSet},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -483,16 +503,29 @@ impl<'a> Merger<'a> {
         best
     }
 
-    /// The kubelet's `compare` between two non-preferred masks: whether `candidate` replaces
-    /// `current`.
+    /// The kubelet's `compare` between two different non-preferred masks (its cases 1 to 3cc):
+    /// whether `candidate` replaces `current`.
     fn replaces(&self, current: NumaMask, candidate: NumaMask) -> bool {
         let target = self.best_non_preferred_count;
         let (now, next) = (current.count(), candidate.count());
-        let contest =
-            now > target || (now == target && next == target) || (now < target && next <= target);
-        contest
-            && candidate != current
-            && self.info.better(self.closest, current, candidate) == candidate
+        let fitter = || {
+            candidate != current && self.info.better(self.closest, current, candidate) == candidate
+        };
+        match now.cmp(&target) {
+            // 1: wider than the count: the fitter mask.
+            Ordering::Greater => fitter(),
+            // 2: as wide: only a fitter mask as wide.
+            Ordering::Equal => next == target && fitter(),
+            // 3: narrower. 3a: never one wider than the count; 3b: always one as wide; 3ca:
+            // always one with more nodes; 3cb: never one with fewer; 3cc: the fitter of as many.
+            Ordering::Less if next > target => false,
+            Ordering::Less if next == target => true,
+            Ordering::Less => match next.cmp(&now) {
+                Ordering::Greater => true,
+                Ordering::Less => false,
+                Ordering::Equal => fitter(),
+            },
+        }
     }
 }
 
@@ -504,9 +537,13 @@ impl Merger<'_> {
         if available == 0 {
             return false;
         }
-        // A subset with fewer nodes is narrower, and allowed unless the best sits on the target.
-        if count > 1 && count != self.best_non_preferred_count {
-            return true;
+        match count.cmp(&self.best_non_preferred_count) {
+            // Wider than the count: any subset with fewer nodes replaces it (a single node will do).
+            Ordering::Greater if count > 1 => return true,
+            // Narrower: a subset with one node more, at most the count, replaces it.
+            Ordering::Less if available > count => return true,
+            // Otherwise only a fitter subset with as many nodes could.
+            _ => {}
         }
         if available < count {
             return false;
@@ -630,5 +667,7 @@ impl Seen {
     }
 }
 
+#[cfg(test)]
+pub(crate) mod reference;
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,10 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::memorymanager::testing::{GI, guaranteed, node, state};
+use crate::{
+    memorymanager::testing::{GI, guaranteed, node, state},
+    topologymanager::merge::reference::{self, Rule},
+};
 
 fn two_nodes(free_huge: [u64; 2]) -> MemoryManagerState {
     state(vec![
@@ -119,4 +122,164 @@ fn pod_scope_places_the_sum_and_burstable_pods_get_no_hints() {
     assert_eq!(selection.placements[0].hints, None);
     assert_eq!(selection.placements[0].merged.hint.affinity, None);
     assert_eq!(allocated(&selection), vec![None]);
+}
+
+/// Three nodes 10, 20 and 30 apart, under `options`.
+fn three_nodes_info(options: &PolicyOptions) -> (NumaInfo, reference::NumaInfo) {
+    let nodes = vec![0, 1, 2];
+    let distances = BTreeMap::from([
+        (0, vec![10, 20, 30]),
+        (1, vec![20, 10, 20]),
+        (2, vec![30, 20, 10]),
+    ]);
+    let info = NumaInfo::new(nodes.clone(), distances.clone(), options).unwrap();
+    (info, reference::NumaInfo { nodes, distances })
+}
+
+/// The selection's first placement under every merging policy, with and without
+/// prefer-closest-numa-nodes, beside the kubelet's merge (transcribed) of the same hints.
+fn placements_beside_the_kubelet(
+    state: &MemoryManagerState,
+    pod: &Pod,
+    decisions: &reference::Decisions,
+) -> Vec<(Policy, bool, Selection, Merged)> {
+    let mut all = Vec::new();
+    for policy in [
+        Policy::BestEffort,
+        Policy::Restricted,
+        Policy::SingleNumaNode,
+    ] {
+        for closest in [false, true] {
+            let options = PolicyOptions {
+                prefer_closest_numa_nodes: closest,
+                ..PolicyOptions::default()
+            };
+            let (info, kubelet_info) = three_nodes_info(&options);
+            let topology = Topology {
+                info: &info,
+                policy,
+                options: &options,
+                scope: Scope::Container,
+                gates: FeatureGates::default(),
+            };
+            let selection = select(state, pod, topology).unwrap();
+            let provider: ProviderHints = selection.placements[0].hints.as_ref().map(|h| {
+                h.iter()
+                    .map(|(k, v)| (k.clone(), Some(v.clone())))
+                    .collect()
+            });
+            let kubelet = reference::merge(policy, closest, &kubelet_info, &[provider], decisions);
+            all.push((policy, closest, selection, kubelet));
+        }
+    }
+    all
+}
+
+/// Memory Manager hints alone never leave a non-preferred best narrower than the widest need
+/// (`BestNonPreferredAffinityCount`): every memory type gets the same list in mask order, so the
+/// first permutation is the narrowest hint of every list, exactly as wide as that need, and from
+/// there only a mask as wide replaces it (case 2 of `compare`). Here no node alone has the free
+/// hugepages, so every hint is a non-preferred pair or the triple, and pairs of different hints
+/// merge to single nodes, narrower than the need: the kubelet still keeps the first pair.
+#[test]
+fn memory_manager_hints_alone_keep_the_first_hint_as_wide_as_the_widest_need() {
+    let nodes = (0..3)
+        .map(|n| {
+            let tables = [("memory", 8 * GI, 8 * GI), ("hugepages-1Gi", 2 * GI, GI)];
+            (n, node(&tables, &[n], 0))
+        })
+        .collect();
+    let state = state(nodes);
+    let pod = guaranteed(&[("a", "1Gi", "2Gi")]);
+    let decisions = reference::Decisions::default();
+    for (policy, closest, selection, kubelet) in
+        placements_beside_the_kubelet(&state, &pod, &decisions)
+    {
+        let placement = &selection.placements[0];
+        let list = placement
+            .hints
+            .as_ref()
+            .and_then(|h| h.get("hugepages-1Gi"));
+        let masks: Vec<_> = list.into_iter().flatten().map(|h| h.affinity).collect();
+        let pair = |a, b| NumaMask::from_nodes(&[a, b]).ok();
+        assert_eq!(masks[..3], [pair(0, 1), pair(0, 2), pair(1, 2)]);
+        assert_eq!(placement.merged, kubelet, "{policy}, closest {closest}");
+        if policy == Policy::BestEffort {
+            assert_eq!(placement.merged.hint.affinity, pair(0, 1));
+            assert!(!placement.merged.hint.preferred);
+            assert_eq!(allocated(&selection), vec![Some(vec![0, 1])]);
+        } else {
+            assert_eq!(selection.reason, Some(REASON_TOPOLOGY), "{policy}");
+        }
+    }
+    assert!(decisions.get(Rule::Case2) > 0);
+    let narrower = [
+        Rule::Case3a,
+        Rule::Case3b,
+        Rule::Case3ca,
+        Rule::Case3cb,
+        Rule::Case3cc,
+    ];
+    for rule in narrower {
+        assert_eq!(decisions.get(rule), 0, "{rule:?}");
+    }
+}
+
+/// The one way admission reaches that branch: a checkpoint with two blocks of one memory type
+/// for a container (the kubelet writes one per type, but reads back whatever is there). Its
+/// blocks come back as hints — memory on {0} and on {0, 1}, 1Gi hugepages on {0, 1, 2}, 2Mi
+/// hugepages on none — so every merged hint is non-preferred, the widest need is 3 and the first
+/// merged hint, {0}, is narrower: the kubelet moves to {0, 1} (case 3ca). The container keeps its
+/// blocks; the merged hint is what the placement reports.
+#[test]
+fn two_blocks_of_one_type_in_the_checkpoint_merge_as_the_kubelet_does() {
+    let mut state = two_nodes([2 * GI, 2 * GI]);
+    let third = node(
+        &[
+            ("memory", 8 * GI, 8 * GI),
+            ("hugepages-1Gi", 2 * GI, 2 * GI),
+        ],
+        &[2],
+        0,
+    );
+    state.machine_state.insert(2, third);
+    let block = |nodes: &[usize], resource: &str, size| Block {
+        numa_affinity: nodes.to_vec(),
+        resource: resource.into(),
+        size,
+    };
+    let blocks = vec![
+        block(&[0], "memory", GI),
+        block(&[0, 1], "memory", GI),
+        block(&[0, 1, 2], "hugepages-1Gi", 2 * GI),
+    ];
+    state
+        .entries
+        .insert("pod-1".into(), BTreeMap::from([("a".to_string(), blocks)]));
+    let list = serde_json::json!({
+        "cpu": "1", "memory": "1Gi", "hugepages-1Gi": "2Gi", "hugepages-2Mi": "2Mi"
+    });
+    let pod = crate::memorymanager::testing::pod(serde_json::json!({
+        "metadata": {"uid": "pod-1", "name": "p", "namespace": "ns"},
+        "spec": {"containers": [
+            {"name": "a", "resources": {"requests": list, "limits": list}}
+        ]}
+    }));
+    let decisions = reference::Decisions::default();
+    for (policy, closest, selection, kubelet) in
+        placements_beside_the_kubelet(&state, &pod, &decisions)
+    {
+        let merged = selection.placements[0].merged;
+        assert_eq!(merged, kubelet, "{policy}, closest {closest}");
+        if policy == Policy::BestEffort {
+            let expected = NumaMask::from_nodes(&[0, 1]).ok();
+            assert_eq!(
+                (merged.hint.affinity, merged.hint.preferred),
+                (expected, false)
+            );
+            assert!(selection.admit);
+            assert_eq!(allocated(&selection), vec![Some(vec![0, 1, 2])]);
+        }
+    }
+    assert!(decisions.get(Rule::Case3ca) > 0);
 }

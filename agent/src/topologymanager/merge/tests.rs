@@ -1,4 +1,4 @@
-use super::*;
+use super::{reference::Rule, *};
 
 fn mask(nodes: &[usize]) -> NumaMask {
     NumaMask::from_nodes(nodes).unwrap()
@@ -36,95 +36,6 @@ fn info(n: usize) -> NumaInfo {
     NumaInfo::new(nodes, distances, &options).unwrap()
 }
 
-/// The kubelet's merge as it is written: every permutation, in order, through `compare`.
-fn exhaustive(info: &NumaInfo, lists: &[Vec<TopologyHint>], closest: bool) -> TopologyHint {
-    let merger = Merger::new(info, lists, closest);
-    let default = info.default_affinity();
-    let mut best: Option<TopologyHint> = None;
-    let mut picks = vec![0usize; lists.len()];
-    if lists.iter().all(|l| !l.is_empty()) {
-        loop {
-            let permutation: Vec<TopologyHint> =
-                picks.iter().zip(lists).map(|(&i, l)| l[i]).collect();
-            let affinities: Vec<NumaMask> = permutation.iter().filter_map(|h| h.affinity).collect();
-            let preferred = permutation.iter().all(|h| h.preferred)
-                && affinities.iter().all(|&m| m == affinities[0]);
-            let merged = affinities.iter().fold(default, |acc, &m| acc.and(m));
-            let candidate = TopologyHint {
-                affinity: Some(merged),
-                preferred,
-            };
-            best = compare(&merger, best, candidate);
-            let mut level = lists.len();
-            loop {
-                if level == 0 {
-                    break;
-                }
-                level -= 1;
-                picks[level] += 1;
-                if picks[level] < lists[level].len() {
-                    break;
-                }
-                picks[level] = 0;
-                if level == 0 {
-                    level = usize::MAX;
-                    break;
-                }
-            }
-            if level == usize::MAX || lists.is_empty() {
-                break;
-            }
-        }
-    }
-    best.unwrap_or(TopologyHint {
-        affinity: Some(default),
-        preferred: false,
-    })
-}
-
-fn compare(
-    merger: &Merger<'_>,
-    current: Option<TopologyHint>,
-    candidate: TopologyHint,
-) -> Option<TopologyHint> {
-    let cand = candidate.affinity.unwrap();
-    if cand.count() == 0 {
-        return current;
-    }
-    let Some(cur) = current else {
-        return Some(candidate);
-    };
-    let now = cur.affinity.unwrap();
-    let masks = |keep: TopologyHint| {
-        if cand == now || merger.info.better(merger.closest, now, cand) == now {
-            Some(keep)
-        } else {
-            Some(candidate)
-        }
-    };
-    match (cur.preferred, candidate.preferred) {
-        (false, true) => Some(candidate),
-        (true, false) => Some(cur),
-        (true, true) => masks(cur),
-        (false, false) => {
-            let target = merger.best_non_preferred_count;
-            if now.count() > target {
-                masks(cur)
-            } else if now.count() == target {
-                if cand.count() != target {
-                    Some(cur)
-                } else {
-                    masks(cur)
-                }
-            } else if cand.count() > target {
-                Some(cur)
-            } else {
-                masks(cur)
-            }
-        }
-    }
-}
-
 /// xorshift64*: deterministic, no dependency.
 struct Rng(u64);
 
@@ -141,56 +52,255 @@ impl Rng {
     }
 }
 
-fn random_lists(rng: &mut Rng, nodes: usize) -> Vec<Vec<TopologyHint>> {
-    let lists = 1 + rng.below(3) as usize;
-    (0..lists)
-        .map(|_| {
-            let len = rng.below(6) as usize;
-            (0..len)
-                .map(|_| {
-                    let affinity = if rng.below(8) == 0 {
-                        None
-                    } else {
-                        // Sometimes a node outside the machine, as a provider may send.
-                        Some(NumaMask(rng.below(1 << (nodes + 1))))
-                    };
-                    TopologyHint {
-                        affinity,
-                        preferred: rng.below(3) == 0,
-                    }
-                })
-                .collect()
-        })
-        .collect()
+/// Node ids a random machine may use; a hint may name one the machine lacks.
+const ID_BITS: usize = 5;
+
+/// A random machine and providers, as the kubelet receives them.
+struct RandomCase {
+    nodes: Vec<usize>,
+    distances: BTreeMap<usize, Vec<u64>>,
+    providers: Vec<ProviderHints>,
 }
 
+impl RandomCase {
+    fn new(rng: &mut Rng) -> Self {
+        // Mostly nodes 0..n; sometimes ids with gaps.
+        let nodes: Vec<usize> = if rng.below(4) == 0 {
+            let ids = 1 + rng.below((1 << ID_BITS) - 1);
+            (0..ID_BITS).filter(|i| ids & 1 << i != 0).collect()
+        } else {
+            (0..1 + rng.below(4) as usize).collect()
+        };
+        // Few distinct values, so that equal mean distances (the tie rule) come up.
+        let distances = (0..ID_BITS)
+            .map(|from| {
+                let row = (0..ID_BITS)
+                    .map(|to| {
+                        if from == to {
+                            10
+                        } else {
+                            [11, 12, 20, 21][rng.below(4) as usize]
+                        }
+                    })
+                    .collect();
+                (from, row)
+            })
+            .collect();
+        let machine: u64 = nodes.iter().map(|&n| 1u64 << n).sum();
+        // Whether hints are preferred: never (the branch under test), as the Memory Manager
+        // says (the provider's narrowest width), or at random.
+        let preference = rng.below(3);
+        let mut lists = 0;
+        let providers = (0..1 + rng.below(3))
+            .map(|_| match rng.below(10) {
+                0 => None,
+                1 => Some(BTreeMap::new()),
+                _ => {
+                    // Each provider needs a width of its own: its narrowest hint.
+                    let width = 1 + rng.below(nodes.len() as u64) as u32;
+                    let resources = (0..1 + rng.below(2))
+                        .filter(|_| {
+                            lists += 1;
+                            lists <= 5
+                        })
+                        .map(|r| {
+                            let hints = match rng.below(10) {
+                                0 => None,
+                                1 => Some(vec![]),
+                                _ => Some(
+                                    (0..1 + rng.below(4))
+                                        .map(|_| random_hint(rng, machine, width, preference))
+                                        .collect(),
+                                ),
+                            };
+                            (format!("resource{r}"), hints)
+                        })
+                        .collect();
+                    Some(resources)
+                }
+            })
+            .collect();
+        RandomCase {
+            nodes,
+            distances,
+            providers,
+        }
+    }
+}
+
+fn random_hint(rng: &mut Rng, machine: u64, width: u32, preference: u64) -> TopologyHint {
+    if rng.below(10) == 0 {
+        return TopologyHint {
+            affinity: None,
+            preferred: preference != 0 && rng.below(2) == 0,
+        };
+    }
+    let mut bits = rng.next() & machine;
+    while bits.count_ones() < width {
+        bits |= 1 << rng.below(ID_BITS as u64) & machine;
+    }
+    if rng.below(8) == 0 {
+        bits |= 1 << rng.below(ID_BITS as u64);
+    }
+    let preferred = match preference {
+        0 => false,
+        1 => bits.count_ones() == width,
+        _ => rng.below(3) == 0,
+    };
+    TopologyHint {
+        affinity: Some(NumaMask(bits)),
+        preferred,
+    }
+}
+
+const POLICIES: [Policy; 4] = [
+    Policy::None,
+    Policy::BestEffort,
+    Policy::Restricted,
+    Policy::SingleNumaNode,
+];
+
 #[test]
-fn agrees_with_the_kubelets_exhaustive_walk_on_random_hints() {
+fn agrees_with_the_kubelets_merge_transcribed_on_random_hints() {
+    const ROUNDS: usize = 20_000;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut differing_orders = 0;
-    for round in 0..20_000 {
-        let nodes = 1 + rng.below(4) as usize;
-        let info = info(nodes);
-        let lists = random_lists(&mut rng, nodes);
+    let decisions = reference::Decisions::default();
+    // Cases where the kubelet left a non-preferred best narrower than the widest need.
+    let mut climbed = 0;
+    for round in 0..ROUNDS {
+        let case = RandomCase::new(&mut rng);
+        let kubelet_info = reference::NumaInfo {
+            nodes: case.nodes.clone(),
+            distances: case.distances.clone(),
+        };
+        let before = decisions.get(Rule::Case3b) + decisions.get(Rule::Case3ca);
         for closest in [false, true] {
-            let fast = Merger::new(&info, &lists, closest).merge();
-            let slow = exhaustive(&info, &lists, closest);
+            let options = PolicyOptions {
+                prefer_closest_numa_nodes: closest,
+                ..PolicyOptions::default()
+            };
+            let info = NumaInfo::new(case.nodes.clone(), case.distances.clone(), &options).unwrap();
+            for policy in POLICIES {
+                let fast = merge(policy, &options, &info, &case.providers);
+                let kubelet =
+                    reference::merge(policy, closest, &kubelet_info, &case.providers, &decisions);
+                assert_eq!(
+                    fast, kubelet,
+                    "round {round}, {policy}, closest {closest}, nodes {:?}, providers {:?}",
+                    case.nodes, case.providers
+                );
+            }
+        }
+        if decisions.get(Rule::Case3b) + decisions.get(Rule::Case3ca) > before {
+            climbed += 1;
+        }
+    }
+    let counts: Vec<(Rule, u64)> = Rule::ALL.iter().map(|&r| (r, decisions.get(r))).collect();
+    assert!(
+        counts.iter().all(|&(_, n)| n > 0),
+        "some rule of compare was never reached: {counts:?}"
+    );
+    assert!(
+        climbed > ROUNDS / 50,
+        "{climbed} of {ROUNDS} cases left a best narrower than the widest need: {counts:?}"
+    );
+}
+
+/// The kubelet ranges over each provider's map in Go's random order, and the merge's compare
+/// is a total order (see the module documentation), so its answer cannot depend on the order
+/// of the lists or of their hints; the fast merge relies on it.
+#[test]
+fn the_kubelets_answer_does_not_depend_on_the_order_of_resources_or_hints() {
+    let mut rng = Rng(0x0123_4567_89ab_cdef);
+    let decisions = reference::Decisions::default();
+    for round in 0..5_000 {
+        let case = RandomCase::new(&mut rng);
+        let info = reference::NumaInfo {
+            nodes: case.nodes.clone(),
+            distances: case.distances.clone(),
+        };
+        let lists = reference::filter_providers_hints(&case.providers);
+        let mut reordered = lists.clone();
+        reordered.reverse();
+        reordered.iter_mut().for_each(|l| l.reverse());
+        if let Some(first) = reordered.first_mut() {
+            first.rotate_left(1);
+        }
+        for closest in [false, true] {
+            let merged = |lists: &[Vec<TopologyHint>]| {
+                reference::HintMerger::new(
+                    &info,
+                    lists.to_vec(),
+                    Policy::BestEffort,
+                    closest,
+                    &decisions,
+                )
+                .merge()
+            };
             assert_eq!(
-                fast, slow,
+                merged(&lists),
+                merged(&reordered),
                 "round {round}, closest {closest}, lists {lists:?}"
             );
         }
-        // The walk order matters to the kubelet; check the random cases do reach such cases.
-        let mut reversed: Vec<Vec<TopologyHint>> = lists.clone();
-        reversed.iter_mut().for_each(|l| l.reverse());
-        if exhaustive(&info, &lists, false) != exhaustive(&info, &reversed, false) {
-            differing_orders += 1;
+    }
+}
+
+fn provider(resources: &[(&str, Vec<TopologyHint>)]) -> ProviderHints {
+    Some(
+        resources
+            .iter()
+            .map(|(name, hints)| (name.to_string(), Some(hints.clone())))
+            .collect(),
+    )
+}
+
+/// Every merged hint non-preferred and the first narrower than the widest of the providers'
+/// narrowest hints (`BestNonPreferredAffinityCount`): the kubelet then takes any hint up to that
+/// width with more nodes (cases 3b and 3ca of `compare`), where a narrower-is-better test keeps
+/// the first. The shape: CPU with single-node hints, memory and hugepages only on grouped nodes.
+#[test]
+fn a_non_preferred_best_narrower_than_the_widest_need_is_replaced_as_the_kubelet_does() {
+    let cpu = provider(&[(
+        "cpu",
+        vec![
+            hint(Some(&[0]), true),
+            hint(Some(&[1]), true),
+            hint(Some(&[0, 1]), false),
+        ],
+    )]);
+    let grouped = |nodes: &[usize]| {
+        let hints = vec![hint(Some(nodes), false)];
+        provider(&[("hugepages-1Gi", hints.clone()), ("memory", hints)])
+    };
+    // Two nodes, memory only on both: {0}, then {1}, then {0, 1} at the width of 2 (case 3b).
+    // Four nodes, memory only on three: {0}, {1}, then {0, 1}, closer to 3 (case 3ca).
+    let shapes = [
+        (2, grouped(&[0, 1]), [0, 1]),
+        (4, grouped(&[0, 1, 2]), [0, 1]),
+    ];
+    for (nodes, memory, expected) in shapes {
+        let info = info(nodes);
+        let providers = [cpu.clone(), memory];
+        for closest in [false, true] {
+            let options = PolicyOptions {
+                prefer_closest_numa_nodes: closest,
+                max_allowable_numa_nodes: 64,
+            };
+            let best_effort = merge(Policy::BestEffort, &options, &info, &providers);
+            assert_eq!(
+                (best_effort.hint, best_effort.admit),
+                (hint(Some(&expected), false), true),
+                "best-effort, {nodes} nodes, closest {closest}"
+            );
+            let restricted = merge(Policy::Restricted, &options, &info, &providers);
+            assert_eq!(
+                (restricted.hint, restricted.admit),
+                (hint(Some(&expected), false), false),
+                "restricted, {nodes} nodes, closest {closest}"
+            );
         }
     }
-    assert!(
-        differing_orders > 0,
-        "no order-sensitive case was generated"
-    );
 }
 
 #[test]
@@ -335,18 +445,32 @@ fn every_kubelet_topology_policy_case() {
                 .unwrap_or_default();
         let providers: Vec<ProviderHints> =
             serde_json::from_value(input["providers"].clone()).unwrap();
-        let info = NumaInfo::new(nodes, distances, &options).unwrap();
-        let merged = merge(policy, &options, &info, &providers);
-        let got = Expected {
-            numa_nodes: merged.hint.affinity,
-            preferred: merged.hint.preferred,
-            admit: merged.admit,
+        let kubelet_info = reference::NumaInfo {
+            nodes: nodes.clone(),
+            distances: distances.clone(),
         };
-        if got != case.expected {
-            failures.push(format!(
-                "{} ({}, {}): expected {:?}, got {:?}",
-                case.name, case.source, policy, case.expected, got
-            ));
+        let info = NumaInfo::new(nodes, distances, &options).unwrap();
+        let fast = merge(policy, &options, &info, &providers);
+        // The transcription is checked against the kubelet's own cases too.
+        let transcribed = reference::merge(
+            policy,
+            options.prefer_closest_numa_nodes,
+            &kubelet_info,
+            &providers,
+            &reference::Decisions::default(),
+        );
+        for (which, merged) in [("merge", fast), ("transcription", transcribed)] {
+            let got = Expected {
+                numa_nodes: merged.hint.affinity,
+                preferred: merged.hint.preferred,
+                admit: merged.admit,
+            };
+            if got != case.expected {
+                failures.push(format!(
+                    "{which}: {} ({}, {}): expected {:?}, got {:?}",
+                    case.name, case.source, policy, case.expected, got
+                ));
+            }
         }
     }
     assert!(
