@@ -2,10 +2,10 @@
 //!
 //! [`parse`] reads pressure files; [`source`] finds them for the two scopes (the system,
 //! `/proc/pressure/*`, and the kubepods cgroup's `*.pressure`); [`condition`] is the KEP's logic,
-//! a pure state machine over readings; [`trigger`] arms kernel PSI triggers so that crossing a
-//! threshold wakes the evaluation at once; [`monitor`] runs it all and publishes what the API
-//! shows. CPU pressure is read and reported but is not a condition (the KEP: CPU is
-//! compressible).
+//! a pure state machine over readings; [`trigger`] arms kernel PSI triggers (on real pressure
+//! files only: the one write the agent makes under `--host-root`) so that crossing a threshold
+//! wakes the evaluation at once; [`monitor`] runs it all and publishes what the API shows. CPU
+//! pressure is read and reported but is not a condition (the KEP: CPU is compressible).
 
 pub mod condition;
 pub mod monitor;
@@ -75,4 +75,8 @@ pub enum PsiError {
     Sysfs(#[from] crate::sysfs::SysfsError),
     #[error("{path}: {why}")]
     Trigger { path: PathBuf, why: String },
+    #[error(
+        "{path}: not a kernel pressure file: it is on {filesystem}, and PSI triggers are taken on procfs (0x00009fa0) and cgroup2 (0x63677270) only; nothing is written to it"
+    )]
+    NotKernelPressure { path: PathBuf, filesystem: String },
 }

@@ -426,6 +426,69 @@ mod tests {
         assert!(view.memory_pressure().is_none());
     }
 
+    /// Issue #14: over a copied host tree (ordinary files) the monitor armed its triggers by
+    /// writing into the tree's pressure files, could not parse them afterwards, and kept every
+    /// condition Unknown on a tree whose memory pressure was avg10=60, avg60=55 over 30.
+    #[tokio::test]
+    async fn over_a_copied_host_tree_no_trigger_is_armed_and_the_files_are_read_unchanged() {
+        const HIGHER: &str = "some avg10=60.00 avg60=55.00 avg300=20.00 total=123456\nfull avg10=1.00 avg60=1.00 avg300=0.50 total=789\n";
+        let files = [
+            ("/proc/pressure/memory", HIGHER),
+            ("/proc/pressure/io", QUIET),
+            ("/proc/pressure/cpu", QUIET),
+            ("/sys/fs/cgroup/cgroup.controllers", "memory io\n"),
+            ("/sys/fs/cgroup/kubepods.slice/memory.pressure", QUIET),
+            ("/sys/fs/cgroup/kubepods.slice/io.pressure", QUIET),
+            ("/sys/fs/cgroup/kubepods.slice/cpu.pressure", QUIET),
+        ];
+        let (dir, host) = fake::tree(&files);
+        let config = PsiConfig {
+            memory_threshold: 30.0,
+            ..CONFIG
+        };
+        let (mut monitor, reader) = Monitor::new(host, config);
+        assert!(monitor.arm_triggers().is_empty(), "a trigger was armed");
+        monitor.evaluate(SystemTime::now());
+        for (file, content) in files {
+            let path = dir.path().join(file.trim_start_matches('/'));
+            assert_eq!(
+                std::fs::read_to_string(&path).expect("read back"),
+                content,
+                "{file} changed"
+            );
+        }
+        let view = reader.load();
+        assert_eq!(view.triggers.len(), 4, "memory and io of both scopes");
+        for t in &view.triggers {
+            assert!(!t.armed, "{t:?}");
+            assert!(
+                t.why
+                    .as_deref()
+                    .is_some_and(|w| w.contains("not a kernel pressure file")),
+                "{t:?}"
+            );
+        }
+        let status = |kind: &str| {
+            view.conditions
+                .iter()
+                .find(|c| c.kind == kind)
+                .map(|c| c.status)
+        };
+        assert_eq!(
+            status("SystemMemoryContentionPressure"),
+            Some(Status::True),
+            "{:?}",
+            view.conditions
+        );
+        for kind in [
+            "SystemDiskContentionPressure",
+            "KubepodsMemoryContentionPressure",
+            "KubepodsDiskContentionPressure",
+        ] {
+            assert_eq!(status(kind), Some(Status::False), "{kind}");
+        }
+    }
+
     #[test]
     fn events_are_bounded() {
         let (dir, host) = fake::tree(&[
