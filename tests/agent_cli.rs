@@ -10,7 +10,7 @@ use hugepage_agent::{
 };
 use hugepage_agent_tests::{
     Agent, HugepagePool, HugetlbController, MemoryPressure, TestCgroup, Toucher, agent_bin,
-    free_port, host_lock, http, output, read_u64,
+    free_port, fresh_state_dir, host_lock, http, output, read_u64,
 };
 
 const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
@@ -21,6 +21,9 @@ fn agent(args: &[&str]) -> Command {
     cmd.args(args);
     cmd
 }
+
+/// The user the unprivileged agent runs as.
+const NOBODY: u32 = 65534;
 
 /// The agent as user `nobody` holding CAP_BPF only: maps can be created, but the kernel refuses
 /// tracing programs (they need CAP_PERFMON too).
@@ -125,7 +128,7 @@ fn ebpf_off_runs_on_sysfs_and_stops_cleanly_on_sigterm() {
 fn a_program_the_kernel_refuses_degrades_to_sysfs_with_one_warning_naming_it() {
     let _lock = host_lock();
     tracefs_ready();
-    let mut agent = Agent::start(agent_with_cap_bpf_only(&["run", "--ebpf", "auto"]));
+    let mut agent = Agent::start_as(agent_with_cap_bpf_only(&["run", "--ebpf", "auto"]), NOBODY);
     agent.wait_for("agent running", Duration::from_secs(10), |l| {
         l["source"] == "sysfs"
     });
@@ -146,12 +149,56 @@ fn with_ebpf_on_a_refused_program_is_a_startup_error() {
     let _lock = host_lock();
     tracefs_ready();
     let listen = format!("127.0.0.1:{}", free_port());
+    let state = fresh_state_dir(NOBODY);
     let (status, _, err) = output(agent_with_cap_bpf_only(&[
-        "run", "--ebpf", "on", "--listen", &listen,
+        "run",
+        "--ebpf",
+        "on",
+        "--listen",
+        &listen,
+        "--state-dir",
+        state.path().to_str().expect("utf-8 path"),
     ]));
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("hugepage-agent: eBPF probes required (--ebpf on) but unavailable: eBPF program cgroup_mkdir refused by the kernel"), "{err}");
     assert!(err.contains("[EPERM]"), "{err}");
+}
+
+/// A field of `/proc/<pid>/<file>` (`status`, `smaps_rollup`) as a number (kB for sizes).
+fn proc_field(pid: u32, file: &str, field: &str) -> u64 {
+    let text = fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/{file}: {e}"));
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|rest| rest.trim_start_matches(':').split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/{file}:\n{text}"))
+}
+
+#[test]
+fn an_agent_takes_no_transparent_huge_pages_for_itself() {
+    let mut running = Agent::start(agent(&["run", "--ebpf", "off"]));
+    running.wait_for("agent running", Duration::from_secs(10), |_| true);
+    // Work that allocates: admissions, the map, metrics.
+    let body = r#"{"pod":{"namespace":"a","name":"b","uid":"11111111-2222-3333-4444-555555555555"},"containers":[{"name":"c","resources":{"hugepages-2Mi":"2Mi","memory":"1Gi"}}]}"#;
+    for _ in 0..200 {
+        let (status, answer) = http(
+            running.port,
+            "POST",
+            "/v1/admit",
+            Some("application/json"),
+            body,
+        );
+        assert_eq!(status, 200, "{answer}");
+        http(running.port, "GET", "/metrics", None, "");
+    }
+    let pid = running.pid();
+    assert_eq!(
+        proc_field(pid, "status", "THP_enabled"),
+        0,
+        "the agent must turn transparent huge pages off for itself"
+    );
+    assert_eq!(proc_field(pid, "smaps_rollup", "AnonHugePages"), 0);
 }
 
 #[test]
@@ -278,6 +325,49 @@ fn strict_catches_a_reserved_untouched_mapping_that_kep_admits() {
         )
     );
     drop(reserver);
+}
+
+#[test]
+fn check_accepts_the_memory_a_pod_asks_for() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 2);
+    // The issue's own command: a rejection (this host has no 1 GiB pages), not bad input.
+    let (status, _, err) = output(agent(&[
+        "check",
+        "--request",
+        "memory=4Gi",
+        "--request",
+        "hugepages-1Gi=2Gi",
+        "--numa",
+        "0",
+    ]));
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("insufficient hugepages-1Gi on NUMA node(s) [0]: requested 2Gi, available 0"),
+        "{err}"
+    );
+    // Memory is placed by the kubelet's selection and not verified; cpu is set aside, and said so.
+    let (status, out, err) = output(agent(&[
+        "check",
+        "--request",
+        "memory=64Mi",
+        "--request",
+        "hugepages-2Mi=2Mi",
+        "--request",
+        "cpu=1",
+        "--policy",
+        "single-numa-node",
+    ]));
+    assert_eq!(status.code(), Some(0), "{out}{err}");
+    assert!(
+        out.contains("ok           hugepages-2Mi on NUMA node(s) [0]"),
+        "{out}"
+    );
+    assert!(!out.contains("memory"), "memory is never verified: {out}");
+    assert!(
+        err.contains("--request cpu=1: not memory or hugepages; the Memory Manager does not place it, ignored"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -674,8 +764,8 @@ fn story_2_end_to_end_reservation_holds_across_a_kill_and_ends_when_the_pod_faul
     let lock = host_lock();
     let _pool = HugepagePool::reserve(&lock, 16);
     let _controller = HugetlbController::enable(&lock);
-    let state = std::env::temp_dir().join(format!("hugepage-agent-state-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&state);
+    let state_dir = fresh_state_dir(0);
+    let state = state_dir.path();
     let start = || {
         let mut running = Agent::start(agent(&[
             "run",
@@ -760,7 +850,6 @@ fn story_2_end_to_end_reservation_holds_across_a_kill_and_ends_when_the_pod_faul
     drop(root);
     let (status, _) = running.terminate();
     assert!(status.success());
-    let _ = fs::remove_dir_all(&state);
 }
 
 /// A kubelet Memory Manager checkpoint (checksum and all) for node 0 of this host that believes

@@ -12,6 +12,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod consumers;
+pub mod footprint;
 pub mod kubelet;
 pub mod logging;
 pub mod memorymanager;

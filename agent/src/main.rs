@@ -7,15 +7,15 @@ use clap::Parser;
 use hugepage_agent::{
     check,
     config::{Cli, Command, Config},
-    run, status, telemetry,
+    footprint, run, status, telemetry,
     telemetry::traces::TraceConfig,
     whatif,
 };
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
+    if let Err(err) = footprint::disable_transparent_huge_pages() {
+        eprintln!("hugepage-agent: cannot turn transparent huge pages off for itself: {err}");
+    }
     let config = match Config::try_from(Cli::parse()) {
         Ok(config) => config,
         Err(err) => {

@@ -16,7 +16,7 @@ pub mod watch;
 use std::collections::BTreeSet;
 
 use aya::{
-    Ebpf, EbpfError, EbpfLoader, Endianness,
+    Ebpf, EbpfError, EbpfLoader,
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
         Program, ProgramError, RawTracePoint, TracePoint, raw_trace_point::RawTracePointLinkId,
@@ -57,8 +57,6 @@ pub enum ProbeError {
     BtfRead(#[source] SysfsError),
     #[error("kernel BTF {BTF_PATH}: {0}")]
     Btf(#[source] btf::BtfError),
-    #[error("kernel BTF {BTF_PATH} (aya): {0}")]
-    AyaBtf(#[source] aya::BtfError),
     #[error(transparent)]
     Tracefs(#[from] tracefs::TracefsError),
     #[error("loading the eBPF object: {0}")]
@@ -178,10 +176,12 @@ impl Probes {
         let btf_bytes = host.read_bytes(BTF_PATH).map_err(ProbeError::BtfRead)?;
         let kernel_btf = btf::Btf::parse(&btf_bytes).map_err(ProbeError::Btf)?;
         let resolved = offsets::resolve(&kernel_btf, base_page_size()).map_err(ProbeError::Btf)?;
-        let aya_btf =
-            aya::Btf::parse(&btf_bytes, Endianness::default()).map_err(ProbeError::AyaBtf)?;
+        drop((kernel_btf, btf_bytes));
+        // No kernel BTF for aya: it would parse all of vmlinux's types (tens of MB, kept by the
+        // allocator afterwards) for CO-RE relocations, which these programs do not have; the
+        // offsets they need come from our own reader above, as globals.
         let mut ebpf = EbpfLoader::new()
-            .btf(Some(&aya_btf))
+            .btf(None)
             .override_global(OFFSETS_GLOBAL, &resolved.offsets, true)
             .load(OBJECT)
             .map_err(|e| ProbeError::Object(Box::new(e)))?;
