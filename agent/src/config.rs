@@ -16,6 +16,7 @@ use crate::{
         hints::Scope,
         machine::{MachineError, ReservedMemory, parse_reserved_memory},
     },
+    probes::live::FaultScope,
     psi::monitor::PsiConfig,
     sysfs::HostFs,
     telemetry::traces::{TraceConfig, TracesError},
@@ -225,12 +226,6 @@ pub enum EbpfMode {
     Auto,
     On,
     Off,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FaultScope {
-    HugetlbCgroups,
-    All,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

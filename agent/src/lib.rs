@@ -21,6 +21,7 @@ pub mod probes;
 pub mod psi;
 pub mod quantity;
 pub mod run;
+pub mod runloop;
 pub mod status;
 pub mod sysfs;
 pub mod telemetry;

@@ -3,6 +3,7 @@
 //! what admitted pods hold until they start ([`reservations`]).
 
 pub mod plan;
+pub mod release;
 pub mod request;
 pub mod reservations;
 pub mod verify;

@@ -2,13 +2,19 @@
 //! when there is one (re-read whenever the file changes; a corrupt or mismatched file is refused
 //! whole, said once in the log and in the view, and the agent falls back), else the state the
 //! kubelet would start from, built from sysfs, node meminfo and `--reserved-memory`.
+//! [`LiveState`] keeps it current for the running agent (published through an atomic pointer
+//! that admissions read) and says how far it is from the kernel: the discrepancy per node and
+//! size, for the gauge.
 
-use std::{os::unix::fs::MetadataExt, path::PathBuf, time::SystemTime};
+use std::{os::unix::fs::MetadataExt, path::PathBuf, sync::Arc, time::SystemTime};
 
+use arc_swap::ArcSwap;
 use serde::Serialize;
+use tracing::{info, warn};
 
 use super::{
     checkpoint::{self, Verification},
+    discrepancy::{self, Discrepancy},
     machine::{self, ReservedMemory},
     state::MemoryManagerState,
 };
@@ -132,5 +138,160 @@ impl StateLoader {
             },
             loaded_at: SystemTime::now(),
         })
+    }
+}
+
+/// The view the running agent selects with, kept current: re-read when the checkpoint changes,
+/// and on every reconcile while it is built from the pools (it follows them).
+pub struct LiveState {
+    loader: StateLoader,
+    view: Arc<ArcSwap<MemoryManagerView>>,
+}
+
+impl LiveState {
+    /// Loads the first view (logged); an error is one of the host reads or `--reserved-memory`.
+    pub fn load(
+        mut loader: StateLoader,
+        snapshot: &Snapshot,
+    ) -> Result<LiveState, machine::MachineError> {
+        let view = loader.load(snapshot)?;
+        log_view(&view);
+        Ok(LiveState {
+            loader,
+            view: Arc::new(ArcSwap::from_pointee(view)),
+        })
+    }
+
+    /// The published view, for the readers (admission, hints, the discrepancy endpoint).
+    pub fn reader(&self) -> Arc<ArcSwap<MemoryManagerView>> {
+        self.view.clone()
+    }
+
+    /// Whether the checkpoint file changed since the last load.
+    pub fn checkpoint_changed(&self) -> bool {
+        self.loader.changed()
+    }
+
+    /// Whether the view follows the pools (no usable checkpoint): reconciles reload it.
+    pub fn follows_pools(&self) -> bool {
+        self.view.load().source == StateSource::Sysfs
+    }
+
+    /// Re-reads the view; a failure keeps the last good one (logged). A change of source or of
+    /// the checkpoint's verdict is logged, and every checkpoint read.
+    pub fn reload(&mut self, snapshot: &Snapshot) {
+        let before = self.view.load();
+        match self.loader.load(snapshot) {
+            Ok(view) => {
+                if view.source != before.source
+                    || view.checkpoint_error != before.checkpoint_error
+                    || view.source == StateSource::Checkpoint
+                {
+                    log_view(&view);
+                }
+                self.view.store(Arc::new(view));
+            }
+            Err(err) => warn!("re-reading the Memory Manager state: {err}; keeping the last one"),
+        }
+    }
+
+    /// The checkpoint's free bytes against the kernel's, per node and size; `None` without a
+    /// usable checkpoint (the state built from the pools has no discrepancy to show).
+    pub fn discrepancy(&self, snapshot: &Snapshot) -> Option<Vec<Discrepancy>> {
+        let view = self.view.load();
+        (view.source == StateSource::Checkpoint)
+            .then(|| discrepancy::compute(&view.state, snapshot, None))
+    }
+}
+
+fn log_view(view: &MemoryManagerView) {
+    match (&view.source, &view.checkpoint_error) {
+        (StateSource::Checkpoint, _) => info!(
+            path = %view.checkpoint_path.display(),
+            nodes = view.state.machine_state.len(),
+            pods = view.state.entries.len(),
+            "Memory Manager state read from the kubelet's checkpoint"
+        ),
+        (StateSource::Sysfs, Some(err)) => warn!(
+            "the kubelet's checkpoint is refused: {err}; NUMA selection uses the state built from sysfs"
+        ),
+        (StateSource::Sysfs, None) => info!(
+            path = %view.checkpoint_path.display(),
+            "no kubelet Memory Manager checkpoint: NUMA selection uses the state built from sysfs and --reserved-memory"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        memorymanager::{checkpoint::to_kubelet_json, testing},
+        numa::map::{MapWriter, Source},
+        sysfs::fake,
+    };
+
+    /// One node with 8 free 2 MiB pages of 8, and 16 GiB of memory.
+    fn host() -> (tempfile::TempDir, HostFs, Arc<Snapshot>) {
+        let pool = "/sys/devices/system/node/node0/hugepages/hugepages-2048kB";
+        let (dir, host) = fake::tree(&[
+            ("/sys/devices/system/node/online", "0\n"),
+            ("/sys/devices/system/node/node0/cpulist", "0\n"),
+            ("/sys/devices/system/node/node0/distance", "10\n"),
+            (
+                "/sys/devices/system/node/node0/meminfo",
+                "Node 0 MemTotal:       16777216 kB\n",
+            ),
+            (&format!("{pool}/nr_hugepages"), "8\n"),
+            (&format!("{pool}/free_hugepages"), "8\n"),
+            (&format!("{pool}/surplus_hugepages"), "0\n"),
+        ]);
+        let (writer, _) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
+        let snapshot = writer.current();
+        (dir, host, snapshot)
+    }
+
+    #[test]
+    fn without_a_checkpoint_the_view_follows_the_pools_and_shows_no_discrepancy() {
+        let (dir, host, snapshot) = host();
+        let path = dir.path().join("memory_manager_state");
+        let live = LiveState::load(
+            StateLoader::new(host, path, ReservedMemory::default()),
+            &snapshot,
+        )
+        .expect("built from sysfs");
+        assert!(live.follows_pools());
+        assert!(!live.checkpoint_changed());
+        assert!(live.discrepancy(&snapshot).is_none());
+    }
+
+    #[test]
+    fn a_checkpoint_that_appears_is_noticed_read_and_compared_with_the_kernel() {
+        let (dir, host, snapshot) = host();
+        let path = dir.path().join("memory_manager_state");
+        let mut live = LiveState::load(
+            StateLoader::new(host, path.clone(), ReservedMemory::default()),
+            &snapshot,
+        )
+        .expect("built from sysfs");
+        let reader = live.reader();
+        // The kubelet believes 10 pages are free where the kernel has 8.
+        let state = testing::state(vec![(
+            0,
+            testing::node(&[("hugepages-2Mi", 10 << 21, 10 << 21)], &[0], 0),
+        )]);
+        std::fs::write(&path, to_kubelet_json(&state)).expect("checkpoint");
+        assert!(live.checkpoint_changed());
+        live.reload(&snapshot);
+        assert_eq!(reader.load().source, StateSource::Checkpoint);
+        assert!(!live.follows_pools());
+        let d = live
+            .discrepancy(&snapshot)
+            .expect("a checkpoint to compare");
+        let two_mi = d
+            .iter()
+            .find(|d| d.resource == "hugepages-2Mi")
+            .expect("2Mi");
+        assert_eq!(two_mi.discrepancy_bytes, 2 << 21);
     }
 }

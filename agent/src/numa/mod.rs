@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::quantity;
 
 pub mod map;
+pub mod refresh;
 
 /// A NUMA node number (`node<N>` in sysfs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

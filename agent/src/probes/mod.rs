@@ -7,6 +7,7 @@
 pub mod btf;
 mod errno;
 pub mod events;
+pub mod live;
 pub mod offsets;
 pub mod retries;
 pub mod stream;

@@ -24,7 +24,7 @@ use super::{
 use crate::{
     admission::{reservations::Released, verify::Verdict},
     numa::{NumaNode, PageSize},
-    probes::events::CgroupChange,
+    probes::{events::CgroupChange, live::Losses},
 };
 
 /// KEP-5759's buckets (1 ms to 100 ms) with finer ones below 1 ms, where this agent's
@@ -125,14 +125,6 @@ impl<K: Ord + Clone> Family<K> {
     }
 }
 
-/// The probes' own counters, as last read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProbeTotals {
-    pub hugetlb_faults_lost: u64,
-    pub cgroup_events_lost: u64,
-    pub find_vma_busy: u64,
-}
-
 /// Every metric updated by events.
 #[derive(Debug)]
 pub struct Metrics {
@@ -153,7 +145,7 @@ pub struct Metrics {
     cgroup_events: Family<&'static str>,
     reservations_made: AtomicU64,
     reservations_ended: Family<&'static str>,
-    probes: Mutex<ProbeTotals>,
+    probes: Mutex<Losses>,
     event_to_map: Histogram,
     /// The trace exporter's queue: spans exported and dropped.
     pub traces: Arc<ExportStats>,
@@ -274,7 +266,7 @@ impl Metrics {
     }
 
     /// The probes' counters as just read from the kernel.
-    pub fn set_probe_totals(&self, totals: ProbeTotals) {
+    pub fn set_probe_losses(&self, totals: Losses) {
         if let Ok(mut p) = self.probes.lock() {
             *p = totals;
         }

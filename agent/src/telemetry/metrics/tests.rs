@@ -85,7 +85,7 @@ fn the_discrepancy_gauge_is_set_replaced_and_cleared() {
 #[test]
 fn probe_totals_and_reservation_ends_are_shown() {
     let m = metrics();
-    m.set_probe_totals(ProbeTotals {
+    m.set_probe_losses(Losses {
         hugetlb_faults_lost: 3,
         cgroup_events_lost: 0,
         find_vma_busy: 9,

@@ -1,0 +1,205 @@
+//! The agent's loop: where each thing that happens goes. A hugetlb fault goes to the probes
+//! (retries folded), the fault book and the map's refresher; a cgroup event to the reservations'
+//! pod inventory and the probe's watch set; a due re-read, a reconcile or a changed checkpoint to
+//! the module that owns that state. Everything here runs on one task, so the map keeps its one
+//! writer; each concern's state and rules live in its own module, which this one only calls and
+//! whose outcomes it turns into metrics.
+//!
+//! The owners: [`Refresher`] (the map), [`LiveProbes`] (the loaded probes), [`Releaser`]
+//! (reservations and pod cgroups), [`LiveState`] (the Memory Manager's state and the
+//! discrepancy).
+
+use std::{sync::Arc, time::SystemTime};
+
+use tracing::{info, warn};
+
+use crate::{
+    admission::release::{Ended, Releaser},
+    consumers::FaultBook,
+    kubelet::{
+        cgroup_path::{Owner, classify},
+        pods::PodCgroups,
+    },
+    memorymanager::live::LiveState,
+    numa::{
+        NumaNode, PageSize,
+        refresh::{Refreshed, Refresher},
+    },
+    probes::{
+        events::{CgroupChange, CgroupEventInfo, ProbeEvent},
+        live::LiveProbes,
+    },
+    sysfs::{HostFs, cgroup_tree},
+    telemetry::metrics::Metrics,
+};
+
+/// The owners of every running concern, and the metrics their outcomes update.
+pub struct RunLoop {
+    pub host: HostFs,
+    pub refresher: Refresher,
+    pub probes: LiveProbes,
+    pub releaser: Releaser,
+    pub memory: LiveState,
+    /// Hugetlb faults per cgroup, for `GET /v1/consumers`.
+    pub faults: FaultBook,
+    pub metrics: Arc<Metrics>,
+}
+
+impl RunLoop {
+    /// One decoded probe event.
+    pub fn handle(&mut self, event: ProbeEvent) {
+        match event {
+            ProbeEvent::Fault(f) => {
+                if self.probes.on_fault(&f) {
+                    self.faults.record(f.cgroup_id, SystemTime::now());
+                    self.metrics.fault(f.numa_node, f.page_size.map(PageSize));
+                    self.refresher.schedule(f.page_size.map(PageSize), f.at);
+                }
+            }
+            ProbeEvent::Cgroup(c) => self.on_cgroup(&c),
+        }
+    }
+
+    fn on_cgroup(&mut self, c: &CgroupEventInfo) {
+        self.metrics.cgroup_event(c.change);
+        let owner = classify(&c.path);
+        if c.change == CgroupChange::Rmdir {
+            self.faults.forget(c.cgroup_id);
+        }
+        if c.is_v2() {
+            match c.change {
+                CgroupChange::Mkdir => self.releaser.on_mkdir(&c.path, &owner),
+                CgroupChange::Rmdir => {
+                    let ended = self.releaser.on_rmdir(&owner);
+                    self.count(&ended);
+                }
+                _ => {}
+            }
+            // The watch map is updated before the event is logged: a logged mkdir is watched.
+            self.probes.on_cgroup(c);
+        }
+        log_cgroup(c, owner);
+    }
+
+    /// The coalesced re-read the faults asked for.
+    pub fn refresh(&mut self) {
+        if let Refreshed::Changed { fault_to_map, .. } = self.refresher.refresh() {
+            if let Some(delay) = fault_to_map {
+                self.metrics.event_to_map(delay);
+            }
+            self.update_discrepancy();
+        }
+        self.release_faulted();
+    }
+
+    /// The safety net: full cgroup rescan and sysfs re-read; a missed fault (-EBUSY) shows here.
+    pub fn reconcile(&mut self) {
+        self.rescan_cgroups();
+        self.read_probe_losses();
+        if let Err(err) = self.refresher.reconcile() {
+            warn!("reconciling the hugepage map: {err}");
+        }
+        self.release_faulted();
+        // Built from the pools when there is no checkpoint: follow them.
+        if self.memory.follows_pools() {
+            self.memory.reload(&self.refresher.current());
+        }
+        self.update_discrepancy();
+    }
+
+    /// Re-reads the kubelet's checkpoint if the file changed.
+    pub fn checkpoint_tick(&mut self) {
+        if self.memory.checkpoint_changed() {
+            self.memory.reload(&self.refresher.current());
+            self.update_discrepancy();
+        }
+    }
+
+    /// `memory_manager_hugepages_discrepancy_bytes`: the checkpoint against the latest pools;
+    /// none without a usable checkpoint.
+    pub fn update_discrepancy(&self) {
+        let Some(discrepancies) = self.memory.discrepancy(&self.refresher.current()) else {
+            return self.metrics.clear_discrepancy();
+        };
+        for d in discrepancies {
+            let bytes = i64::try_from(d.discrepancy_bytes).unwrap_or(if d.discrepancy_bytes < 0 {
+                i64::MIN
+            } else {
+                i64::MAX
+            });
+            self.metrics
+                .set_discrepancy(PageSize(d.page_size_bytes), NumaNode(d.numa_node), bytes);
+        }
+    }
+
+    /// Reads the probes' own counters into the metrics.
+    pub fn read_probe_losses(&mut self) {
+        if let Some(losses) = self.probes.losses() {
+            self.metrics.set_probe_losses(losses);
+        }
+    }
+
+    /// Detaches the probes (logging their totals).
+    pub fn stop(&mut self) {
+        if self.probes.detach() {
+            info!("eBPF programs detached");
+        }
+    }
+
+    fn release_faulted(&self) {
+        let ended = self.releaser.release_faulted(SystemTime::now());
+        self.count(&ended);
+    }
+
+    fn count(&self, ended: &Ended) {
+        for (_, why) in ended {
+            self.metrics.reservation_ended(*why);
+        }
+    }
+
+    /// One walk of the v2 tree feeds both the probe's watch set (when it filters by cgroup) and
+    /// the pod cgroups; pods gone since the last walk end their reservations. A walk that fails
+    /// changes nothing: it must not read as "every pod is gone".
+    fn rescan_cgroups(&mut self) {
+        let mut pods = match PodCgroups::v1(&self.host) {
+            Ok(pods) => pods,
+            Err(err) => return warn!("rescanning pod cgroups: {err}"),
+        };
+        if let Some(v2) = self.probes.v2().cloned() {
+            if self.probes.filtering() {
+                match v2.scan_visiting(&self.host, |rel| pods.on_mkdir(rel, &classify(rel))) {
+                    Ok(scan) => self.probes.sync_watched(&scan.watched),
+                    Err(err) => return warn!("rescanning cgroups: {err}"),
+                }
+            } else if let Err(err) = cgroup_tree::walk(&self.host, &v2.mount, |rel| {
+                pods.on_mkdir(rel, &classify(rel))
+            }) {
+                return warn!("rescanning pod cgroups: {err}");
+            }
+        }
+        let ended = self.releaser.replace_pods(pods);
+        self.count(&ended);
+    }
+}
+
+fn log_cgroup(c: &CgroupEventInfo, owner: Owner) {
+    let change = match c.change {
+        CgroupChange::Mkdir => "mkdir",
+        CgroupChange::Rmdir => "rmdir",
+        CgroupChange::AttachTask { .. } => "attach_task",
+        CgroupChange::Release => "release",
+    };
+    let pid = match c.change {
+        CgroupChange::AttachTask { pid } => Some(pid),
+        _ => None,
+    };
+    let (pod_uid, qos, container_id) = match owner {
+        Owner::Pod {
+            uid,
+            qos,
+            container,
+        } => (Some(uid.0), Some(qos), container.map(|c| c.id)),
+        Owner::System => (None, None, None),
+    };
+    info!(change, cgroup_id = c.cgroup_id, hierarchy = c.hierarchy, level = c.level, path = %c.path, pid, truncated = c.truncated, pod_uid, qos = qos.map(tracing::field::display), container_id, "cgroup event");
+}
