@@ -26,9 +26,9 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
-use super::verify::{REASON, Verdict, message};
+use super::verify::{REASON, ReservationRef, Verdict, message};
 use crate::numa::{NumaNode, PageSize};
 
 const FILE: &str = "reservations.json";
@@ -61,19 +61,6 @@ pub struct Reservation {
     pub created_at: SystemTime,
     #[serde(with = "unix_millis")]
     pub expires_at: SystemTime,
-}
-
-/// What an answer says of the reservation it made.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReservationRef {
-    pub id: String,
-    #[serde(serialize_with = "rfc3339")]
-    pub expires_at: SystemTime,
-}
-
-fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&humantime::format_rfc3339_millis(*t).to_string())
 }
 
 mod unix_millis {

@@ -21,6 +21,7 @@ use std::{
         RwLock,
         atomic::{AtomicU64, Ordering},
     },
+    time::SystemTime,
 };
 
 use clap::ValueEnum;
@@ -120,7 +121,7 @@ pub struct Verdict {
     pub checks: Vec<Check>,
     /// The reservation this admission made (admitted requests with a pod UID).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reservation: Option<super::reservations::ReservationRef>,
+    pub reservation: Option<ReservationRef>,
 }
 
 /// Reads `free_hugepages` and `resv_hugepages` fresh, through descriptors it keeps open.
@@ -377,3 +378,16 @@ pub fn message(check: &Check) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// What an answer says of the reservation its admission made (the store holds the rest).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservationRef {
+    pub id: String,
+    #[serde(serialize_with = "rfc3339")]
+    pub expires_at: SystemTime,
+}
+
+fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_rfc3339_millis(*t).to_string())
+}
