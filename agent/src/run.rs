@@ -183,7 +183,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         listen = %config.listen,
         api_threads = config.api_threads,
         tls = config.api_security(),
-        metrics_listen = ?config.metrics_listen,
+        metrics_listen = %config.metrics_listen.map_or_else(|| "none".to_owned(), |a| a.to_string()),
         "agent running"
     );
     let shutdown = shutdown.wait();

@@ -520,7 +520,7 @@ impl Reloader {
                 Polled::Reloaded => info!(
                     cert = %self.files.cert.display(),
                     key = %self.files.key.display(),
-                    client_ca = ?self.files.client_ca,
+                    client_ca = %self.files.client_ca.as_deref().map_or_else(|| "none".into(), Path::to_string_lossy),
                     "TLS files reloaded: new connections get the new material"
                 ),
                 Polled::Rejected(e) => warn!(
