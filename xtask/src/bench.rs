@@ -31,7 +31,7 @@ pub enum Bench {
 }
 
 pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
-    let release = cmd::workspace().join("target/release");
+    let release = cmd::target_dir().join("release");
     let (binary, mut all) = match which {
         Bench::ProbeOverhead => ("probe-overhead", Vec::new()),
         Bench::Verify => ("verify-latency", Vec::new()),

@@ -71,7 +71,7 @@ fn main() -> Result<()> {
             all.extend(args);
             cmd::exec(
                 &env,
-                &cmd::workspace().join("target/release/hugepage-agent"),
+                &cmd::target_dir().join("release/hugepage-agent"),
                 &all,
             )
         }
