@@ -15,6 +15,7 @@ use std::{
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
 mod flags;
+pub mod mtls;
 pub mod peers;
 mod pressure;
 mod stats;
@@ -361,7 +362,7 @@ pub struct Agent {
     child: Child,
     /// Its `--state-dir`, when the test did not pass one (removed with the agent).
     _state: Option<tempfile::TempDir>,
-    /// The port its HTTP API listens on (127.0.0.1).
+    /// The port its HTTP API listens on (127.0.0.1, unless started with [`Agent::start_on`]).
     pub port: u16,
     lines: mpsc::Receiver<serde_json::Value>,
     /// Every line received so far.
@@ -376,7 +377,13 @@ impl Agent {
     }
 
     /// [`Agent::start`] for an agent that runs as `uid` (its fresh state directory is its own).
-    pub fn start_as(mut cmd: Command, uid: u32) -> Agent {
+    pub fn start_as(cmd: Command, uid: u32) -> Agent {
+        Agent::start_on(cmd, uid, std::net::Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// [`Agent::start_as`] listening on `ip` (a free port; 127.0.0.1 reaches it for the
+    /// unspecified address as well).
+    pub fn start_on(mut cmd: Command, uid: u32, ip: std::net::IpAddr) -> Agent {
         let names_state = cmd.get_args().any(|a| a == "--state-dir");
         let state = (!names_state).then(|| fresh_state_dir(uid));
         if let Some(dir) = &state {
@@ -387,7 +394,7 @@ impl Agent {
             "--log-format",
             "json",
             "--listen",
-            &format!("127.0.0.1:{port}"),
+            &std::net::SocketAddr::new(ip, port).to_string(),
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

@@ -2,6 +2,10 @@
 //!
 //! Every flag also reads `HUGEPAGE_AGENT_<FLAG>` from the environment. Validation happens before
 //! any program is loaded or file is read, and names the flag at fault.
+//!
+//! One rule guards the API: `run` refuses to start when `--listen` is not a loopback address
+//! and no `--client-ca-file` is given (anyone who reaches the port could reserve hugepages),
+//! unless `--allow-unauthenticated-clients` says the operator means it ([`exposure`]).
 
 use std::{path::PathBuf, time::Duration};
 
@@ -9,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
     admission::verify::{Gate, Mode, OnSysfsError, Settings},
+    api::tls::TlsFiles,
     client::{AgentUrl, ClientError},
     kubelet::features::FeatureGates,
     logging::LogFormat,
@@ -65,6 +70,49 @@ pub struct Cli {
         global = true
     )]
     pub api_threads: u16,
+    /// PEM certificate chain the API presents over TLS (the leaf first), with
+    /// `--tls-private-key-file`; re-read when it changes on disk.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_TLS_CERT_FILE",
+        value_name = "PATH",
+        global = true
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `--tls-cert-file` (PKCS#8, PKCS#1 or SEC1).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_TLS_PRIVATE_KEY_FILE",
+        value_name = "PATH",
+        global = true
+    )]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// PEM CA certificates: API clients must present a certificate one of them signed, valid
+    /// now and for client authentication. Needs the TLS flags.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_CLIENT_CA_FILE",
+        value_name = "PATH",
+        global = true
+    )]
+    pub client_ca_file: Option<PathBuf>,
+    /// A second, plain-HTTP listener serving only /metrics, /healthz and /readyz (for kubelet
+    /// probes and Prometheus), e.g. 0.0.0.0:9821; none by default.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_METRICS_LISTEN",
+        value_name = "ADDR",
+        global = true
+    )]
+    pub metrics_listen: Option<String>,
+    /// Serve the API on a non-loopback `--listen` without client certificates: anyone who
+    /// reaches the port can reserve hugepages. Refused without this flag.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_ALLOW_UNAUTHENTICATED_CLIENTS",
+        global = true
+    )]
+    pub allow_unauthenticated_clients: bool,
     /// How often sysfs and the cgroup tree are re-read in full (e.g. 10s, 500ms, 1m).
     #[arg(
         long,
@@ -274,6 +322,64 @@ pub enum ConfigError {
     PolicyOptions { given: String, detail: String },
     #[error("{0}")]
     ReservedMemory(String),
+    #[error("{given} needs {missing}: a certificate and its private key go together")]
+    TlsPair {
+        given: &'static str,
+        missing: &'static str,
+    },
+    #[error(
+        "--client-ca-file needs --tls-cert-file and --tls-private-key-file: client certificates are asked for in the TLS handshake"
+    )]
+    ClientCaWithoutTls,
+    #[error("--metrics-listen {0:?}: expected an address and port such as 0.0.0.0:9821")]
+    MetricsListen(String),
+    #[error("--metrics-listen {0}: the address of --listen; give it a port of its own")]
+    SameListen(std::net::SocketAddr),
+    #[error(
+        "--listen {0} is not a loopback address and no --client-ca-file is given: anyone who reaches it could reserve hugepages; give --client-ca-file with --tls-cert-file and --tls-private-key-file, listen on 127.0.0.1, or add --allow-unauthenticated-clients if that is meant"
+    )]
+    Unauthenticated(std::net::SocketAddr),
+}
+
+/// The TLS files the flags name: none, or a certificate and key (and maybe a client CA).
+fn tls_files(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<TlsFiles>, ConfigError> {
+    const CERT: &str = "--tls-cert-file";
+    const KEY: &str = "--tls-private-key-file";
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            cert,
+            key,
+            client_ca,
+        })),
+        (Some(_), None) => Err(ConfigError::TlsPair {
+            given: CERT,
+            missing: KEY,
+        }),
+        (None, Some(_)) => Err(ConfigError::TlsPair {
+            given: KEY,
+            missing: CERT,
+        }),
+        (None, None) if client_ca.is_some() => Err(ConfigError::ClientCaWithoutTls),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The refusal rule: an API beyond loopback requires client certificates, unless `allow`.
+pub fn exposure(
+    listen: std::net::SocketAddr,
+    tls: Option<&TlsFiles>,
+    allow: bool,
+) -> Result<(), ConfigError> {
+    let authenticated = tls.is_some_and(|t| t.client_ca.is_some());
+    if listen.ip().to_canonical().is_loopback() || authenticated || allow {
+        Ok(())
+    } else {
+        Err(ConfigError::Unauthenticated(listen))
+    }
 }
 
 /// How the kubelet picks NUMA nodes on this node.
@@ -328,6 +434,29 @@ pub struct Config {
     pub reserved_memory: ReservedMemory,
     /// OpenTelemetry export, from the standard `OTEL_*` variables.
     pub traces: TraceConfig,
+    /// TLS for the API listener.
+    pub tls: Option<TlsFiles>,
+    /// The plain listener for `/metrics`, `/healthz`, `/readyz`.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// `--allow-unauthenticated-clients`: the API beyond loopback without client certificates.
+    pub allow_unauthenticated_clients: bool,
+}
+
+impl Config {
+    /// How the API is secured, as the start-up line says it.
+    pub fn api_security(&self) -> &'static str {
+        match &self.tls {
+            None => "off",
+            Some(files) if files.client_ca.is_some() => "client certificates required",
+            Some(_) => "server certificate only",
+        }
+    }
+
+    /// Whether the API listens beyond loopback without client certificates (which only
+    /// `--allow-unauthenticated-clients` allows).
+    pub fn api_open_to_anyone(&self) -> bool {
+        exposure(self.listen, self.tls.as_ref(), false).is_err()
+    }
 }
 
 impl TryFrom<Cli> for Config {
@@ -362,6 +491,28 @@ impl TryFrom<Cli> for Config {
             .listen
             .parse()
             .map_err(|_| ConfigError::Listen(cli.listen.clone()))?;
+        let metrics_listen = cli
+            .metrics_listen
+            .as_deref()
+            .map(|text| {
+                text.parse::<std::net::SocketAddr>()
+                    .map_err(|_| ConfigError::MetricsListen(text.to_owned()))
+            })
+            .transpose()?;
+        if let Some(metrics) = metrics_listen
+            && metrics == listen
+            && metrics.port() != 0
+        {
+            return Err(ConfigError::SameListen(metrics));
+        }
+        let tls = tls_files(
+            cli.tls_cert_file,
+            cli.tls_private_key_file,
+            cli.client_ca_file,
+        )?;
+        if matches!(cli.command, None | Some(CliCommand::Run)) {
+            exposure(listen, tls.as_ref(), cli.allow_unauthenticated_clients)?;
+        }
         let topology = TopologyConfig {
             policy: cli.topology_policy,
             options: policy_options(&cli.topology_policy_options)?,
@@ -425,6 +576,9 @@ impl TryFrom<Cli> for Config {
             reservation_ttl,
             state_dir: cli.state_dir,
             traces,
+            tls,
+            metrics_listen,
+            allow_unauthenticated_clients: cli.allow_unauthenticated_clients,
             verification: Settings {
                 gate: cli.verification,
                 mode: cli.verification_mode,
@@ -556,5 +710,97 @@ mod tests {
         assert_eq!(Config::try_from(cli(&[])).expect("valid").api_threads, 1);
         let config = Config::try_from(cli(&["--api-threads", "4"])).expect("valid");
         assert_eq!(config.api_threads, 4);
+    }
+
+    #[test]
+    fn the_api_beyond_loopback_needs_client_certificates_or_the_opt_out() {
+        let err = Config::try_from(cli(&["--listen", "0.0.0.0:9820"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--listen 0.0.0.0:9820 is not a loopback address and no --client-ca-file is given: anyone who reaches it could reserve hugepages; give --client-ca-file with --tls-cert-file and --tls-private-key-file, listen on 127.0.0.1, or add --allow-unauthenticated-clients if that is meant"
+        );
+        let tls = [
+            "--tls-cert-file",
+            "c.pem",
+            "--tls-private-key-file",
+            "k.pem",
+        ];
+        let without_ca =
+            Config::try_from(cli(&[&["run", "--listen", "[::]:9820"][..], &tls].concat()));
+        assert_eq!(
+            without_ca.unwrap_err(),
+            ConfigError::Unauthenticated("[::]:9820".parse().expect("address")),
+            "TLS without client certificates lets anyone in as well"
+        );
+        for listen in [
+            "127.0.0.1:9820",
+            "127.1.2.3:9820",
+            "[::1]:9820",
+            "[::ffff:127.0.0.1]:9820",
+        ] {
+            Config::try_from(cli(&["--listen", listen])).expect("loopback needs no client CA");
+        }
+        let config = Config::try_from(cli(&[
+            &["--listen", "0.0.0.0:9820"][..],
+            &tls,
+            &["--client-ca-file", "ca.pem"],
+        ]
+        .concat()))
+        .expect("client certificates required");
+        assert_eq!(
+            config.tls,
+            Some(TlsFiles {
+                cert: "c.pem".into(),
+                key: "k.pem".into(),
+                client_ca: Some("ca.pem".into()),
+            })
+        );
+        let config = Config::try_from(cli(&[
+            "--listen",
+            "10.0.0.5:9820",
+            "--allow-unauthenticated-clients",
+        ]))
+        .expect("the operator means it");
+        assert!(config.allow_unauthenticated_clients && config.tls.is_none());
+        Config::try_from(cli(&["status", "--listen", "0.0.0.0:9820"]))
+            .expect("only the agent itself listens");
+    }
+
+    #[test]
+    fn tls_flags_go_together() {
+        let err = Config::try_from(cli(&["--tls-cert-file", "c.pem"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--tls-cert-file needs --tls-private-key-file: a certificate and its private key go together"
+        );
+        let err = Config::try_from(cli(&["--tls-private-key-file", "k.pem"])).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--tls-private-key-file needs --tls-cert-file"),
+            "{err}"
+        );
+        let err = Config::try_from(cli(&["--client-ca-file", "ca.pem"])).unwrap_err();
+        assert_eq!(err, ConfigError::ClientCaWithoutTls);
+        let config = Config::try_from(cli(&[])).expect("valid");
+        assert_eq!((config.tls, config.metrics_listen), (None, None));
+    }
+
+    #[test]
+    fn the_metrics_listener_has_an_address_of_its_own() {
+        let config = Config::try_from(cli(&["--metrics-listen", "0.0.0.0:9821"])).expect("valid");
+        assert_eq!(
+            config.metrics_listen,
+            Some("0.0.0.0:9821".parse().expect("address"))
+        );
+        let err = Config::try_from(cli(&["--metrics-listen", ":9821"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--metrics-listen \":9821\": expected an address and port such as 0.0.0.0:9821"
+        );
+        let err = Config::try_from(cli(&["--metrics-listen", "127.0.0.1:9820"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--metrics-listen 127.0.0.1:9820: the address of --listen; give it a port of its own"
+        );
     }
 }

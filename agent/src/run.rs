@@ -1,8 +1,9 @@
 //! `hugepage-agent run`: the wiring. What starts, in what order, what stops it: signals first
-//! (a signal that arrives once the agent says it runs must stop it cleanly), the API's socket,
-//! the map and its refresher, the reservations, PSI, the Memory Manager's state, the API threads,
-//! then the probes (or sysfs alone), readiness, and the loop ([`crate::runloop`]) until SIGINT or
-//! SIGTERM; then the API drains, PSI stops, and the probes detach.
+//! (a signal that arrives once the agent says it runs must stop it cleanly), the API's socket
+//! (and the metrics listener's), the map and its refresher, the TLS material and its watcher,
+//! the reservations, PSI, the Memory Manager's state, the listeners' threads, then the probes
+//! (or sysfs alone), readiness, and the loop ([`crate::runloop`]) until SIGINT or SIGTERM; then
+//! the listeners drain, PSI and the TLS watcher stop, and the probes detach.
 //!
 //! Each running concern lives with its state: the map's refresh in `numa::refresh`, the probes in
 //! `probes::live`, reservation release in `admission::release`, the Memory Manager's state in
@@ -25,7 +26,8 @@ use crate::{
     admission::{release::Releaser, reservations::Store, verify::Verifier},
     api::{
         self, AppState, Readiness,
-        server::{Server, ServerError},
+        server::{Endpoint, Server, ServerError},
+        tls::{self, TlsError},
     },
     config::{Config, EbpfMode},
     consumers::FaultBook,
@@ -66,6 +68,8 @@ pub enum RunError {
     State(String),
     #[error(transparent)]
     Server(#[from] ServerError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// Runs the agent until a shutdown signal; `/metrics` shows the trace exporter's `traces`.
@@ -79,10 +83,21 @@ pub fn run(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunError> {
 
 async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunError> {
     let shutdown = Shutdown::install()?;
-    let bound = Server::bind(config.listen)?;
+    let bound = Server::bind(Endpoint::API, config.listen)?;
+    let metrics_bound = config
+        .metrics_listen
+        .map(|addr| Server::bind(Endpoint::METRICS, addr))
+        .transpose()?;
     let (writer, map) = MapWriter::new(config.host.clone(), Source::Sysfs)?;
     let refresher = Refresher::new(writer);
     let metrics = Arc::new(metrics_for(&refresher.current(), traces));
+    let (tls, reloader) = match &config.tls {
+        Some(files) => {
+            let (tls, reloader) = tls::load(files, metrics.tls.clone())?;
+            (Some(tls), Some(reloader))
+        }
+        None => (None, None),
+    };
     let readiness = Readiness::default();
     let faults = FaultBook::default();
     let (store, set_aside) = Store::open(&config.state_dir, config.reservation_ttl)
@@ -121,7 +136,18 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
     };
     let (stop_server, stopped) = watch::channel(false);
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));
-    let server = Server::start(bound, config.api_threads, api::router(state), stopped)?;
+    let tls_task = reloader.map(|r| tokio::spawn(r.watch(stopped.clone())));
+    let mut server = Server::start(
+        bound,
+        config.api_threads,
+        api::router(state.clone()),
+        tls,
+        stopped.clone(),
+    )?;
+    if let Some(bound) = metrics_bound {
+        let metrics_server = Server::start(bound, 1, api::metrics_router(state), None, stopped)?;
+        server = server.and(metrics_server);
+    }
     let pods = PodCgroups::scan(&config.host).unwrap_or_else(|err| {
         warn!("finding pod cgroups: {err}; reservations end by expiry until the next reconcile");
         PodCgroups::default()
@@ -146,7 +172,20 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         Err(why) => (mpsc::channel(1).1, why),
     };
     readiness.release(probes_state);
-    info!(source = %agent.refresher.current().source, listen = %config.listen, api_threads = config.api_threads, "agent running");
+    if config.api_open_to_anyone() {
+        warn!(
+            "the API on {} accepts requests from any client (--allow-unauthenticated-clients): anyone who reaches it can reserve hugepages",
+            config.listen
+        );
+    }
+    info!(
+        source = %agent.refresher.current().source,
+        listen = %config.listen,
+        api_threads = config.api_threads,
+        tls = config.api_security(),
+        metrics_listen = %config.metrics_listen.map_or_else(|| "none".to_owned(), |a| a.to_string()),
+        "agent running"
+    );
     let shutdown = shutdown.wait();
     tokio::pin!(shutdown);
     let mut reconcile = tokio::time::interval(config.reconcile_interval);
@@ -167,13 +206,18 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
     if let Err(err) = psi_task.await {
         warn!("PSI monitor task failed: {err}");
     }
+    if let Some(task) = tls_task
+        && let Err(err) = task.await
+    {
+        warn!("the TLS file watcher failed: {err}");
+    }
     let drained = server.stopped(DRAIN).await;
     if let Some(err) = &drained.failed {
-        warn!("the HTTP API stopped with an error: {err}");
+        warn!("the HTTP listeners stopped with an error: {err}");
     }
     match drained.busy {
         0 => info!("HTTP API drained"),
-        n => warn!("{n} HTTP API thread(s) still busy after {DRAIN:?}; stopping anyway"),
+        n => warn!("{n} HTTP listener thread(s) still busy after {DRAIN:?}; stopping anyway"),
     }
     agent.stop();
     Ok(())

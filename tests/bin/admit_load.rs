@@ -27,6 +27,16 @@
 //!
 //! With `--versus PATH` it compares this agent with another binary the same way (tracing off
 //! for both), round by round: the allocator's choice was made so, and any change can be.
+//!
+//! With `--tls compare` (`cargo xtask bench admit-tls`) it compares plain HTTP with TLS the same
+//! way: certificates are generated (a CA, the agent's certificate for its fixed name
+//! [`SERVER_NAME`], a client certificate), the agent requires client certificates, and `oha`
+//! presents one (`--cert`, `--key`: its native-tls build loads a PKCS#8 identity), verifies the
+//! agent by that name while dialing 127.0.0.1 (`--cacert`, `--connect-to`), and keeps each
+//! connection alive, so a connection pays one handshake and every admission pays the record
+//! layer. It prints the ratios TLS / plain HTTP (target: within 10 %).
+//!
+//! Every agent also serves `--metrics-listen`, where readiness and `/metrics` are read.
 //! Every agent's memory (RSS, peak, `AnonHugePages`) is printed when it stops, and idle before
 //! the load.
 
@@ -42,11 +52,12 @@ use serde::Deserialize;
 use hugepage_agent_tests::{
     BenchFlags, Footprint, HugetlbController, TestCgroup, cpu_time, free_port, fresh_state_dir,
     host_lock, http,
+    mtls::{Ca, Connection, Pair, SERVER_NAME, Versions, client_config},
     peers::{OtlpReceiver, get, metric_sum, otlp_python},
     spawn_in, wait_ready, wait_timeout,
 };
 
-const USAGE: &str = "admit-load --agent PATH --oha PATH [--rate R] [--connections C[,C...]] [--seconds S] [--rounds N] [--tracing compare | --versus PATH]";
+const USAGE: &str = "admit-load --agent PATH --oha PATH [--rate R] [--connections C[,C...]] [--seconds S] [--rounds N] [--tracing compare | --tls compare | --versus PATH]";
 
 struct Args {
     agent: PathBuf,
@@ -55,6 +66,7 @@ struct Args {
     connections: Vec<u32>,
     seconds: u32,
     compare_tracing: bool,
+    compare_tls: bool,
     versus: Option<PathBuf>,
     rounds: u32,
 }
@@ -71,9 +83,10 @@ fn parse_args() -> Args {
             "--tracing",
             "--rounds",
             "--versus",
+            "--tls",
         ],
     );
-    let compare_tracing = match flags.word("--tracing", "none") {
+    let compare = |flag: &str| match flags.word(flag, "none") {
         "none" => false,
         "compare" => true,
         _ => {
@@ -81,6 +94,8 @@ fn parse_args() -> Args {
             std::process::exit(2);
         }
     };
+    let compare_tracing = compare("--tracing");
+    let compare_tls = compare("--tls");
     Args {
         agent: flags.path("--agent"),
         oha: flags.path("--oha"),
@@ -92,6 +107,7 @@ fn parse_args() -> Args {
             .collect(),
         seconds: flags.number("--seconds", 10) as u32,
         compare_tracing,
+        compare_tls,
         versus: flags.optional_path("--versus"),
         rounds: flags.number("--rounds", 3) as u32,
     }
@@ -189,11 +205,14 @@ fn delays(db: &Path, connections: u32) -> Delays {
         .unwrap_or_else(|e| panic!("reading what {} printed: {e}", script.display()))
 }
 
-/// What one `oha` run sends: `POST` of a body, or `GET`.
+/// What one `oha` run sends: `POST` of a body, or `GET`, and how it connects.
 #[derive(Clone, Copy)]
-enum Target<'a> {
-    Post { url: &'a str, body: &'a str },
-    Get { url: &'a str },
+struct Target<'a> {
+    url: &'a str,
+    /// `POST` of this JSON body; `GET` without.
+    body: Option<&'a str>,
+    /// `oha`'s TLS flags for the agent (empty over plain HTTP).
+    client: &'a [String],
 }
 
 /// One `oha` run over `connections` connections.
@@ -222,12 +241,11 @@ fn oha(
                 .arg(db);
         }
     }
-    match target {
-        Target::Post { url, body } => {
-            cmd.args(["-m", "POST", "-T", "application/json", "-d", body, url])
-        }
-        Target::Get { url } => cmd.arg(url),
-    };
+    cmd.args(target.client);
+    if let Some(body) = target.body {
+        cmd.args(["-m", "POST", "-T", "application/json", "-d", body]);
+    }
+    cmd.arg(target.url);
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", args.oha.display()));
@@ -262,18 +280,84 @@ fn print_errors(r: &LoadReport) {
 
 const BODY: &str = r#"{"pod":{"namespace":"bench","name":"dpdk-0","uid":"00000000-0000-0000-0000-000000000001"},"containers":[{"name":"app","resources":{"hugepages-2Mi":"2Mi","hugepages-1Gi":"1Gi","memory":"1Gi"}}]}"#;
 
+/// Certificates for an agent that requires client certificates, and for `oha` to present one.
+struct BenchTls {
+    dir: tempfile::TempDir,
+    ca: Ca,
+    client: Pair,
+}
+
+impl BenchTls {
+    fn new() -> BenchTls {
+        let dir = tempfile::Builder::new()
+            .prefix("hugepage-agent-admit-tls-")
+            .tempdir()
+            .expect("a directory for the certificates");
+        let ca = Ca::new("admit-load CA");
+        ca.server("hugepage-agent").write(dir.path(), "tls");
+        let client = ca.client("admit-load");
+        client.write(dir.path(), "client");
+        std::fs::write(dir.path().join("ca.crt"), &ca.pem).expect("write the CA");
+        BenchTls { dir, ca, client }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// The agent's flags.
+    fn agent_args(&self) -> [String; 6] {
+        [
+            "--tls-cert-file".to_owned(),
+            self.path("tls.crt"),
+            "--tls-private-key-file".to_owned(),
+            self.path("tls.key"),
+            "--client-ca-file".to_owned(),
+            self.path("ca.crt"),
+        ]
+    }
+
+    /// `oha`'s flags for the agent on `port`: trust the CA, present the client certificate,
+    /// reach the agent's name at 127.0.0.1.
+    fn oha_args(&self, port: u16) -> Vec<String> {
+        vec![
+            "--cacert".to_owned(),
+            self.path("ca.crt"),
+            "--cert".to_owned(),
+            self.path("client.crt"),
+            "--key".to_owned(),
+            self.path("client.key"),
+            "--connect-to".to_owned(),
+            format!("{SERVER_NAME}:{port}:127.0.0.1:{port}"),
+        ]
+    }
+}
+
 /// A release agent started for a benchmark, its log in a file.
 struct Running {
     child: std::process::Child,
     port: u16,
+    /// Its `--metrics-listen` port.
+    metrics: u16,
+    /// `http://127.0.0.1:PORT`, or `https://` and the agent's name.
+    base: String,
+    /// `oha`'s TLS flags for it.
+    client: Vec<String>,
     log: PathBuf,
     _state: tempfile::TempDir,
 }
 
 impl Running {
-    /// Starts the agent `binary` in `pod` with `env` added, and waits for `/readyz`.
-    fn start(binary: &Path, pod: &TestCgroup, env: &[(&str, &str)]) -> Running {
+    /// Starts the agent `binary` in `pod` with `env` added (over TLS with `tls`), and waits for
+    /// `/readyz`.
+    fn start(
+        binary: &Path,
+        pod: &TestCgroup,
+        env: &[(&str, &str)],
+        tls: Option<&BenchTls>,
+    ) -> Running {
         let port = free_port();
+        let metrics = free_port();
         let log = std::env::temp_dir().join(format!("hugepage-agent-admit-load-{port}.log"));
         let log_file = std::fs::File::create(&log)
             .unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
@@ -286,7 +370,10 @@ impl Running {
                 &format!("127.0.0.1:{port}"),
                 "--log-format",
                 "json",
+                "--metrics-listen",
+                &format!("127.0.0.1:{metrics}"),
             ])
+            .args(tls.map(BenchTls::agent_args).unwrap_or_default())
             .arg("--state-dir")
             .arg(state.path())
             .envs(env.iter().copied())
@@ -296,22 +383,40 @@ impl Running {
         let mut child = agent
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
-        if wait_ready(port, Duration::from_secs(30)).is_none() {
+        if wait_ready(metrics, Duration::from_secs(30)).is_none() {
             let _ = child.kill();
             panic!("the agent was not ready within 30 s; see {}", log.display());
         }
-        let (status, answer) = http(port, "POST", "/v1/admit", Some("application/json"), BODY);
+        let (status, answer) = match tls {
+            None => http(port, "POST", "/v1/admit", Some("application/json"), BODY),
+            Some(tls) => {
+                let config = client_config(&[&tls.ca], Some(&tls.client), Versions::Any);
+                let answer = Connection::open(port, config)
+                    .and_then(|mut c| {
+                        c.request("POST", "/v1/admit", Some("application/json"), BODY)
+                    })
+                    .unwrap_or_else(|e| panic!("an admission over TLS: {e}"));
+                (answer.status, answer.body)
+            }
+        };
         assert_eq!(status, 200, "{answer}");
+        let (base, client) = match tls {
+            None => (format!("http://127.0.0.1:{port}"), Vec::new()),
+            Some(tls) => (format!("https://{SERVER_NAME}:{port}"), tls.oha_args(port)),
+        };
         Running {
             child,
             port,
+            metrics,
+            base,
+            client,
             log,
             _state: state,
         }
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        format!("{}{path}", self.base)
     }
 
     /// SIGTERM, and the exit status; prints the agent's memory first.
@@ -335,22 +440,23 @@ fn main() {
     let pod = TestCgroup::create(&lock, "admit-load");
     pod.set("hugetlb.2MB.max", "0");
     pod.set("hugetlb.1GB.max", "0");
-    match (&args.versus, args.compare_tracing) {
-        (Some(versus), _) => compare_agents(&args, &pod, versus),
-        (None, true) => compare_tracing(&args, &pod),
-        (None, false) => load(&args, &pod),
+    match (&args.versus, args.compare_tracing, args.compare_tls) {
+        (Some(versus), ..) => compare_agents(&args, &pod, versus),
+        (None, true, _) => compare_tracing(&args, &pod),
+        (None, false, true) => compare_tls(&args, &pod),
+        (None, false, false) => load(&args, &pod),
     }
 }
 
 fn load(args: &Args, pod: &TestCgroup) {
-    let agent = Running::start(&args.agent, pod, &[("OTEL_TRACES_EXPORTER", "none")]);
+    let agent = Running::start(&args.agent, pod, &[("OTEL_TRACES_EXPORTER", "none")], None);
     std::thread::sleep(Duration::from_secs(2));
     println!(
         "agent memory idle (ready, one admission, 2 s; the peak is start-up's): {}",
         Footprint::of(agent.child.id())
     );
     Footprint::reset_peak(agent.child.id());
-    let (_, ready) = http(agent.port, "GET", "/readyz", None, "");
+    let (_, ready) = http(agent.metrics, "GET", "/readyz", None, "");
     let (_, answer) = http(
         agent.port,
         "POST",
@@ -362,11 +468,16 @@ fn load(args: &Args, pod: &TestCgroup) {
     println!("request: {BODY}");
     println!("answer:  {answer}");
     let (admit, healthz) = (agent.url("/v1/admit"), agent.url("/healthz"));
-    let admit = Target::Post {
+    let admit = Target {
         url: &admit,
-        body: BODY,
+        body: Some(BODY),
+        client: &[],
     };
-    let floor = Target::Get { url: &healthz };
+    let floor = Target {
+        url: &healthz,
+        body: None,
+        client: &[],
+    };
     let first = args.connections[0];
     oha(args, pod, admit, first, 2, Load::Unthrottled);
     let db = std::env::temp_dir().join(format!("hugepage-agent-oha-{}.db", agent.port));
@@ -492,17 +603,55 @@ fn compare_tracing(args: &Args, pod: &TestCgroup) {
     ];
     let agent = args.agent.as_path();
     let modes: [Mode<'_>; 3] = [
-        ("tracing off", agent, &[("OTEL_TRACES_EXPORTER", "none")]),
-        ("tracing on, every span", agent, &exporting),
-        ("tracing on, 1 % sampled", agent, &sampled),
+        Mode::plain("tracing off", agent, &[("OTEL_TRACES_EXPORTER", "none")]),
+        Mode::plain("tracing on, every span", agent, &exporting),
+        Mode::plain("tracing on, 1 % sampled", agent, &sampled),
     ];
     compare(args, pod, &modes, Some(&receiver));
     receiver.stop();
     println!("target: tracing on within 10 % of tracing off");
 }
 
-/// A way of running the agent: its label, binary and added environment.
-type Mode<'a> = (&'a str, &'a Path, &'a [(&'a str, &'a str)]);
+/// A way of running the agent: its label, binary, added environment, and TLS.
+struct Mode<'a> {
+    label: &'a str,
+    binary: &'a Path,
+    env: &'a [(&'a str, &'a str)],
+    tls: Option<&'a BenchTls>,
+}
+
+impl<'a> Mode<'a> {
+    /// Over plain HTTP.
+    fn plain(label: &'a str, binary: &'a Path, env: &'a [(&'a str, &'a str)]) -> Mode<'a> {
+        Mode {
+            label,
+            binary,
+            env,
+            tls: None,
+        }
+    }
+}
+
+/// `--tls compare`: plain HTTP against TLS with client certificates, alternating round by round,
+/// tracing off for both.
+fn compare_tls(args: &Args, pod: &TestCgroup) {
+    let tls = BenchTls::new();
+    let off: &[(&str, &str)] = &[("OTEL_TRACES_EXPORTER", "none")];
+    let modes = [
+        Mode::plain("plain HTTP", &args.agent, off),
+        Mode {
+            label: "TLS, client certificate",
+            binary: &args.agent,
+            env: off,
+            tls: Some(&tls),
+        },
+    ];
+    println!(
+        "TLS: the agent's certificate names {SERVER_NAME} (no IP address) and it requires client certificates of a generated CA; oha presents one, verifies the agent by that name while dialing 127.0.0.1, and keeps each connection alive"
+    );
+    compare(args, pod, &modes, None);
+    println!("target: TLS within 10 % of plain HTTP");
+}
 
 /// `--versus PATH`: this agent against another binary (another allocator, another commit),
 /// alternating round by round on the same machine, tracing off for both.
@@ -510,7 +659,10 @@ fn compare_agents(args: &Args, pod: &TestCgroup, versus: &Path) {
     let off: &[(&str, &str)] = &[("OTEL_TRACES_EXPORTER", "none")];
     let this = format!("this agent ({})", args.agent.display());
     let other = format!("versus ({})", versus.display());
-    let modes: [Mode<'_>; 2] = [(&this, &args.agent, off), (&other, versus, off)];
+    let modes: [Mode<'_>; 2] = [
+        Mode::plain(&this, &args.agent, off),
+        Mode::plain(&other, versus, off),
+    ];
     compare(args, pod, &modes, None);
 }
 
@@ -520,19 +672,21 @@ fn compare_agents(args: &Args, pod: &TestCgroup, versus: &Path) {
 fn compare(args: &Args, pod: &TestCgroup, modes: &[Mode<'_>], receiver: Option<&OtlpReceiver>) {
     let mut figures: Vec<Vec<Figures>> = vec![Vec::new(); modes.len()];
     for round in 1..=args.rounds {
-        for (i, (label, binary, env)) in modes.iter().enumerate() {
-            let agent = Running::start(binary, pod, env);
+        for (i, mode) in modes.iter().enumerate() {
+            let label = mode.label;
+            let agent = Running::start(mode.binary, pod, mode.env, mode.tls);
             Footprint::reset_peak(agent.child.id());
             let url = agent.url("/v1/admit");
-            let admit = Target::Post {
+            let admit = Target {
                 url: &url,
-                body: BODY,
+                body: Some(BODY),
+                client: &agent.client,
             };
             let connections = args.connections[0];
             oha(args, pod, admit, connections, 2, Load::Unthrottled);
             let agent_before = cpu_time(agent.child.id());
             let receiver_before = receiver.map(|r| cpu_time(r.pid()));
-            let exported_before = metric_sum(&get(agent.port, "/metrics").1, EXPORTED);
+            let exported_before = metric_sum(&get(agent.metrics, "/metrics").1, EXPORTED);
             let fixed = oha(
                 args,
                 pod,
@@ -553,7 +707,7 @@ fn compare(args: &Args, pod: &TestCgroup, modes: &[Mode<'_>], receiver: Option<&
             let receiver_cpu = receiver
                 .zip(receiver_before)
                 .map(|(r, before)| cpu_time(r.pid()).saturating_sub(before));
-            let (_, exposition) = get(agent.port, "/metrics");
+            let (_, exposition) = get(agent.metrics, "/metrics");
             let exported = metric_sum(&exposition, EXPORTED) - exported_before;
             let port = agent.port;
             let status = agent.stop();
@@ -563,6 +717,12 @@ fn compare(args: &Args, pod: &TestCgroup, modes: &[Mode<'_>], receiver: Option<&
                 &fixed,
             );
             print(&format!("round {round}, {label}, unthrottled"), &free);
+            if mode.tls.is_some() {
+                println!(
+                    "    TLS handshakes refused: {}",
+                    metric_sum(&exposition, "hugepage_agent_tls_handshake_failures_total")
+                );
+            }
             let answered: u64 = fixed.statuses.values().sum();
             let agent_us = agent_cpu.as_secs_f64() * 1e6 / answered.max(1) as f64;
             println!("    agent CPU per admission at the fixed rate {agent_us:.1} us");
@@ -585,7 +745,7 @@ fn compare(args: &Args, pod: &TestCgroup, modes: &[Mode<'_>], receiver: Option<&
         spread(&figures[mode].iter().map(f).collect::<Vec<_>>()).0
     };
     println!("medians over {} rounds:", args.rounds);
-    for (i, (label, ..)) in modes.iter().enumerate() {
+    for (i, Mode { label, .. }) in modes.iter().enumerate() {
         println!(
             "  {label:<24} unthrottled {:>8.0} req/s  p99 at {} req/s {:6.3} ms  p99 unthrottled {:6.3} ms  agent CPU {:5.1} us per admission",
             median(i, |f| f.throughput),
@@ -595,8 +755,8 @@ fn compare(args: &Args, pod: &TestCgroup, modes: &[Mode<'_>], receiver: Option<&
             median(i, |f| f.agent_us),
         );
     }
-    let first = modes.first().map_or("", |m| m.0);
-    for (i, (label, ..)) in modes.iter().enumerate().skip(1) {
+    let first = modes.first().map_or("", |m| m.label);
+    for (i, Mode { label, .. }) in modes.iter().enumerate().skip(1) {
         println!(
             "ratio {label} / {first}: throughput {:.3}, p99 at {} req/s {:.3}, p99 unthrottled {:.3}",
             median(i, |f| f.throughput) / median(0, |f| f.throughput),

@@ -25,10 +25,13 @@ pub enum Bench {
     /// admit-load with tracing off, exporting every span and 1 % of traces to a real OTLP
     /// receiver: the ratios to tracing off, and the CPU each costs.
     AdmitTrace,
+    /// admit-load over plain HTTP and over TLS with a client certificate (connections kept
+    /// alive), alternating: the ratios TLS / plain.
+    AdmitTls,
 }
 
 pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
-    let release = cmd::workspace().join("target/release");
+    let release = cmd::target_dir().join("release");
     let (binary, mut all) = match which {
         Bench::ProbeOverhead => ("probe-overhead", Vec::new()),
         Bench::Verify => ("verify-latency", Vec::new()),
@@ -42,7 +45,7 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
                 vec!["--agent".to_owned(), agent.display().to_string()],
             )
         }
-        Bench::AdmitLoad | Bench::AdmitTrace => {
+        Bench::AdmitLoad | Bench::AdmitTrace | Bench::AdmitTls => {
             let oha = setup::ensure_oha()?;
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
             let agent = release.join("hugepage-agent");

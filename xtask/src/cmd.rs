@@ -37,6 +37,15 @@ pub fn workspace() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// Where cargo puts what it builds: `CARGO_TARGET_DIR` (relative to the workspace), else the
+/// workspace's `target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => workspace().join(dir),
+        _ => workspace().join("target"),
+    }
+}
+
 pub fn step(what: &str) {
     eprintln!("==> {what}");
 }

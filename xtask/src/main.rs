@@ -9,10 +9,11 @@
 //! * `fresh-test`: `test` as on a new machine: the host's leftovers of earlier runs removed, a
 //!   fresh clone of the committed tree, a new target directory and a new cache (bpf-linker and
 //!   the peers installed again).
-//! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace [-- ARGS]`: the fault
-//!   probe's cost on ordinary faults, one in-process verification, PSI evaluation and trigger
-//!   latency, the cgroup inventory at scale, `POST /v1/admit` under a load tool, and the same
-//!   with OTLP tracing on against off.
+//! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace|admit-tls|hints
+//!   [-- ARGS]`: the fault probe's cost on ordinary faults, one in-process verification, PSI
+//!   evaluation and trigger latency, the cgroup inventory at scale, `POST /v1/admit` under a
+//!   load tool, the same with OTLP tracing on against off and over TLS with a client
+//!   certificate against plain HTTP, and hint generation.
 
 mod bench;
 mod cmd;
@@ -70,7 +71,7 @@ fn main() -> Result<()> {
             all.extend(args);
             cmd::exec(
                 &env,
-                &cmd::workspace().join("target/release/hugepage-agent"),
+                &cmd::target_dir().join("release/hugepage-agent"),
                 &all,
             )
         }

@@ -3,12 +3,16 @@
 //! `GET /v1/conditions`, `GET /v1/events`, `POST /v1/hints`, `GET /v1/discrepancy`, `GET /metrics`,
 //! `/healthz`, `/readyz`, `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
 //! handlers extract, call a plain function, and map the result; errors are [`error::ApiError`].
+//! [`metrics_router`] is the plain listener's (`--metrics-listen`): `/metrics`, `/healthz` and
+//! `/readyz` only, for kubelet probes and Prometheus, which present no client certificate;
+//! everything else there is 404. [`server`] runs the listeners, [`tls`] secures the API's.
 
 pub mod admit;
 pub mod error;
 pub mod openapi;
 pub mod reservations;
 pub mod server;
+pub mod tls;
 pub mod topology;
 
 use std::{
@@ -108,6 +112,18 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(admit::BODY_LIMIT))
+        .with_state(state)
+}
+
+/// The plain metrics listener's routes: `/metrics`, `/healthz`, `/readyz`, and 404 for the rest
+/// (`/v1` is never served here).
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 

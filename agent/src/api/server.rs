@@ -1,7 +1,8 @@
-//! The HTTP API's own threads (`--api-threads`, default 1), apart from the agent's run loop: each
-//! a single-threaded runtime accepting on the one `--listen` socket, so a request is read,
-//! verified and answered on one thread, and a thread that is busy leaves new connections to the
-//! others.
+//! The HTTP listeners' own threads, apart from the agent's run loop: the API (`--listen`,
+//! `--api-threads` of them, default 1) and the plain metrics listener (`--metrics-listen`, one).
+//! Each thread is a single-threaded runtime accepting on its listener's one socket, so a request
+//! is read, verified and answered on one thread, and a thread that is busy leaves new
+//! connections to the others.
 //!
 //! On the work-stealing runtime that also runs the agent's loop, every readiness event woke a
 //! second worker (a futex wake and a context switch) and the two workers handed connections back
@@ -14,42 +15,77 @@
 //! with its own runtime; [`Server::start`] returns once every thread listens, or with the first
 //! that could not. [`Server::stopped`] waits, up to a deadline, for every thread to drain after
 //! the stop signal.
+//!
+//! Each accepted connection is served by a task of its own: with TLS ([`ServerTls`]) the
+//! handshake runs there, with the config current at the accept and a deadline, so a client that
+//! stalls its handshake holds up no one and a reload never touches a connection in flight; then
+//! hyper serves HTTP/1.1 with keep-alive. A refused handshake is counted by why.
 
 use std::{io, net::SocketAddr, sync::mpsc, thread, time::Duration};
 
 use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::{rt::TokioIo, service::TowerToHyperService};
 use tokio::{
-    net::{TcpListener, TcpSocket},
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpListener, TcpSocket, TcpStream},
     sync::{oneshot, watch},
 };
+use tracing::error;
+
+use super::tls::{HANDSHAKE_TIMEOUT, Refusal, ServerTls};
 
 /// Connections waiting to be accepted.
 const BACKLOG: u32 = 1024;
 /// How long a thread's runtime waits for its blocking tasks once its server has drained.
 const BLOCKING_GRACE: Duration = Duration::from_secs(1);
+/// How long accepting pauses after an error that is not the connection's (out of descriptors).
+const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
+
+/// A listener: the flag that names its address, and its threads' name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    pub flag: &'static str,
+    pub threads: &'static str,
+}
+
+impl Endpoint {
+    /// The API (`--listen`): `/v1`, metrics and probes, TLS when configured.
+    pub const API: Endpoint = Endpoint {
+        flag: "--listen",
+        threads: "http-api",
+    };
+    /// Plain HTTP for `/metrics`, `/healthz`, `/readyz` only (`--metrics-listen`).
+    pub const METRICS: Endpoint = Endpoint {
+        flag: "--metrics-listen",
+        threads: "http-metrics",
+    };
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("--listen {addr}: {source}")]
+    #[error("{flag} {addr}: {source}")]
     Listen {
+        flag: &'static str,
         addr: SocketAddr,
         #[source]
         source: io::Error,
     },
-    #[error("starting HTTP API thread {index}: {source}")]
+    #[error("starting thread {name}-{index}: {source}")]
     Thread {
+        name: &'static str,
         index: usize,
         #[source]
         source: io::Error,
     },
 }
 
-/// How the API threads ended after the stop signal.
+/// How the threads ended after the stop signal.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Drained {
     /// Threads still busy at the deadline.
     pub busy: usize,
-    /// The first error a thread's server stopped with.
+    /// The first thread that ended without saying so (it panicked).
     pub failed: Option<String>,
 }
 
@@ -58,6 +94,7 @@ pub struct Drained {
 pub struct Bound {
     listener: std::net::TcpListener,
     addr: SocketAddr,
+    endpoint: Endpoint,
 }
 
 impl Bound {
@@ -67,16 +104,20 @@ impl Bound {
     }
 }
 
-/// The running API threads.
+/// The running threads of one listener or more.
 #[derive(Debug)]
 pub struct Server {
-    done: Vec<oneshot::Receiver<io::Result<()>>>,
+    done: Vec<(String, oneshot::Receiver<()>)>,
 }
 
 impl Server {
     /// Binds the listening socket (no other socket may hold the port); call within a runtime.
-    pub fn bind(addr: SocketAddr) -> Result<Bound, ServerError> {
-        let listen = |source| ServerError::Listen { addr, source };
+    pub fn bind(endpoint: Endpoint, addr: SocketAddr) -> Result<Bound, ServerError> {
+        let listen = |source| ServerError::Listen {
+            flag: endpoint.flag,
+            addr,
+            source,
+        };
         let socket = if addr.is_ipv4() {
             TcpSocket::new_v4()
         } else {
@@ -92,68 +133,86 @@ impl Server {
         let listener = socket.listen(BACKLOG).map_err(listen)?;
         let addr = listener.local_addr().map_err(listen)?;
         let listener = listener.into_std().map_err(listen)?;
-        Ok(Bound { listener, addr })
+        Ok(Bound {
+            listener,
+            addr,
+            endpoint,
+        })
     }
 
-    /// Starts `threads` API threads serving `router` until `stop` turns true, and waits until
-    /// each listens; a thread that cannot start is an error naming it.
+    /// Starts `threads` threads serving `router` on `bound` until `stop` turns true, each
+    /// connection over TLS when `tls` is given, and waits until each listens; a thread that
+    /// cannot start is an error naming it.
     pub fn start(
         bound: Bound,
         threads: usize,
         router: Router,
+        tls: Option<ServerTls>,
         stop: watch::Receiver<bool>,
     ) -> Result<Server, ServerError> {
+        let name = bound.endpoint.threads;
+        let failed = |index, source| ServerError::Thread {
+            name,
+            index,
+            source,
+        };
         let mut done = Vec::with_capacity(threads);
         let (listening, started) = mpsc::channel();
         for index in 0..threads.max(1) {
             let socket = bound
                 .listener
                 .try_clone()
-                .map_err(|source| ServerError::Thread { index, source })?;
+                .map_err(|source| failed(index, source))?;
             let (tx, rx) = oneshot::channel();
             let router = router.clone();
+            let tls = tls.clone();
             let stop = stop.clone();
             let listening = listening.clone();
+            let thread = format!("{name}-{index}");
             thread::Builder::new()
-                .name(format!("http-api-{index}"))
+                .name(thread.clone())
                 .spawn(move || {
-                    let _ = tx.send(serve_thread(index, socket, router, stop, listening));
+                    serve_thread(index, socket, router, tls, stop, listening);
+                    let _ = tx.send(());
                 })
-                .map_err(|source| ServerError::Thread { index, source })?;
-            done.push(rx);
+                .map_err(|source| failed(index, source))?;
+            done.push((thread, rx));
         }
         drop(listening);
         for _ in 0..done.len() {
             match started.recv() {
                 Ok(Ok(())) => {}
-                Ok(Err((index, source))) => return Err(ServerError::Thread { index, source }),
+                Ok(Err((index, source))) => return Err(failed(index, source)),
                 Err(_) => {
-                    return Err(ServerError::Thread {
-                        index: 0,
-                        source: io::Error::other("a thread ended before it listened"),
-                    });
+                    return Err(failed(
+                        0,
+                        io::Error::other("a thread ended before it listened"),
+                    ));
                 }
             }
         }
         Ok(Server { done })
     }
 
+    /// These threads and `other`'s, stopped and waited for together.
+    pub fn and(mut self, other: Server) -> Server {
+        self.done.extend(other.done);
+        self
+    }
+
     /// Waits up to `deadline` for every thread to finish.
     pub async fn stopped(mut self, deadline: Duration) -> Drained {
         let until = tokio::time::Instant::now() + deadline;
         let mut drained = Drained::default();
-        for done in &mut self.done {
+        for (thread, done) in &mut self.done {
             // A thread that has finished answers even after the deadline.
             match tokio::time::timeout_at(until, done).await {
                 Err(_) => drained.busy += 1,
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(err))) => {
-                    drained.failed.get_or_insert(err.to_string());
-                }
+                Ok(Ok(())) => {}
                 Ok(Err(_)) => {
                     drained
                         .failed
-                        .get_or_insert_with(|| "the thread ended without an answer".to_owned());
+                        .get_or_insert_with(|| format!("thread {thread} ended without an answer"));
                 }
             }
         }
@@ -164,15 +223,16 @@ impl Server {
 /// Whether a thread listens, or why it cannot (its index and the error).
 type Listening = Result<(), (usize, io::Error)>;
 
-/// One API thread: its runtime, its registration of the socket (reported on `listening`), the
+/// One thread: its runtime, its registration of the socket (reported on `listening`), the
 /// server.
 fn serve_thread(
     index: usize,
     socket: std::net::TcpListener,
     router: Router,
-    mut stop: watch::Receiver<bool>,
+    tls: Option<ServerTls>,
+    stop: watch::Receiver<bool>,
     listening: mpsc::Sender<Listening>,
-) -> io::Result<()> {
+) {
     let started = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -186,21 +246,102 @@ fn serve_thread(
     let (runtime, listener) = match started {
         Ok(started) => started,
         Err(err) => {
-            // Server::start fails with it; nothing waits for this thread's result.
+            // Server::start fails with it.
             let _ = listening.send(Err((index, err)));
-            return Ok(());
+            return;
         }
     };
     let _ = listening.send(Ok(()));
-    let served = runtime.block_on(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|stopped| *stopped).await;
-            })
-            .await
-    });
+    runtime.block_on(serve(listener, router, tls, stop));
     runtime.shutdown_timeout(BLOCKING_GRACE);
-    served
+}
+
+/// Accepts until `stop` turns true, each connection in a task of its own (a TLS handshake
+/// included, so a slow client holds up nobody); then waits for every connection to end, each
+/// told to close once its request in flight is answered.
+async fn serve(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<ServerTls>,
+    mut stop: watch::Receiver<bool>,
+) {
+    // Every connection's task holds a receiver; once all are dropped, every connection ended.
+    let (open, connection) = watch::channel(());
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        };
+        match accepted {
+            Ok((tcp, _)) => {
+                tokio::spawn(serve_connection(
+                    tcp,
+                    router.clone(),
+                    tls.clone(),
+                    stop.clone(),
+                    connection.clone(),
+                ));
+            }
+            Err(err) => accept_failed(err).await,
+        }
+    }
+    drop(listener);
+    drop(connection);
+    open.closed().await;
+}
+
+/// An accept error: the connection's own (it is gone) or the process's (out of descriptors:
+/// pause, so as not to spin, and try again).
+async fn accept_failed(err: io::Error) {
+    if matches!(
+        err.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+    ) {
+        return;
+    }
+    error!("accepting a connection: {err}; pausing {ACCEPT_PAUSE:?}");
+    tokio::time::sleep(ACCEPT_PAUSE).await;
+}
+
+/// One connection: the TLS handshake (with its deadline) when configured, then HTTP/1.1.
+async fn serve_connection(
+    tcp: TcpStream,
+    router: Router,
+    tls: Option<ServerTls>,
+    mut stop: watch::Receiver<bool>,
+    _open: watch::Receiver<()>,
+) {
+    let Some(tls) = tls else {
+        return serve_http(tcp, router, stop).await;
+    };
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(tcp));
+    let shaken = tokio::select! {
+        shaken = handshake => shaken,
+        _ = stop.wait_for(|stopped| *stopped) => return,
+    };
+    match shaken {
+        Ok(Ok(stream)) => serve_http(stream, router, stop).await,
+        Ok(Err(err)) => tls.refused(Refusal::of(&err)),
+        Err(_) => tls.refused(Refusal::Timeout),
+    }
+}
+
+/// HTTP/1.1 over `io` (kept alive) until the client closes it or `stop` turns true.
+async fn serve_http<I>(io: I, router: Router, mut stop: watch::Receiver<bool>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let connection =
+        http1::Builder::new().serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        _ = stop.wait_for(|stopped| *stopped) => connection.as_mut().graceful_shutdown(),
+    }
+    // Errors of a connection are the client's (it went away); nothing to report.
+    let _ = connection.await;
 }
 
 #[cfg(test)]

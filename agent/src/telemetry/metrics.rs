@@ -1,6 +1,7 @@
 //! The counters and histograms the agent updates as things happen: verifications (KEP-5759's
 //! three metrics and its proposed discrepancy gauge), admissions, reservations, hugetlb faults,
-//! cgroup events, the probes' own counters, and the delay from an eBPF event to the map.
+//! cgroup events, the probes' own counters, the delay from an eBPF event to the map, and the API
+//! listener's TLS (handshakes refused, files reloaded).
 //!
 //! Label values are bounded: page sizes and NUMA nodes are those of the host when the agent
 //! started (a size a request names that the host lacks is `other`), results and reasons are
@@ -23,6 +24,7 @@ use super::{
 };
 use crate::{
     admission::{reservations::Released, verify::Verdict},
+    api::tls::TlsStats,
     numa::{NumaNode, PageSize},
     probes::{events::CgroupChange, live::Losses},
 };
@@ -149,6 +151,8 @@ pub struct Metrics {
     event_to_map: Histogram,
     /// The trace exporter's queue: spans exported and dropped.
     pub traces: Arc<ExportStats>,
+    /// The API listener's TLS: handshakes refused, files reloaded.
+    pub tls: Arc<TlsStats>,
 }
 
 impl Metrics {
@@ -182,6 +186,7 @@ impl Metrics {
             probes: Mutex::default(),
             event_to_map: Histogram::new(&EVENT_TO_MAP_BUCKETS),
             traces,
+            tls: Arc::default(),
         }
     }
 
@@ -409,6 +414,7 @@ impl Metrics {
         );
         e.histogram(EM, &[], &self.event_to_map.value());
         self.traces.encode(e);
+        self.tls.encode(e);
     }
 }
 

@@ -8,6 +8,7 @@ use axum::{Router, routing::get};
 use tokio::sync::Notify;
 
 use super::*;
+use crate::api::tls;
 
 /// `GET path` over a new connection; the answer's body.
 fn get_body(addr: SocketAddr, path: &str) -> String {
@@ -66,11 +67,11 @@ struct Blocked {
 async fn blocked(threads: usize) -> Blocked {
     let entered = Arc::new(Notify::new());
     let release = Arc::new(std::sync::Barrier::new(2));
-    let bound = Server::bind(any_port()).expect("bind");
+    let bound = Server::bind(Endpoint::API, any_port()).expect("bind");
     let addr = bound.addr();
     let (stop, stopped) = watch::channel(false);
     let app = router(Arc::clone(&entered), Arc::clone(&release));
-    let server = Server::start(bound, threads, app, stopped).expect("start");
+    let server = Server::start(bound, threads, app, None, stopped).expect("start");
     let slow = tokio::task::spawn_blocking(move || get_body(addr, "/slow"));
     entered.notified().await;
     Blocked {
@@ -129,7 +130,7 @@ async fn a_port_another_socket_holds_is_refused_even_if_it_allows_sharing() {
     other.bind(any_port()).expect("bind");
     let addr = other.local_addr().expect("address");
     let _held = other.listen(8).expect("listen");
-    let err = Server::bind(addr).expect_err("the port is taken");
+    let err = Server::bind(Endpoint::API, addr).expect_err("the port is taken");
     assert!(
         err.to_string().starts_with(&format!("--listen {addr}: ")),
         "{err}"
@@ -159,5 +160,140 @@ async fn a_request_still_running_at_the_deadline_is_reported_busy() {
         slow.await.expect("client"),
         "done",
         "the request in flight is answered"
+    );
+}
+
+/// PEM files of a CA, a server certificate for [`tls::SERVER_NAME`] and a client certificate,
+/// and a client config that trusts the CA and presents that client certificate.
+struct Pki {
+    dir: tempfile::TempDir,
+    roots: rustls::RootCertStore,
+    client: Arc<rustls::ClientConfig>,
+}
+
+/// A client config trusting `roots`, of TLS 1.3 and 1.2.
+fn client_builder(
+    roots: rustls::RootCertStore,
+) -> rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert> {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+}
+
+fn pki() -> Pki {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "test CA");
+    let ca_pem = ca.self_signed(&ca_key).expect("CA").pem();
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf = |names: Vec<String>, usage| {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(names).expect("params");
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &issuer).expect("leaf");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(
+        vec![tls::SERVER_NAME.to_owned()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client_cert, client_key) = leaf(Vec::new(), ExtendedKeyUsagePurpose::ClientAuth);
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, pem) in [
+        ("ca.crt", &ca_pem),
+        ("tls.crt", &server_cert),
+        ("tls.key", &server_key),
+    ] {
+        std::fs::write(dir.path().join(name), pem).expect("write");
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).expect("CA PEM"))
+        .expect("trust the CA");
+    let client = client_builder(roots.clone())
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(client_cert.as_bytes()).expect("cert PEM")],
+            PrivateKeyDer::from_pem_slice(client_key.as_bytes()).expect("key PEM"),
+        )
+        .expect("client certificate");
+    Pki {
+        dir,
+        roots,
+        client: Arc::new(client),
+    }
+}
+
+impl Pki {
+    fn files(&self) -> tls::TlsFiles {
+        tls::TlsFiles {
+            cert: self.dir.path().join("tls.crt"),
+            key: self.dir.path().join("tls.key"),
+            client_ca: Some(self.dir.path().join("ca.crt")),
+        }
+    }
+}
+
+/// `GET /` over TLS with `client`: the answer, or the error that ended the exchange.
+async fn get_tls(addr: SocketAddr, client: Arc<rustls::ClientConfig>) -> io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let name = rustls_pki_types::ServerName::try_from(tls::SERVER_NAME).expect("a DNS name");
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let mut stream = tokio_rustls::TlsConnector::from(client)
+        .connect(name, tcp)
+        .await?;
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    Ok(answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_client_stalling_its_handshake_holds_up_no_one_and_a_refusal_is_counted() {
+    let pki = pki();
+    let stats = Arc::new(tls::TlsStats::default());
+    let (server_tls, _reloader) = tls::load(&pki.files(), stats.clone()).expect("valid files");
+    let bound = Server::bind(Endpoint::API, any_port()).expect("bind");
+    let addr = bound.addr();
+    let (stop, stopped) = watch::channel(false);
+    let app = Router::new().route("/", get(|| async { "hello over TLS" }));
+    let server = Server::start(bound, 1, app, Some(server_tls), stopped).expect("start");
+
+    // Connected, and silent: its handshake waits in its own task.
+    let _stalled = TcpStream::connect(addr).expect("connect");
+    let answer = tokio::time::timeout(Duration::from_secs(5), get_tls(addr, pki.client.clone()))
+        .await
+        .expect("answered while another handshake stalls")
+        .expect("a valid client certificate");
+    assert!(answer.ends_with("hello over TLS"), "{answer}");
+
+    // No client certificate: refused in the handshake, counted by why.
+    let anonymous = client_builder(pki.roots.clone()).with_no_client_auth();
+    let refused = get_tls(addr, Arc::new(anonymous)).await;
+    assert!(
+        refused.is_err(),
+        "answered without a certificate: {refused:?}"
+    );
+    let counted = async {
+        while stats.refusals(tls::Refusal::NoCertificate) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), counted)
+        .await
+        .expect("the refusal is counted as no_certificate");
+
+    stop.send(true).expect("stop");
+    assert_eq!(
+        server.stopped(Duration::from_secs(5)).await,
+        Drained::default(),
+        "the stalled handshake does not hold up the stop"
     );
 }
