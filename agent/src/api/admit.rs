@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::{AppState, error::ApiError, reservations::Pending};
 use crate::{
     admission::{
+        identifiers,
         plan::{self, Plan, PlanError},
         request::{
             self, Container, Hugepages, ObjectMeta, Pod, PodHugepages, PodSpec, PodStatus,
@@ -48,7 +49,8 @@ static REFUSAL_LINES: RateLimit = RateLimit::new(REFUSALS_PER_SECOND);
 /// Largest body accepted.
 pub const BODY_LIMIT: usize = 1 << 20;
 
-/// Who is asking (echoed in the answer and the log).
+/// Who is asking (echoed in the answer and the log). Each identifier is checked
+/// ([`identifiers`]) before anything is done under it; empty means not given.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodRef {
@@ -423,6 +425,8 @@ fn deserialize<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiErro
 
 fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
     let form: ShortForm = deserialize(body)?;
+    let (namespace, name, uid) = (&form.pod.namespace, &form.pod.name, &form.pod.uid);
+    check_pod_identity("pod", namespace, name, uid)?;
     let policy = form
         .topology_policy
         .as_deref()
@@ -456,7 +460,7 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
         request::add(&mut total, &pages);
         each.push(pages);
         containers.push(Container {
-            name: c.name.unwrap_or_else(|| format!("container-{i}")),
+            name: given(c.name).unwrap_or_else(|| format!("container-{i}")),
             resources: Requirements {
                 requests: c.resources.clone(),
                 limits: c.resources,
@@ -464,6 +468,7 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
             restart_policy: None,
         });
     }
+    check_container_names(&[("containers", containers.as_slice())])?;
     let nodes = form
         .numa_nodes
         .map(|n| n.into_iter().map(NumaNode).collect());
@@ -495,7 +500,15 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
 }
 
 fn from_pod(body: &[u8]) -> Result<Parsed, ApiError> {
-    let pod: Pod = deserialize(body)?;
+    let mut pod: Pod = deserialize(body)?;
+    let meta = &pod.metadata;
+    check_pod_identity("metadata", &meta.namespace, &meta.name, &meta.uid)?;
+    name_unnamed(&mut pod.spec.init_containers, "init-container");
+    name_unnamed(&mut pod.spec.containers, "container");
+    check_container_names(&[
+        ("spec.initContainers", pod.spec.init_containers.as_slice()),
+        ("spec.containers", pod.spec.containers.as_slice()),
+    ])?;
     let pages = request::pod_hugepages(&pod.spec).map_err(field_error)?;
     let pod_ref = PodRef {
         namespace: pod.metadata.namespace.clone(),
@@ -515,4 +528,55 @@ fn from_pod(body: &[u8]) -> Result<Parsed, ApiError> {
 
 fn field_error(e: request::RequestError) -> ApiError {
     ApiError::invalid(e.field, e.detail)
+}
+
+/// A string field as given: `None` when absent or empty (Kubernetes' `omitempty`: `""` is unset).
+fn given(value: Option<String>) -> Option<String> {
+    value.filter(|v| !v.is_empty())
+}
+
+/// The pod's namespace, name and UID at `{at}.namespace` … `{at}.uid`, each checked as the API
+/// server checks it when given. Each may be left out (or empty): the short form may name no pod,
+/// and a webhook called before the API server names the pod sees neither its name (with
+/// `generateName`) nor its UID; without a UID nothing is reserved.
+fn check_pod_identity(at: &str, namespace: &str, name: &str, uid: &str) -> Result<(), ApiError> {
+    type Rule = fn(&str) -> Result<(), identifiers::IdentifierError>;
+    let rules: [(&str, &str, Rule); 3] = [
+        ("namespace", namespace, identifiers::namespace),
+        ("name", name, identifiers::pod_name),
+        ("uid", uid, identifiers::pod_uid),
+    ];
+    for (field, value, rule) in rules {
+        if !value.is_empty() {
+            rule(value).map_err(|e| ApiError::invalid(format!("{at}.{field}"), e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Containers of a `v1.Pod` without a name (absent or empty) are named `{prefix}-<index>`, as the
+/// short form names its own.
+fn name_unnamed(containers: &mut [Container], prefix: &str) {
+    for (i, c) in containers.iter_mut().enumerate() {
+        if c.name.is_empty() {
+            c.name = format!("{prefix}-{i}");
+        }
+    }
+}
+
+/// Every container's name is a DNS-1123 label, and no two containers of the pod (init containers
+/// included) share one, as the API server requires: the Memory Manager's state and the NUMA
+/// selection find a container by its name.
+fn check_container_names(lists: &[(&'static str, &[Container])]) -> Result<(), ApiError> {
+    let count = lists.iter().map(|(_, list)| list.len()).sum();
+    let mut seen = identifiers::Unique::with_capacity(count);
+    for &(list, containers) in lists {
+        for (index, c) in containers.iter().enumerate() {
+            let place = identifiers::Place { list, index };
+            identifiers::container_name(&c.name)
+                .and_then(|()| seen.insert(&c.name, place))
+                .map_err(|e| ApiError::invalid(place.to_string(), e.to_string()))?;
+        }
+    }
+    Ok(())
 }
