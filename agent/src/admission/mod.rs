@@ -4,6 +4,7 @@
 //! as the API server checks them ([`identifiers`]) before any of it.
 
 pub mod identifiers;
+pub mod json;
 pub mod plan;
 pub mod request;
 pub mod reservations;

@@ -1,5 +1,7 @@
 //! Issue #23: a request's identifiers are checked as the API server checks them before anything
-//! is reserved or written, the same way by `POST /v1/admit` and `POST /v1/hints`.
+//! is reserved or written, and both request bodies are read exactly as the OpenAPI document
+//! describes them (what schemathesis found: `{"spec": null}`, `"topologyPolicy": null`,
+//! `"numaNodes": []`), the same way by `POST /v1/admit` and `POST /v1/hints`.
 
 use super::*;
 
@@ -126,6 +128,13 @@ async fn a_namespace_with_uppercase_and_other_names_the_api_server_refuses_are_4
         "spec.containers[0].name".to_owned(),
         "must be no more than 63",
     ));
+    let mut qos = fits(POD_1);
+    qos["pod"]["qosClass"] = json!("Platinum");
+    cases.push((
+        qos,
+        "pod.qosClass".to_owned(),
+        "is not Guaranteed, Burstable or BestEffort",
+    ));
     for (body, field, says) in &cases {
         refused_by_both(&state, body, field, says).await;
     }
@@ -170,6 +179,7 @@ async fn identifiers_left_out_or_empty_are_not_given_and_unnamed_containers_are_
     for body in [
         json!({"containers": [{"resources": {"hugepages-2Mi": "1Gi"}}], "numaNodes": [0]}),
         json!({"pod": {"namespace": "", "name": "", "uid": ""}, "containers": [{"name": ""}], "numaNodes": [0]}),
+        json!({"pod": null, "containers": [{"name": null}], "numaNodes": [0]}),
     ] {
         let (status, answer) = post(&state, "/v1/admit", &body).await;
         assert_eq!(status, StatusCode::OK, "{body}: {answer}");
@@ -179,7 +189,7 @@ async fn identifiers_left_out_or_empty_are_not_given_and_unnamed_containers_are_
     nothing_reserved(&dir, &state).await;
     let unnamed = json!({"resources": {}});
     let pod = whole_pod(
-        json!({}),
+        json!(null),
         json!([unnamed]),
         json!([unnamed, {"name": "app"}]),
     );
@@ -194,4 +204,97 @@ async fn identifiers_left_out_or_empty_are_not_given_and_unnamed_containers_are_
         ["init-container-0", "container-0", "app"],
         "{answer}"
     );
+}
+
+#[tokio::test]
+async fn spec_null_is_a_400_naming_spec_from_both_bodies_not_an_unknown_field() {
+    let (_d, state) = state();
+    refused_by_both(&state, &json!({"spec": null}), "spec", "expected an object").await;
+    // Serde reads a struct from an array of its fields; the document says object, and so does
+    // the server now.
+    let array = json!({"spec": [null, null]});
+    refused_by_both(&state, &array, "spec", "expected an object").await;
+    let array = json!({"containers": [["main", {}]]});
+    refused_by_both(&state, &array, "containers[0]", "expected an object").await;
+}
+
+#[tokio::test]
+async fn numa_nodes_empty_or_unknown_is_a_400_from_both_bodies() {
+    let (_d, state) = state();
+    let empty = json!({"containers": [], "numaNodes": []});
+    refused_by_both(&state, &empty, "numaNodes", "at least one NUMA node").await;
+    let unknown = json!({"containers": [], "numaNodes": [0, 7]});
+    refused_by_both(&state, &unknown, "numaNodes", "NUMA node 7 does not exist").await;
+}
+
+#[tokio::test]
+async fn null_for_an_optional_field_is_that_field_left_out_in_both_bodies() {
+    let (_d, state) = state();
+    let bodies = [
+        json!({"containers": [{"name": "main", "resources": null}], "topologyPolicy": null, "scope": null, "numaNodes": null, "pod": null}),
+        json!({"containers": [{"name": "main"}], "pod": {"qosClass": null, "uid": null}}),
+        json!({"metadata": null, "status": null, "spec": {"initContainers": null, "containers": [{"name": "app", "resources": null, "restartPolicy": null}], "overhead": null, "resources": null}}),
+        json!({"spec": {"containers": [{"name": "app", "resources": {"requests": null, "limits": null}}]}, "status": {"qosClass": null}}),
+    ];
+    for body in bodies {
+        for uri in BODIES {
+            let (status, answer) = post(&state, uri, &body).await;
+            assert_eq!(status, StatusCode::OK, "{uri} {body}: {answer}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_whole_number_written_with_a_fraction_is_that_number() {
+    let (_d, state) = state();
+    for amount in [
+        json!(1_073_741_824),
+        json!(1_073_741_824.0),
+        json!(1.073741824e9),
+    ] {
+        let body =
+            json!({"containers": [{"resources": {"hugepages-2Mi": amount}}], "numaNodes": [0]});
+        let (status, answer) = post(&state, "/v1/admit", &body).await;
+        assert_eq!(status, StatusCode::OK, "{body}: {answer}");
+        assert_eq!(
+            answer["checks"][0]["requestedBytes"],
+            1u64 << 30,
+            "{answer}"
+        );
+    }
+    let half = json!({"containers": [{"resources": {"hugepages-2Mi": 0.5}}], "numaNodes": [0]});
+    let (status, _) = post(&state, "/v1/admit", &half).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn the_document_states_the_identifier_rules_and_this_machines_nodes() {
+    let (_d, state) = state();
+    let (status, _, doc) = send(&state, "GET", "/openapi.json", None, Body::empty()).await;
+    assert_eq!(status, StatusCode::OK);
+    let schemas = &doc["components"]["schemas"];
+    let pod = &schemas["ShortPod"]["properties"];
+    let meta = &schemas["Pod"]["properties"]["metadata"]["properties"];
+    use crate::admission::identifiers as ids;
+    for (field, pattern, max) in [
+        ("uid", ids::UID_PATTERN, ids::UID_LENGTH),
+        ("namespace", ids::LABEL_PATTERN, ids::LABEL_MAX),
+        ("name", ids::SUBDOMAIN_PATTERN, ids::SUBDOMAIN_MAX),
+    ] {
+        for schema in [&pod[field], &meta[field]] {
+            assert_eq!(schema["pattern"], format!("^$|{pattern}"), "{field}");
+            assert_eq!(schema["maxLength"], max, "{field}");
+        }
+    }
+    let container = &schemas["Container"]["properties"]["name"];
+    assert_eq!(container["pattern"], format!("^$|{}", ids::LABEL_PATTERN));
+    let short = &schemas["AdmitShort"]["properties"];
+    assert_eq!(short["numaNodes"]["minItems"], 1);
+    assert_eq!(short["numaNodes"]["items"]["enum"], json!([0, 1]));
+    assert!(
+        short["topologyPolicy"]["enum"]
+            .as_array()
+            .is_some_and(|e| e.contains(&Value::Null))
+    );
+    assert_eq!(schemas["Pod"]["properties"]["spec"]["type"], "object");
 }
