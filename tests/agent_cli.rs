@@ -760,6 +760,7 @@ fn a_burstable_pod_holding_pages_is_listed_in_consumers_with_its_pages_and_fault
 #[test]
 fn story_2_end_to_end_reservation_holds_across_a_kill_and_ends_when_the_pod_faults() {
     const B: &str = "b0000000-0000-4000-8000-00000000000b";
+    const C: &str = "c0000000-0000-4000-8000-00000000000c";
     const ID_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
     let lock = host_lock();
     let _pool = HugepagePool::reserve(&lock, 16);
@@ -813,7 +814,7 @@ fn story_2_end_to_end_reservation_holds_across_a_kill_and_ends_when_the_pod_faul
         .as_str()
         .expect("reserved")
         .to_owned();
-    let c = admit(running.port, &asks("c-uid", c_pages));
+    let c = admit(running.port, &asks(C, c_pages));
     assert_eq!(
         (&c["allowed"], c["message"].as_str()),
         (&serde_json::json!(false), Some(rejection.as_str())),
@@ -828,7 +829,7 @@ fn story_2_end_to_end_reservation_holds_across_a_kill_and_ends_when_the_pod_faul
         listed.contains(&id),
         "the reservation survived the kill: {listed}"
     );
-    let c = admit(running.port, &asks("c-uid", c_pages));
+    let c = admit(running.port, &asks(C, c_pages));
     assert_eq!(c["message"].as_str(), Some(rejection.as_str()), "{c}");
 
     // B's container faults its pages: the kernel now shows them taken, the reservation ends.
@@ -838,13 +839,13 @@ fn story_2_end_to_end_reservation_holds_across_a_kill_and_ends_when_the_pod_faul
     });
     let (_, listed) = http(running.port, "GET", "/v1/reservations", None, "");
     assert!(!listed.contains(&id), "{listed}");
-    let c = admit(running.port, &asks("c-uid", c_pages));
+    let c = admit(running.port, &asks(C, c_pages));
     assert_eq!(c["allowed"], false, "the kernel has 4 pages left: {c}");
     assert_eq!(c["checks"][0]["reservedByAgentBytes"], 0, "{c}");
 
     // B exits: its pages are free again and C is admitted.
     drop(b_process);
-    let c = admit(running.port, &asks("c-uid", c_pages));
+    let c = admit(running.port, &asks(C, c_pages));
     assert_eq!(c["allowed"], true, "{c}");
     drop(nested);
     drop(root);

@@ -1,7 +1,8 @@
-//! The real peers the telemetry tests talk to, as `cargo xtask setup` installs them: the OTLP
-//! receiver (`otlp_receiver.py` on PyPI's `opentelemetry-proto` and `grpcio`, in a venv),
-//! Debian's Prometheus and promtool, and `@grafana/schema` with TypeScript from npm.
-//! `HUGEPAGE_AGENT_OTLP_PYTHON` and `HUGEPAGE_AGENT_GRAFANA_SCHEMA` point elsewhere if set.
+//! The real peers the telemetry and contract tests talk to, as `cargo xtask setup` installs them:
+//! the OTLP receiver (`otlp_receiver.py` on PyPI's `opentelemetry-proto` and `grpcio`, in a venv),
+//! Debian's Prometheus and promtool, `@grafana/schema` with TypeScript from npm, and PyPI's
+//! schemathesis (in a venv of its own). `HUGEPAGE_AGENT_OTLP_PYTHON`,
+//! `HUGEPAGE_AGENT_GRAFANA_SCHEMA` and `HUGEPAGE_AGENT_SCHEMATHESIS` point elsewhere if set.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -41,6 +42,14 @@ pub fn grafana_schema() -> PathBuf {
     installed(
         "HUGEPAGE_AGENT_GRAFANA_SCHEMA",
         cache().join("grafana-schema"),
+    )
+}
+
+/// The `schemathesis` command, in its venv.
+pub fn schemathesis() -> PathBuf {
+    installed(
+        "HUGEPAGE_AGENT_SCHEMATHESIS",
+        cache().join("schemathesis-venv/bin/schemathesis"),
     )
 }
 

@@ -1,8 +1,8 @@
 //! `cargo xtask`: the project's own commands. `run` and `test` are the two the README names; both
 //! install what they need first (idempotently), so they work on a fresh machine.
 //!
-//! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages, and the
-//!   telemetry tests' peers: Prometheus, an OTLP receiver's venv, `@grafana/schema`).
+//! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages, and the tests'
+//!   peers: Prometheus, an OTLP receiver's venv, schemathesis's venv, `@grafana/schema`).
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
 //! * `test`: formatting, clippy, the build without the eBPF toolchain, and every test; then a
 //!   check that the tests left nothing on the host ([`host`]).

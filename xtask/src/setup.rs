@@ -1,9 +1,9 @@
 //! Build prerequisites, installed idempotently: the nightly toolchain's `rust-src`, `bpf-linker`
 //! built against that nightly's own libLLVM (no system LLVM), and the Debian packages tests use;
-//! and the peers the telemetry tests run ([`ensure_peers`]): Prometheus and promtool (Debian),
-//! an OTLP receiver's Python packages (PyPI, in a venv) and `@grafana/schema` with TypeScript
-//! (npm), each in the project's cache (`HUGEPAGE_AGENT_CACHE`, else `~/.cache/hugepage-agent`) at
-//! pinned versions.
+//! and the peers the tests run ([`ensure_peers`]): Prometheus and promtool (Debian), an OTLP
+//! receiver's Python packages (PyPI, in a venv), schemathesis (PyPI, in a venv of its own: the
+//! API contract test) and `@grafana/schema` with TypeScript (npm), each in the project's cache
+//! (`HUGEPAGE_AGENT_CACHE`, else `~/.cache/hugepage-agent`) at pinned versions.
 //!
 //! bpf-linker lives in `<cache>/bpf-linker-<nightly commit>`: a new nightly gets a new linker, and
 //! the check is "does that binary run", not "does the directory exist". `<cache>/bin` points at the
@@ -35,6 +35,14 @@ const PYTHON_PACKAGES: [&str; 3] = [
     "opentelemetry-proto==1.45.2",
     "grpcio==1.85.1",
     "protobuf==7.36.2",
+];
+/// The API contract test's packages (PyPI): schemathesis, which generates requests from the
+/// agent's OpenAPI document, with the two packages that decide what it generates and what it
+/// calls valid pinned too (hypothesis, jsonschema_rs), so that a run is the same on every machine.
+const SCHEMATHESIS_PACKAGES: [&str; 3] = [
+    "schemathesis==4.32.5",
+    "hypothesis==6.170.17",
+    "jsonschema_rs==0.60.3",
 ];
 /// The dashboard's schema check (npm).
 const NPM_PACKAGES: [&str; 2] = ["@grafana/schema@13.2.3", "typescript@5.9.3"];
@@ -155,14 +163,27 @@ fn build_bpf_linker(sysroot: &Path, prefix: &Path, llvm_major: &str) -> Result<(
     cmd::run(install)
 }
 
-/// Where the telemetry tests' peers are, for the environment of `cargo test`.
+/// Where the tests' peers are (telemetry, the API contract), for the environment of `cargo test`.
 pub fn ensure_peers() -> Result<Vec<(&'static str, PathBuf)>> {
     ensure_debian_packages(&DEBIAN_PACKAGES)?;
     let cache = cache_dir()?;
     Ok(vec![
         (
             "HUGEPAGE_AGENT_OTLP_PYTHON",
-            ensure_venv(&cache.join("otlp-venv"))?,
+            ensure_venv(
+                &cache.join("otlp-venv"),
+                &PYTHON_PACKAGES,
+                "import grpc; from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc",
+            )?,
+        ),
+        (
+            "HUGEPAGE_AGENT_SCHEMATHESIS",
+            ensure_venv(
+                &cache.join("schemathesis-venv"),
+                &SCHEMATHESIS_PACKAGES,
+                "import schemathesis, hypothesis, jsonschema_rs",
+            )?
+            .with_file_name("schemathesis"),
         ),
         (
             "HUGEPAGE_AGENT_GRAFANA_SCHEMA",
@@ -183,16 +204,14 @@ pub fn cache_dir() -> Result<PathBuf> {
 
 pub const CACHE_VAR: &str = "HUGEPAGE_AGENT_CACHE";
 
-/// A venv with [`PYTHON_PACKAGES`]; the check imports them and compares the pins it recorded.
-fn ensure_venv(venv: &Path) -> Result<PathBuf> {
+/// A venv with `packages`, returning its Python; the check runs `imports` and compares the pins
+/// it recorded.
+fn ensure_venv(venv: &Path, packages: &[&str], imports: &str) -> Result<PathBuf> {
     let python = venv.join("bin/python");
     let pins = venv.join("hugepage-agent-pins");
-    let wanted = PYTHON_PACKAGES.join(" ");
+    let wanted = packages.join(" ");
     let works = Command::new(&python)
-        .args([
-            "-c",
-            "import grpc; from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc",
-        ])
+        .args(["-c", imports])
         .output()
         .is_ok_and(|o| o.status.success());
     if works && fs::read_to_string(&pins).is_ok_and(|p| p == wanted) {
@@ -205,7 +224,7 @@ fn ensure_venv(venv: &Path) -> Result<PathBuf> {
     ))?;
     let mut pip = Command::new(venv.join("bin/pip"));
     pip.args(["install", "--quiet", "--disable-pip-version-check"])
-        .args(PYTHON_PACKAGES);
+        .args(packages);
     cmd::run(pip)?;
     fs::write(&pins, wanted)?;
     Ok(python)

@@ -16,6 +16,7 @@ use std::{collections::BTreeMap, fmt::Display};
 
 use serde::Deserialize;
 
+use super::json;
 use crate::{
     numa::PageSize,
     quantity::{self, QuantityError},
@@ -46,7 +47,8 @@ pub type Hugepages = BTreeMap<PageSize, u64>;
 #[serde(untagged)]
 pub enum QuantityValue {
     Text(String),
-    Number(u64),
+    /// A whole number of bytes (`4194304`, or `4194304.0` and `4.194304e6`: JSON numbers).
+    Number(#[serde(deserialize_with = "json::whole_number")] u64),
 }
 
 impl QuantityValue {
@@ -169,9 +171,9 @@ fn amount(size: PageSize, value: &QuantityValue, field: impl Display) -> Result<
 /// `requests` and `limits` of a container or pod, as a `v1.ResourceRequirements`.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Requirements {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     pub requests: ResourceList,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     pub limits: ResourceList,
 }
 
@@ -218,9 +220,9 @@ impl Requirements {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Container {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::object_or_default")]
     pub resources: Requirements,
     /// `Always` on an init container makes it a sidecar.
     #[serde(default)]
@@ -231,14 +233,14 @@ pub struct Container {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::objects_or_default")]
     pub containers: Vec<Container>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::objects_or_default")]
     pub init_containers: Vec<Container>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     pub overhead: ResourceList,
     /// Pod-level resources (the `PodLevelResources` feature).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::optional_object")]
     pub resources: Option<Requirements>,
 }
 
@@ -247,20 +249,21 @@ pub struct PodSpec {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Pod {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::object_or_default")]
     pub metadata: ObjectMeta,
+    #[serde(deserialize_with = "json::object")]
     pub spec: PodSpec,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::object_or_default")]
     pub status: PodStatus,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ObjectMeta {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     pub namespace: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     pub uid: String,
 }
 

@@ -9,6 +9,9 @@
 //! temporary file, fsynced and renamed over the old one, with a checksum (FNV-1a 64 of the
 //! reservations' JSON) as the kubelet's checkpoints have. A file that does not parse or whose
 //! checksum does not match is renamed aside (`.corrupt-<unix time>`) and reported, never half-read.
+//! A reservation whose pod UID, namespace or name the API would refuse ([`identifiers`]: a file
+//! written by an older agent, which took any text) is not loaded: the file is renamed aside
+//! (`.refused-<unix time>`), the others are written anew, and each refused one is reported.
 //!
 //! A change is made in memory under the caller's lock and returns a [`Snapshot`] of the file's
 //! content, which the caller writes ([`Snapshot::write`]) after releasing the lock (an admission
@@ -28,11 +31,16 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::verify::{REASON, ReservationRef, Verdict, message};
+use super::{
+    identifiers::{self, IdentifierError},
+    verify::{REASON, ReservationRef, Verdict, message},
+};
 use crate::numa::{NumaNode, PageSize};
 
 const FILE: &str = "reservations.json";
 const VERSION: u32 = 1;
+/// Refused reservations a warning names one by one.
+const REFUSED_SHOWN: usize = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReservationError {
@@ -159,31 +167,51 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((store, None)),
             Err(source) => return Err(ReservationError::Io { path, source }),
         };
-        match parse(&text) {
-            Ok(list) => {
-                store.entries = list.into_iter().map(|r| (r.id.clone(), r)).collect();
-                Ok((store, None))
-            }
+        let list = match parse(&text) {
+            Ok(list) => list,
             Err(why) => {
-                let stamp = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_secs();
-                let aside = path.with_extension(format!("json.corrupt-{stamp}"));
-                fs::rename(&path, &aside).map_err(|source| ReservationError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
-                Ok((
+                let aside = set_aside(&path, "corrupt")?;
+                return Ok((
                     store,
                     Some(format!(
                         "{}: {why}; set aside as {} and starting with no reservations",
                         path.display(),
                         aside.display()
                     )),
-                ))
+                ));
+            }
+        };
+        let mut refused = Vec::new();
+        for r in list {
+            match check_identifiers(&r) {
+                Ok(()) => {
+                    store.entries.insert(r.id.clone(), r);
+                }
+                Err(why) => refused.push(format!("{}: {why}", identifiers::Shown::new(&r.id))),
             }
         }
+        if refused.is_empty() {
+            return Ok((store, None));
+        }
+        let aside = set_aside(&path, "refused")?;
+        store.snapshot().write()?;
+        let kept = store.entries.len();
+        let shown = refused.len().min(REFUSED_SHOWN);
+        let more = match refused.len() - shown {
+            0 => String::new(),
+            n => format!("; and {n} more"),
+        };
+        Ok((
+            store,
+            Some(format!(
+                "{}: {} reservation(s) refused, their pod is not named as Kubernetes names pods (reservation {}{more}); the file is set aside as {} and the {} others kept",
+                path.display(),
+                refused.len(),
+                refused[..shown].join("; reservation "),
+                aside.display(),
+                kept
+            )),
+        ))
     }
 
     pub fn list(&self) -> Vec<Reservation> {
@@ -324,6 +352,36 @@ impl Writer {
         }
         Ok(())
     }
+}
+
+/// Renames the file `path` aside as `<path>.<why>-<unix time>`; the new name.
+fn set_aside(path: &Path, why: &str) -> Result<PathBuf, ReservationError> {
+    let stamp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let aside = path.with_extension(format!("json.{why}-{stamp}"));
+    fs::rename(path, &aside).map_err(|source| ReservationError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(aside)
+}
+
+/// A stored reservation's pod, checked as an admission checks it: a UID (every reservation has
+/// one), and a namespace and name when given.
+fn check_identifiers(r: &Reservation) -> Result<(), String> {
+    fn named(field: &'static str) -> impl Fn(IdentifierError) -> String {
+        move |e| format!("{field} {e}")
+    }
+    identifiers::pod_uid(&r.pod_uid).map_err(named("podUid"))?;
+    if !r.namespace.is_empty() {
+        identifiers::namespace(&r.namespace).map_err(named("namespace"))?;
+    }
+    if !r.name.is_empty() {
+        identifiers::pod_name(&r.name).map_err(named("name"))?;
+    }
+    Ok(())
 }
 
 fn parse(text: &[u8]) -> Result<Vec<Reservation>, String> {

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::{AppState, error::ApiError, reservations::Pending};
 use crate::{
     admission::{
+        identifiers, json,
         plan::{self, Plan, PlanError},
         request::{
             self, Container, Hugepages, ObjectMeta, Pod, PodHugepages, PodSpec, PodStatus,
@@ -48,15 +49,16 @@ static REFUSAL_LINES: RateLimit = RateLimit::new(REFUSALS_PER_SECOND);
 /// Largest body accepted.
 pub const BODY_LIMIT: usize = 1 << 20;
 
-/// Who is asking (echoed in the answer and the log).
+/// Who is asking (echoed in the answer and the log). Each identifier is checked
+/// ([`identifiers`]) before anything is done under it; empty means not given.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodRef {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     pub namespace: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     pub uid: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos_class: Option<String>,
@@ -66,8 +68,9 @@ pub struct PodRef {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ShortForm {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::object_or_default")]
     pod: PodRef,
+    #[serde(deserialize_with = "json::objects")]
     containers: Vec<ShortContainer>,
     numa_nodes: Option<Vec<u32>>,
     topology_policy: Option<String>,
@@ -79,7 +82,7 @@ struct ShortForm {
 struct ShortContainer {
     #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json::or_default")]
     resources: ResourceList,
 }
 
@@ -172,11 +175,29 @@ pub fn parse(content_type: Option<&str>, body: &[u8]) -> Result<Parsed, ApiError
         return Err(ApiError::unsupported_media(content_type));
     }
     // A first pass that skips every value (no allocation) tells the two forms apart.
-    let shape: Shape = serde_json::from_slice(body).map_err(json_error)?;
-    if shape.spec.is_some() {
+    let json::Object(shape) =
+        serde_json::from_slice::<json::Object<Shape>>(body).map_err(json_error)?;
+    if shape.spec.0 {
         from_pod(body)
     } else {
         from_short(body)
+    }
+}
+
+/// Refuses NUMA nodes this machine does not have, as the verification does (`POST /v1/hints`
+/// reads the same body and refuses the same nodes).
+pub fn known_nodes(state: &AppState, nodes: &[NumaNode]) -> Result<(), ApiError> {
+    let known = state.verifier.nodes();
+    match nodes.iter().find(|n| !known.contains(n)) {
+        None => Ok(()),
+        Some(bad) => Err(ApiError::invalid(
+            "numaNodes",
+            VerifyError::UnknownNode {
+                node: bad.0,
+                known: known.iter().map(|n| n.0).collect(),
+            }
+            .to_string(),
+        )),
     }
 }
 
@@ -389,11 +410,22 @@ fn refuse_under_pressure(verdict: &mut Verdict, true_condition: Option<&NodeCond
     ));
 }
 
-/// Which form a body is: a `v1.Pod` has a `spec`.
+/// Which form a body is: a `v1.Pod` has a `spec` (even `"spec": null`, which is then refused as
+/// the pod's, not as an unknown field of the short form).
 #[derive(Deserialize)]
 struct Shape {
     #[serde(default)]
-    spec: Option<serde::de::IgnoredAny>,
+    spec: Present,
+}
+
+/// Whether a field is there, whatever its value (`null` included).
+#[derive(Default)]
+struct Present(bool);
+
+impl<'de> Deserialize<'de> for Present {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Present, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| Present(true))
+    }
 }
 
 /// Invalid JSON is 400 `invalid-json`; valid JSON of the wrong shape names the field.
@@ -407,11 +439,12 @@ fn json_error(e: serde_json::Error) -> ApiError {
 /// Deserializes `body`; on failure, deserializes it again tracking the path, to name the field at
 /// fault (tracking the path of every value cost a tenth of an admission).
 fn deserialize<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    if let Ok(value) = serde_json::from_slice(body) {
+    if let Ok(json::Object(value)) = serde_json::from_slice(body) {
         return Ok(value);
     }
     let mut de = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let read: Result<json::Object<T>, _> = serde_path_to_error::deserialize(&mut de);
+    read.map(|o| o.0).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.into_inner();
         match inner.classify() {
@@ -423,6 +456,15 @@ fn deserialize<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiErro
 
 fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
     let form: ShortForm = deserialize(body)?;
+    let (namespace, name, uid) = (&form.pod.namespace, &form.pod.name, &form.pod.uid);
+    check_pod_identity("pod", namespace, name, uid)?;
+    check_qos_class("pod.qosClass", form.pod.qos_class.as_deref())?;
+    if form.numa_nodes.as_ref().is_some_and(Vec::is_empty) {
+        return Err(ApiError::invalid(
+            "numaNodes",
+            "must name at least one NUMA node (leave it out to have them selected)",
+        ));
+    }
     let policy = form
         .topology_policy
         .as_deref()
@@ -456,7 +498,7 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
         request::add(&mut total, &pages);
         each.push(pages);
         containers.push(Container {
-            name: c.name.unwrap_or_else(|| format!("container-{i}")),
+            name: given(c.name).unwrap_or_else(|| format!("container-{i}")),
             resources: Requirements {
                 requests: c.resources.clone(),
                 limits: c.resources,
@@ -464,6 +506,7 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
             restart_policy: None,
         });
     }
+    check_container_names(&[("containers", containers.as_slice())])?;
     let nodes = form
         .numa_nodes
         .map(|n| n.into_iter().map(NumaNode).collect());
@@ -495,7 +538,16 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
 }
 
 fn from_pod(body: &[u8]) -> Result<Parsed, ApiError> {
-    let pod: Pod = deserialize(body)?;
+    let mut pod: Pod = deserialize(body)?;
+    let meta = &pod.metadata;
+    check_pod_identity("metadata", &meta.namespace, &meta.name, &meta.uid)?;
+    check_qos_class("status.qosClass", pod.status.qos_class.as_deref())?;
+    name_unnamed(&mut pod.spec.init_containers, "init-container");
+    name_unnamed(&mut pod.spec.containers, "container");
+    check_container_names(&[
+        ("spec.initContainers", pod.spec.init_containers.as_slice()),
+        ("spec.containers", pod.spec.containers.as_slice()),
+    ])?;
     let pages = request::pod_hugepages(&pod.spec).map_err(field_error)?;
     let pod_ref = PodRef {
         namespace: pod.metadata.namespace.clone(),
@@ -515,4 +567,69 @@ fn from_pod(body: &[u8]) -> Result<Parsed, ApiError> {
 
 fn field_error(e: request::RequestError) -> ApiError {
     ApiError::invalid(e.field, e.detail)
+}
+
+/// A string field as given: `None` when absent or empty (Kubernetes' `omitempty`: `""` is unset).
+fn given(value: Option<String>) -> Option<String> {
+    value.filter(|v| !v.is_empty())
+}
+
+/// The pod's namespace, name and UID at `{at}.namespace` … `{at}.uid`, each checked as the API
+/// server checks it when given. Each may be left out (or empty): the short form may name no pod,
+/// and a webhook called before the API server names the pod sees neither its name (with
+/// `generateName`) nor its UID; without a UID nothing is reserved.
+fn check_pod_identity(at: &str, namespace: &str, name: &str, uid: &str) -> Result<(), ApiError> {
+    type Rule = fn(&str) -> Result<(), identifiers::IdentifierError>;
+    let rules: [(&str, &str, Rule); 3] = [
+        ("namespace", namespace, identifiers::namespace),
+        ("name", name, identifiers::pod_name),
+        ("uid", uid, identifiers::pod_uid),
+    ];
+    for (field, value, rule) in rules {
+        if !value.is_empty() {
+            rule(value).map_err(|e| ApiError::invalid(format!("{at}.{field}"), e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
+/// A QoS class, when given, is one of Kubernetes' three (empty: not given, computed).
+fn check_qos_class(field: &str, class: Option<&str>) -> Result<(), ApiError> {
+    match class {
+        None | Some("" | "Guaranteed" | "Burstable" | "BestEffort") => Ok(()),
+        Some(other) => Err(ApiError::invalid(
+            field,
+            format!(
+                "{} is not Guaranteed, Burstable or BestEffort",
+                identifiers::Shown::new(other)
+            ),
+        )),
+    }
+}
+
+/// Containers of a `v1.Pod` without a name (absent or empty) are named `{prefix}-<index>`, as the
+/// short form names its own.
+fn name_unnamed(containers: &mut [Container], prefix: &str) {
+    for (i, c) in containers.iter_mut().enumerate() {
+        if c.name.is_empty() {
+            c.name = format!("{prefix}-{i}");
+        }
+    }
+}
+
+/// Every container's name is a DNS-1123 label, and no two containers of the pod (init containers
+/// included) share one, as the API server requires: the Memory Manager's state and the NUMA
+/// selection find a container by its name.
+fn check_container_names(lists: &[(&'static str, &[Container])]) -> Result<(), ApiError> {
+    let count = lists.iter().map(|(_, list)| list.len()).sum();
+    let mut seen = identifiers::Unique::with_capacity(count);
+    for &(list, containers) in lists {
+        for (index, c) in containers.iter().enumerate() {
+            let place = identifiers::Place { list, index };
+            identifiers::container_name(&c.name)
+                .and_then(|()| seen.insert(&c.name, place))
+                .map_err(|e| ApiError::invalid(place.to_string(), e.to_string()))?;
+        }
+    }
+    Ok(())
 }

@@ -320,8 +320,8 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn openapi_handler() -> Response {
-    Json(openapi::document()).into_response()
+async fn openapi_handler(State(state): State<AppState>) -> Response {
+    Json(openapi::document(&state.verifier.nodes())).into_response()
 }
 
 async fn not_found(uri: Uri) -> Response {

@@ -1,6 +1,31 @@
-//! `GET /openapi.json`: the API described as OpenAPI 3.1, every endpoint and every error.
+//! `GET /openapi.json`: the API described as OpenAPI 3.1, every endpoint and every error, and the
+//! request bodies exactly as the server reads them: the identifiers' patterns and limits are
+//! [`identifiers`]'s, `null` is accepted wherever a field is optional, and `numaNodes` lists this
+//! machine's nodes. `tests/openapi_contract.rs` runs schemathesis against a live agent to keep
+//! the two in step.
 
 use serde_json::{Value, json};
+
+use crate::{admission::identifiers, numa::NumaNode};
+
+/// A Kubernetes qualified name (a resource name), as `request::resource_use` checks it.
+const QUALIFIED_NAME: &str = "^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+
+/// A pod's identifier as the API checks it ([`identifiers`]): absent, `null` or empty is not
+/// given; anything else matches the rule.
+fn identifier(pattern: &str, max: usize, rule: &str) -> Value {
+    json!({
+        "type": ["string", "null"],
+        "maxLength": max,
+        "pattern": format!("^$|{pattern}"),
+        "description": format!("{rule}; absent, null or empty: not given")
+    })
+}
+
+/// `qosClass`: one of Kubernetes' three, or not given (computed as Kubernetes does).
+fn qos_class() -> Value {
+    json!({"enum": ["Guaranteed", "Burstable", "BestEffort", "", null], "description": "absent, null or empty: computed as Kubernetes does"})
+}
 
 fn problem(description: &str) -> Value {
     json!({"description": description, "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}})
@@ -51,9 +76,78 @@ fn discrepancy_path() -> Value {
     }})
 }
 
-/// The whole document.
-pub fn document() -> Value {
+/// The request bodies' schemas: what `POST /v1/admit` and `POST /v1/hints` accept, exactly (the
+/// identifiers' patterns and limits are [`identifiers`]'s own; `null` stands for a field left out
+/// wherever the field is optional).
+fn request_schemas(nodes: &[u32]) -> Value {
     json!({
+            "Quantity": {"description": "A Kubernetes quantity (4Gi, 2048Mi, 1.5Gi, 4194304) or a number of bytes", "oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0, "maximum": u64::MAX}]},
+            "ResourceList": {
+                "type": ["object", "null"],
+                "description": "Resource name (a Kubernetes qualified name: an optional DNS subdomain of at most 253 characters and '/', then at most 63 letters, digits, '-', '_' or '.') to quantity. hugepages-<size> entries are verified: <size> a power of two of at least 4Ki, the amount a whole multiple of it; memory and cpu count for the QoS class and the Memory Manager's hints; others are not read. null is an empty list.",
+                "propertyNames": {"pattern": QUALIFIED_NAME},
+                "additionalProperties": {"$ref": "#/components/schemas/Quantity"}
+            },
+            "ShortPod": {
+                "type": ["object", "null"],
+                "description": "Who is asking; null or absent: no one named (nothing is reserved without a uid)",
+                "properties": {
+                    "namespace": identifier(identifiers::LABEL_PATTERN, identifiers::LABEL_MAX, "a DNS-1123 label"),
+                    "name": identifier(identifiers::SUBDOMAIN_PATTERN, identifiers::SUBDOMAIN_MAX, "a DNS-1123 subdomain"),
+                    "uid": identifier(identifiers::UID_PATTERN, identifiers::UID_LENGTH, "an RFC 4122 UUID in lowercase, as the API server assigns it; an admitted request with a uid reserves its pages"),
+                    "qosClass": qos_class()
+                }
+            },
+            "AdmitShort": {
+                "type": "object",
+                "required": ["containers"],
+                "additionalProperties": false,
+                "properties": {
+                    "pod": {"$ref": "#/components/schemas/ShortPod"},
+                    "containers": {"type": "array", "description": "names unique within the pod", "items": {"type": "object", "properties": {
+                        "name": identifier(identifiers::LABEL_PATTERN, identifiers::LABEL_MAX, "a DNS-1123 label, unique within the pod; absent, null or empty: container-<index>"),
+                        "resources": {"$ref": "#/components/schemas/ResourceList", "description": "requests and limits at once"}
+                    }}},
+                    "numaNodes": {"type": ["array", "null"], "minItems": 1, "items": {"type": "integer", "enum": nodes}, "description": "the NUMA nodes to verify, each a node of this machine (this document is this agent's: the enum lists its machine's nodes); absent or null: selected as the kubelet would"},
+                    "topologyPolicy": {"enum": ["none", "best-effort", "restricted", "single-numa-node", null], "description": "absent or null: --topology-policy"},
+                    "scope": {"enum": ["container", "pod", null], "description": "absent or null: --topology-scope"}
+                }
+            },
+            "Requirements": {"type": ["object", "null"], "properties": {
+                "requests": {"$ref": "#/components/schemas/ResourceList"},
+                "limits": {"$ref": "#/components/schemas/ResourceList"}
+            }},
+            "Container": {"type": "object", "properties": {
+                "name": identifier(identifiers::LABEL_PATTERN, identifiers::LABEL_MAX, "a DNS-1123 label, unique among the pod's containers and init containers; absent, null or empty: container-<index> (init-container-<index>)"),
+                "resources": {"$ref": "#/components/schemas/Requirements"},
+                "restartPolicy": {"type": ["string", "null"], "description": "Always on an init container makes it a sidecar"}
+            }},
+            "Pod": {
+                "type": "object",
+                "required": ["spec"],
+                "description": "A Kubernetes v1.Pod; containers, initContainers (restartPolicy Always = sidecar), overhead and pod-level resources are read, other fields are not. null is the field left out.",
+                "properties": {
+                    "metadata": {"type": ["object", "null"], "properties": {
+                        "namespace": identifier(identifiers::LABEL_PATTERN, identifiers::LABEL_MAX, "a DNS-1123 label"),
+                        "name": identifier(identifiers::SUBDOMAIN_PATTERN, identifiers::SUBDOMAIN_MAX, "a DNS-1123 subdomain"),
+                        "uid": identifier(identifiers::UID_PATTERN, identifiers::UID_LENGTH, "an RFC 4122 UUID in lowercase, as the API server assigns it; an admitted pod with a uid reserves its pages")
+                    }},
+                    "spec": {"type": "object", "properties": {
+                        "containers": {"type": ["array", "null"], "items": {"$ref": "#/components/schemas/Container"}},
+                        "initContainers": {"type": ["array", "null"], "items": {"$ref": "#/components/schemas/Container"}},
+                        "overhead": {"$ref": "#/components/schemas/ResourceList"},
+                        "resources": {"$ref": "#/components/schemas/Requirements"}
+                    }},
+                    "status": {"type": ["object", "null"], "properties": {"qosClass": qos_class()}}
+                }
+            }
+    })
+}
+
+/// The whole document, for an agent on a machine whose NUMA nodes are `nodes`.
+pub fn document(nodes: &[NumaNode]) -> Value {
+    let nodes: Vec<u32> = nodes.iter().map(|n| n.0).collect();
+    let mut doc = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "hugepage-agent",
@@ -126,25 +220,6 @@ pub fn document() -> Value {
         },
         "components": {"schemas": {
             "Hints": {"description": "Resource name to topology hints, as the kubelet returns them; null when it returns none", "type": ["object", "null"], "additionalProperties": {"type": "array", "items": {"type": "object", "properties": {"numaNodes": {"type": ["array", "null"], "items": {"type": "integer"}}, "preferred": {"type": "boolean"}}}}},
-            "Quantity": {"description": "A Kubernetes quantity (4Gi, 2048Mi, 1.5Gi, 4194304) or a number of bytes", "oneOf": [{"type": "string"}, {"type": "integer", "minimum": 0}]},
-            "AdmitShort": {
-                "type": "object",
-                "required": ["containers"],
-                "additionalProperties": false,
-                "properties": {
-                    "pod": {"type": "object", "properties": {
-                        "namespace": {"type": "string"}, "name": {"type": "string"}, "uid": {"type": "string"}, "qosClass": {"type": "string"}
-                    }},
-                    "containers": {"type": "array", "items": {"type": "object", "properties": {
-                        "name": {"type": "string"},
-                        "resources": {"type": "object", "description": "resource name to quantity; hugepages-<size> entries are verified", "additionalProperties": {"$ref": "#/components/schemas/Quantity"}}
-                    }}},
-                    "numaNodes": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                    "topologyPolicy": {"enum": ["none", "best-effort", "restricted", "single-numa-node"]},
-                    "scope": {"enum": ["container", "pod"]}
-                }
-            },
-            "Pod": {"type": "object", "required": ["spec"], "description": "A Kubernetes v1.Pod; containers, initContainers (restartPolicy Always = sidecar), overhead and pod-level resources are read"},
             "Check": {"type": "object", "properties": {
                 "resource": {"type": "string", "examples": ["hugepages-2Mi"]},
                 "numaNodes": {"type": "array", "items": {"type": "integer"}},
@@ -226,5 +301,12 @@ pub fn document() -> Value {
                 "field": {"type": "string", "description": "the request field at fault"}
             }}
         }}
-    })
+    });
+    if let (Some(schemas), Value::Object(requests)) = (
+        doc["components"]["schemas"].as_object_mut(),
+        request_schemas(&nodes),
+    ) {
+        schemas.extend(requests);
+    }
+    doc
 }

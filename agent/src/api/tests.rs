@@ -17,6 +17,12 @@ use crate::{
     sysfs::{HostFs, fake},
 };
 
+/// Pod UIDs as the API server writes them (RFC 4122 text).
+const POD_1: &str = "00000000-0000-4000-8000-000000000001";
+const POD_2: &str = "00000000-0000-4000-8000-000000000002";
+const POD_B: &str = "0000000b-0000-4000-8000-00000000000b";
+const POD_C: &str = "0000000c-0000-4000-8000-00000000000c";
+
 /// Two nodes with 2 GiB of free 2 MiB pages each (Story 2 after Job C took 4 of 8 GiB).
 fn state() -> (tempfile::TempDir, AppState) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -179,7 +185,7 @@ async fn admit(state: &AppState, body: Value) -> (StatusCode, String, Value) {
 
 fn short(hugepages: &str, nodes: Option<Value>) -> Value {
     let mut body = json!({
-        "pod": {"namespace": "batch", "name": "job-b", "uid": "u-1", "qosClass": "Guaranteed"},
+        "pod": {"namespace": "batch", "name": "job-b", "uid": POD_1, "qosClass": "Guaranteed"},
         "containers": [{"name": "main", "resources": {"hugepages-2Mi": hugepages, "memory": "1Gi"}}],
     });
     if let Some(n) = nodes {
@@ -231,7 +237,7 @@ async fn without_nodes_the_kubelets_selection_picks_them_and_the_os_is_checked_t
     // free are held for the pod just admitted).
     let mut burstable = short("2Gi", None);
     burstable["pod"]["qosClass"] = json!("Burstable");
-    burstable["pod"]["uid"] = json!("u-2");
+    burstable["pod"]["uid"] = json!(POD_2);
     let (_, _, answer) = admit(&state, burstable).await;
     assert_eq!(answer["allowed"], true, "{answer}");
     assert_eq!(answer["numaNodes"], json!([0, 1]));
@@ -314,7 +320,7 @@ async fn a_whole_pod_is_read_by_the_kubelet_rules() {
     let (_d, state) = state();
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"namespace": "net", "name": "dpdk", "uid": "u-2"},
+        "metadata": {"namespace": "net", "name": "dpdk", "uid": POD_2},
         "spec": {
             "initContainers": [{"name": "init", "resources": {"limits": {"hugepages-2Mi": "5Gi"}}}],
             "containers": [{"name": "app", "image": "x", "resources": {"limits": {"hugepages-2Mi": "1Gi", "cpu": "2"}}}]
@@ -598,7 +604,7 @@ fn with_uid(mut body: Value, uid: &str) -> Value {
 async fn story_2_an_admitted_pod_reserves_and_the_next_sees_less_until_it_is_deleted() {
     let (_d, state) = state();
     // 4 GiB free on nodes 0 and 1. B takes 3 GiB: admitted, reserved.
-    let (_, _, b) = admit(&state, with_uid(short("3Gi", Some(json!([0, 1]))), "uid-b")).await;
+    let (_, _, b) = admit(&state, with_uid(short("3Gi", Some(json!([0, 1]))), POD_B)).await;
     assert_eq!(b["allowed"], true, "{b}");
     let id = b["reservation"]["id"]
         .as_str()
@@ -606,7 +612,7 @@ async fn story_2_an_admitted_pod_reserves_and_the_next_sees_less_until_it_is_del
         .to_owned();
     assert!(b["reservation"]["expiresAt"].is_string(), "{b}");
     // C asks 2 GiB: the kernel still has 4 free, but 3 are B's.
-    let (_, _, c) = admit(&state, with_uid(short("2Gi", Some(json!([0, 1]))), "uid-c")).await;
+    let (_, _, c) = admit(&state, with_uid(short("2Gi", Some(json!([0, 1]))), POD_C)).await;
     assert_eq!(c["allowed"], false, "{c}");
     assert_eq!(
         c["message"],
@@ -623,7 +629,7 @@ async fn story_2_an_admitted_pod_reserves_and_the_next_sees_less_until_it_is_del
         Some(1),
         "{listed}"
     );
-    assert_eq!(listed["reservations"][0]["podUid"], "uid-b");
+    assert_eq!(listed["reservations"][0]["podUid"], POD_B);
     let (_, _, map) = send(&state, "GET", "/v1/hugepages", None, "").await;
     for node in 0..2 {
         assert_eq!(
@@ -645,14 +651,14 @@ async fn story_2_an_admitted_pod_reserves_and_the_next_sees_less_until_it_is_del
             .is_some_and(|d| d.contains("no reservation")),
         "{problem}"
     );
-    let (_, _, c) = admit(&state, with_uid(short("2Gi", Some(json!([0, 1]))), "uid-c")).await;
+    let (_, _, c) = admit(&state, with_uid(short("2Gi", Some(json!([0, 1]))), POD_C)).await;
     assert_eq!(c["allowed"], true, "{c}");
 }
 
 #[tokio::test]
 async fn a_reservation_is_in_the_file_when_the_admission_is_answered() {
     let (dir, state) = state();
-    let (_, _, b) = admit(&state, with_uid(short("3Gi", Some(json!([0, 1]))), "uid-b")).await;
+    let (_, _, b) = admit(&state, with_uid(short("3Gi", Some(json!([0, 1]))), POD_B)).await;
     assert_eq!(b["allowed"], true, "{b}");
     let (on_disk, _) = Store::open(
         &dir.path().join("state"),
@@ -668,7 +674,7 @@ async fn an_admission_whose_reservation_cannot_be_written_fails_and_holds_nothin
     let (dir, state) = state();
     std::fs::remove_dir_all(dir.path().join("state")).expect("the state directory goes away");
     let (status, ctype, problem) =
-        admit(&state, with_uid(short("3Gi", Some(json!([0, 1]))), "uid-b")).await;
+        admit(&state, with_uid(short("3Gi", Some(json!([0, 1]))), POD_B)).await;
     assert_eq!(
         (status, ctype.as_str()),
         (
@@ -687,7 +693,7 @@ async fn an_admission_whose_reservation_cannot_be_written_fails_and_holds_nothin
     assert_eq!(listed["reservations"], json!([]), "taken back");
     // Nothing is held: with the directory back, another pod gets all 4 GiB.
     std::fs::create_dir_all(dir.path().join("state")).expect("mkdir");
-    let (_, _, c) = admit(&state, with_uid(short("4Gi", Some(json!([0, 1]))), "uid-c")).await;
+    let (_, _, c) = admit(&state, with_uid(short("4Gi", Some(json!([0, 1]))), POD_C)).await;
     assert_eq!(c["allowed"], true, "{c}");
     let (_, exposition) = scrape(&state, None).await;
     assert_eq!(
@@ -772,7 +778,7 @@ async fn metrics_count_verifications_rejections_per_node_and_show_the_pools() {
         "every series exists from the start:\n{before}"
     );
     admit(&state, short("6Gi", Some(json!([0, 1])))).await;
-    admit(&state, with_uid(short("1Gi", Some(json!([1]))), "u-2")).await;
+    admit(&state, with_uid(short("1Gi", Some(json!([1]))), POD_2)).await;
     let (ctype, text) = scrape(&state, None).await;
     assert_eq!(ctype, "text/plain; version=0.0.4; charset=utf-8");
     for (series, value) in [
@@ -828,3 +834,5 @@ async fn metrics_count_verifications_rejections_per_node_and_show_the_pools() {
     assert!(open.ends_with("# EOF\n"));
     assert!(open.contains("# TYPE memory_manager_hugepages_verification counter\n"));
 }
+
+mod bodies;

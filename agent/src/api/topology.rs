@@ -47,13 +47,18 @@ fn hint_error(e: HintError) -> ApiError {
     }
 }
 
-/// `POST /v1/hints`.
+/// `POST /v1/hints`. The body is read and refused exactly as `POST /v1/admit` reads and refuses
+/// it (`numaNodes` included: it must name nodes of this machine, although the hints are the
+/// kubelet's for every node).
 pub fn hints(
     state: &AppState,
     content_type: Option<&str>,
     body: &[u8],
 ) -> Result<HintsAnswer, ApiError> {
     let parsed = admit::parse(content_type, body)?;
+    if let Some(nodes) = &parsed.nodes {
+        admit::known_nodes(state, nodes)?;
+    }
     let view = state.memory_manager.load();
     let gates = state.topology.gates;
     let pod = &parsed.pod;

@@ -1,6 +1,12 @@
 use super::*;
 use crate::admission::verify::{Check, Mode};
 
+/// Pod UIDs as the API server writes them (RFC 4122 text).
+const POD_A: &str = "0000000a-0000-4000-8000-00000000000a";
+const POD_B: &str = "0000000b-0000-4000-8000-00000000000b";
+const POD_C: &str = "0000000c-0000-4000-8000-00000000000c";
+const POD_D: &str = "0000000d-0000-4000-8000-00000000000d";
+
 const MI2: PageSize = PageSize(2 << 20);
 const GI: u64 = 1 << 30;
 
@@ -51,10 +57,10 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
     assert_eq!(warning, None);
     // 8 GiB free on nodes 0 and 1; pod B is admitted for 6 GiB and reserves it.
     let b = verdict(&[0, 1], 6 * GI, 8 * GI);
-    saved(&mut store, &b, "uid-b");
+    saved(&mut store, &b, POD_B);
     // Pod C asks 4 GiB: 8 free, 6 reserved for B, 2 left.
     let mut c = verdict(&[0, 1], 4 * GI, 8 * GI);
-    apply(&mut c, &store, "uid-c", t0());
+    apply(&mut c, &store, POD_C, t0());
     assert!(!c.allowed);
     assert_eq!(
         c.message.as_deref(),
@@ -63,7 +69,7 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
     assert_eq!(c.checks[0].reserved_by_agent_bytes, 6 * GI);
     // B itself is not held back by its own reservation.
     let mut again = verdict(&[0, 1], 6 * GI, 8 * GI);
-    apply(&mut again, &store, "uid-b", t0());
+    apply(&mut again, &store, POD_B, t0());
     assert!(again.allowed);
     // A reservation on node 1 only does not touch a request on node 0.
     assert_eq!(
@@ -72,7 +78,7 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
     );
     let other_dir = tempfile::tempdir().expect("tempdir");
     let (mut other, _) = Store::open(other_dir.path(), Duration::from_secs(30)).expect("opens");
-    saved(&mut other, &verdict(&[1], GI, 8 * GI), "uid-d");
+    saved(&mut other, &verdict(&[1], GI, 8 * GI), POD_D);
     assert_eq!(other.held(MI2, &[NumaNode(0)], "x", t0()), 0);
 }
 
@@ -80,7 +86,7 @@ fn story_2_a_reservation_reduces_what_the_next_pod_sees() {
 fn reservations_survive_a_restart_and_end_when_released() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    let r = saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), "uid-b");
+    let r = saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), POD_B);
     assert_eq!(r.expires_at, t0() + Duration::from_secs(30));
     let (reopened, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
     assert_eq!(warning, None);
@@ -107,8 +113,8 @@ fn reservations_survive_a_restart_and_end_when_released() {
 fn a_new_admission_of_the_same_pod_replaces_its_reservation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), "uid-b");
-    saved(&mut store, &verdict(&[0], GI, 4 * GI), "uid-b");
+    saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), POD_B);
+    saved(&mut store, &verdict(&[0], GI, 4 * GI), POD_B);
     let list = store.list();
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].bytes.get(&MI2), Some(&GI));
@@ -150,11 +156,55 @@ fn a_corrupt_or_foreign_file_is_set_aside_never_half_read() {
     }
 }
 
+/// Issue #23: an older agent took any pod UID, and wrote it into the file as it came.
+#[test]
+fn a_stored_reservation_whose_pod_uid_kubernetes_never_assigns_is_refused_on_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    // Written as an older agent wrote them: the store itself never checked.
+    let kept = saved(&mut store, &verdict(&[0], GI, 4 * GI), POD_B);
+    let huge = "x".repeat(100_000);
+    for uid in ["../../etc/passwd", huge.as_str()] {
+        saved(&mut store, &verdict(&[1], GI, 4 * GI), uid);
+    }
+    let (_, snapshot) = store.reserve(&verdict(&[1], GI, 4 * GI), POD_C, "Team_A", "job", t0());
+    snapshot.write().expect("saves");
+
+    let (store, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    let warning = warning.expect("a warning");
+    assert!(warning.contains("3 reservation(s) refused"), "{warning}");
+    assert!(
+        warning.contains("podUid \"../../etc/passwd\" is not a pod UID"),
+        "{warning}"
+    );
+    assert!(warning.contains("is 100000 bytes long"), "{warning}");
+    assert!(
+        warning.contains("namespace \"Team_A\" is not a DNS-1123 label"),
+        "{warning}"
+    );
+    assert!(
+        warning.len() < 2000,
+        "a long UID is not repeated: {warning}"
+    );
+    let ids: Vec<String> = store.list().into_iter().map(|r| r.id).collect();
+    assert_eq!(ids, [kept.id], "the valid reservation is kept");
+    // The file was set aside and written again with what was kept.
+    let aside = fs::read_dir(dir.path())
+        .expect("list")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".refused-"))
+        .count();
+    assert_eq!(aside, 1, "kept for a post-mortem");
+    let (again, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    assert_eq!(warning, None);
+    assert_eq!(again.list().len(), 1);
+}
+
 #[test]
 fn a_flipped_byte_is_caught_by_the_checksum() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), "uid-b");
+    saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), POD_B);
     let path = dir.path().join(FILE);
     let text = fs::read_to_string(&path).expect("read");
     fs::write(&path, text.replace("2147483648", "1073741824")).expect("write");
@@ -167,7 +217,7 @@ fn a_flipped_byte_is_caught_by_the_checksum() {
 fn an_expired_reservation_holds_nothing_before_it_is_removed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), "uid-b");
+    saved(&mut store, &verdict(&[0], 2 * GI, 4 * GI), POD_B);
     let nodes = [NumaNode(0)];
     assert_eq!(
         store.held(MI2, &nodes, "x", t0() + Duration::from_secs(29)),
@@ -189,8 +239,8 @@ fn a_snapshot_older_than_the_file_is_not_written_over_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
     // Two admissions reserve; the second one's write happens first.
-    let (_, first) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), "uid-a", "", "", t0());
-    let (_, second) = store.reserve(&verdict(&[0], GI, 8 * GI), "uid-b", "", "", t0());
+    let (_, first) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), POD_A, "", "", t0());
+    let (_, second) = store.reserve(&verdict(&[0], GI, 8 * GI), POD_B, "", "", t0());
     second.write().expect("saves");
     first.write().expect("skipped, not an error");
     let (reopened, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
@@ -206,7 +256,7 @@ fn a_snapshot_older_than_the_file_is_not_written_over_it() {
 fn a_reservation_that_could_not_be_written_is_taken_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    let (made, snapshot) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), "uid-a", "", "", t0());
+    let (made, snapshot) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), POD_A, "", "", t0());
     // The state directory is gone: the write fails and names the file.
     fs::remove_dir_all(dir.path()).expect("remove");
     let err = snapshot.write().expect_err("no directory");
