@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-pub use hugepage_agent::api::tls::SERVER_NAME;
+pub use hugepage_agent::tls::SERVER_NAME;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     date_time_ymd,

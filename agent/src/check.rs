@@ -12,18 +12,16 @@ use std::{collections::BTreeMap, process::ExitCode};
 use crate::{
     admission::{
         plan,
-        request::{
-            self, Container, Hugepages, Pod, PodSpec, PodStatus, QuantityValue, Requirements,
-            ResourceList, ResourceUse,
-        },
         verify::{Verdict, Verifier},
     },
     config::Config,
-    memorymanager::{live::StateLoader, selection::Topology},
-    numa::{
-        NumaNode,
-        map::{MapWriter, Source},
+    host::NumaNode,
+    kube::pod::{
+        self, Container, Hugepages, Pod, PodSpec, PodStatus, QuantityValue, Requirements,
+        ResourceList, ResourceUse,
     },
+    memorymanager::{live::StateLoader, selection::Topology},
+    numa::map::{MapWriter, Source},
     quantity::{self, format_binary},
     sysfs::topology,
     topologymanager::{NumaInfo, Policy},
@@ -62,11 +60,11 @@ pub fn parse_requests(values: &[String]) -> Result<Requests, CheckError> {
         let (name, amount) = value
             .split_once('=')
             .ok_or_else(|| CheckError::RequestSyntax(value.clone()))?;
-        let bad = |e: request::RequestError| CheckError::Request {
+        let bad = |e: pod::RequestError| CheckError::Request {
             given: value.clone(),
             detail: e.detail,
         };
-        let (key, bytes) = match request::resource_use(name, "--request").map_err(bad)? {
+        let (key, bytes) = match pod::resource_use(name, "--request").map_err(bad)? {
             ResourceUse::Ignored => {
                 requests.ignored.push(value.clone());
                 continue;
@@ -81,7 +79,7 @@ pub fn parse_requests(values: &[String]) -> Result<Requests, CheckError> {
             ResourceUse::Hugepages(size) => {
                 let list: ResourceList =
                     BTreeMap::from([(name.to_owned(), QuantityValue::Text(amount.to_owned()))]);
-                let pages = request::from_list(&list, "--request").map_err(bad)?;
+                let pages = pod::from_list(&list, "--request").map_err(bad)?;
                 let bytes = pages.get(&size).copied().unwrap_or(0);
                 if bytes > 0 {
                     requests.pages.insert(size, 0);
@@ -247,7 +245,7 @@ fn select(
         scope: config.topology.scope,
         gates: config.topology.gates,
     };
-    let pages = request::pod_hugepages(&pod.spec).map_err(|e| e.to_string())?;
+    let pages = pod::pod_hugepages(&pod.spec).map_err(|e| e.to_string())?;
     let plan = plan::plan(&view.state, &pod, &pages, topology, all).map_err(|e| e.to_string())?;
     if !plan.selection.admit {
         let reason = plan.selection.reason.unwrap_or("TopologyAffinityError");
@@ -287,7 +285,7 @@ pub fn summary(verdict: &Verdict) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numa::PageSize;
+    use crate::host::PageSize;
 
     #[test]
     fn requests_parse_and_add_up_per_size() {
@@ -300,7 +298,7 @@ mod tests {
         let parsed = parse_requests(&values).expect("valid");
         assert_eq!(
             parsed.pages,
-            request::Hugepages::from([(PageSize(2 << 20), 6 << 30), (PageSize(1 << 30), 2 << 30)])
+            pod::Hugepages::from([(PageSize(2 << 20), 6 << 30), (PageSize(1 << 30), 2 << 30)])
         );
     }
 
@@ -317,7 +315,7 @@ mod tests {
         );
         assert_eq!(
             parsed.pages,
-            request::Hugepages::from([(PageSize(1 << 30), 2 << 30)])
+            pod::Hugepages::from([(PageSize(1 << 30), 2 << 30)])
         );
         assert!(parsed.ignored.is_empty());
     }

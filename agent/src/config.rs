@@ -13,18 +13,19 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
     admission::verify::{Gate, Mode, OnSysfsError, Settings},
-    api::tls::TlsFiles,
     client::{AgentUrl, ClientError},
     kubelet::features::FeatureGates,
     logging::LogFormat,
     memorymanager::{
         hints::Scope,
         machine::{MachineError, ReservedMemory, parse_reserved_memory},
+        selection::TopologyConfig,
     },
     probes::live::FaultScope,
     psi::monitor::PsiConfig,
     sysfs::HostFs,
     telemetry::traces::{TraceConfig, TracesError},
+    tls::TlsFiles,
     topologymanager::{Policy, PolicyOptions},
 };
 
@@ -380,15 +381,6 @@ pub fn exposure(
     } else {
         Err(ConfigError::Unauthenticated(listen))
     }
-}
-
-/// How the kubelet picks NUMA nodes on this node.
-#[derive(Debug, Clone, Copy)]
-pub struct TopologyConfig {
-    pub policy: Policy,
-    pub options: PolicyOptions,
-    pub scope: Scope,
-    pub gates: FeatureGates,
 }
 
 /// Parses `name=value[,name=value…]` as the kubelet's `--topology-manager-policy-options`.

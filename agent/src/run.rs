@@ -10,7 +10,6 @@
 //! `memorymanager::live`; this file only builds and connects them.
 
 use std::{
-    collections::BTreeSet,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -18,7 +17,6 @@ use std::{
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     sync::{mpsc, watch},
-    time::Instant,
 };
 use tracing::{info, warn};
 
@@ -27,15 +25,13 @@ use crate::{
     api::{
         self, AppState, Readiness,
         server::{Endpoint, Server, ServerError},
-        tls::{self, TlsError},
     },
     config::{Config, EbpfMode},
     consumers::FaultBook,
     kubelet::pods::PodCgroups,
     memorymanager::live::{LiveState, StateLoader},
     numa::{
-        PageSize,
-        map::{MapWriter, Snapshot, Source},
+        map::{MapWriter, Source},
         refresh::Refresher,
     },
     probes::{
@@ -46,13 +42,12 @@ use crate::{
     runloop::RunLoop,
     sysfs::{SysfsError, topology},
     telemetry::{export::ExportStats, metrics::Metrics},
+    tls::{self, TlsError},
     topologymanager::NumaInfo,
 };
 
 /// How long in-flight API requests may take once shutdown begins.
 const DRAIN: Duration = Duration::from_secs(5);
-/// How often the kubelet's checkpoint is checked for changes (a `stat`).
-const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -90,7 +85,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         .transpose()?;
     let (writer, map) = MapWriter::new(config.host.clone(), Source::Sysfs)?;
     let refresher = Refresher::new(writer);
-    let metrics = Arc::new(metrics_for(&refresher.current(), traces));
+    let metrics = Arc::new(Metrics::for_host(&refresher.current(), traces));
     let (tls, reloader) = match &config.tls {
         Some(files) => {
             let (tls, reloader) = tls::load(files, metrics.tls.clone())?;
@@ -186,22 +181,10 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         metrics_listen = %config.metrics_listen.map_or_else(|| "none".to_owned(), |a| a.to_string()),
         "agent running"
     );
-    let shutdown = shutdown.wait();
-    tokio::pin!(shutdown);
-    let mut reconcile = tokio::time::interval(config.reconcile_interval);
-    let mut checkpoint_poll = tokio::time::interval(CHECKPOINT_POLL);
-    loop {
-        tokio::select! {
-            signal = &mut shutdown => {
-                info!(signal, "shutting down");
-                break;
-            }
-            Some(event) = events.recv() => agent.handle(event),
-            () = sleep_until(agent.refresher.due()), if agent.refresher.due().is_some() => agent.refresh(),
-            _ = reconcile.tick() => agent.reconcile(),
-            _ = checkpoint_poll.tick() => agent.checkpoint_tick(),
-        }
-    }
+    let signal = agent
+        .run(&mut events, shutdown.wait(), config.reconcile_interval)
+        .await;
+    info!(signal, "shutting down");
     let _ = stop_server.send(true);
     if let Err(err) = psi_task.await {
         warn!("PSI monitor task failed: {err}");
@@ -211,22 +194,9 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
     {
         warn!("the TLS file watcher failed: {err}");
     }
-    let drained = server.stopped(DRAIN).await;
-    if let Some(err) = &drained.failed {
-        warn!("the HTTP listeners stopped with an error: {err}");
-    }
-    match drained.busy {
-        0 => info!("HTTP API drained"),
-        n => warn!("{n} HTTP listener thread(s) still busy after {DRAIN:?}; stopping anyway"),
-    }
+    server.drain(DRAIN).await;
     agent.stop();
     Ok(())
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    if let Some(at) = at {
-        tokio::time::sleep_until(at).await;
-    }
 }
 
 /// Loads the probes as `--ebpf` asks; `Ok(Err(why))` means sysfs-only operation.
@@ -269,21 +239,4 @@ impl Shutdown {
             _ = self.terminate.recv() => "SIGTERM",
         }
     }
-}
-
-/// The metrics of the host the first snapshot shows.
-fn metrics_for(s: &Snapshot, traces: Arc<ExportStats>) -> Metrics {
-    let nodes: Vec<_> = s.nodes.iter().map(|n| n.info.node).collect();
-    let sizes: BTreeSet<PageSize> = s
-        .global
-        .iter()
-        .map(|g| g.size)
-        .chain(
-            s.nodes
-                .iter()
-                .flat_map(|n| n.sizes.iter().map(|p| PageSize(p.page_size_bytes))),
-        )
-        .collect();
-    let sizes: Vec<PageSize> = sizes.into_iter().collect();
-    Metrics::new(&sizes, &nodes, traces)
 }

@@ -9,22 +9,24 @@
 //! (reservations and pod cgroups), [`LiveState`] (the Memory Manager's state and the
 //! discrepancy).
 
-use std::{sync::Arc, time::SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
+use tokio::{sync::mpsc, time::Instant};
 use tracing::{info, warn};
 
 use crate::{
     admission::release::{Ended, Releaser},
     consumers::FaultBook,
+    host::{NumaNode, PageSize},
     kubelet::{
         cgroup_path::{Owner, classify},
         pods::PodCgroups,
     },
     memorymanager::live::LiveState,
-    numa::{
-        NumaNode, PageSize,
-        refresh::{Refreshed, Refresher},
-    },
+    numa::refresh::{Refreshed, Refresher},
     probes::{
         events::{CgroupChange, CgroupEventInfo, ProbeEvent},
         live::LiveProbes,
@@ -32,6 +34,9 @@ use crate::{
     sysfs::{HostFs, cgroup_tree},
     telemetry::metrics::Metrics,
 };
+
+/// How often the kubelet's checkpoint is checked for changes (a `stat`).
+const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
 
 /// The owners of every running concern, and the metrics their outcomes update.
 pub struct RunLoop {
@@ -46,6 +51,28 @@ pub struct RunLoop {
 }
 
 impl RunLoop {
+    /// Serves events, due re-reads, reconciles (every `reconcile`) and checkpoint checks until
+    /// `shutdown` completes; returns what it completed with (the signal's name).
+    pub async fn run(
+        &mut self,
+        events: &mut mpsc::Receiver<ProbeEvent>,
+        shutdown: impl Future<Output = &'static str>,
+        reconcile: Duration,
+    ) -> &'static str {
+        tokio::pin!(shutdown);
+        let mut reconcile = tokio::time::interval(reconcile);
+        let mut checkpoint_poll = tokio::time::interval(CHECKPOINT_POLL);
+        loop {
+            tokio::select! {
+                signal = &mut shutdown => return signal,
+                Some(event) = events.recv() => self.handle(event),
+                () = sleep_until(self.refresher.due()), if self.refresher.due().is_some() => self.refresh(),
+                _ = reconcile.tick() => self.reconcile(),
+                _ = checkpoint_poll.tick() => self.checkpoint_tick(),
+            }
+        }
+    }
+
     /// One decoded probe event.
     pub fn handle(&mut self, event: ProbeEvent) {
         match event {
@@ -179,6 +206,12 @@ impl RunLoop {
         }
         let ended = self.releaser.replace_pods(pods);
         self.count(&ended);
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at).await;
     }
 }
 

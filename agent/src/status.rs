@@ -8,10 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     client::{self, AgentUrl, ClientError},
-    numa::{
-        GlobalPool, HugepageTable,
-        map::{NodeView, node_pools},
-    },
+    host::{GlobalPool, HugepageTable},
+    numa::map::{NodeView, node_pools},
     quantity,
     sysfs::{HostFs, SysfsError, hugepages},
 };
@@ -141,7 +139,7 @@ pub fn render_text(table: &HugepageTable) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numa::{GlobalPool, NodePool, NumaNode, PageSize};
+    use crate::host::{GlobalPool, NodePool, NumaNode, PageSize};
 
     fn table() -> HugepageTable {
         HugepageTable {

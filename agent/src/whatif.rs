@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, path::Path};
 use serde::Deserialize;
 
 use crate::{
-    admission::request::Pod,
+    kube::pod::Pod,
     kubelet::features::FeatureGates,
     memorymanager::{
         checkpoint::{self, CheckpointError, Verification},

@@ -13,7 +13,7 @@
 use std::{collections::BTreeMap, hint::black_box, time::Instant};
 
 use hugepage_agent::{
-    admission::request::Pod,
+    kube::pod::Pod,
     kubelet::features::FeatureGates,
     memorymanager::{
         hints::{self, Scope},

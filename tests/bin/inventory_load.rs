@@ -20,8 +20,8 @@ use std::{
 
 use hugepage_agent::{
     consumers::{self, FaultBook},
+    host::{GlobalPool, HugepageTable, PageSize},
     kubelet::pods::PodCgroups,
-    numa::{GlobalPool, HugepageTable, PageSize},
     probes::watch::CgroupV2,
     sysfs::HostFs,
 };

@@ -11,11 +11,9 @@
 use std::{fs, path::Path, time::Instant};
 
 use hugepage_agent::{
-    admission::{
-        request::Hugepages,
-        verify::{Gate, Mode, OnSysfsError, Settings, Verifier},
-    },
-    numa::{NumaNode, PageSize},
+    admission::verify::{Gate, Mode, OnSysfsError, Settings, Verifier},
+    host::{NumaNode, PageSize},
+    kube::pod::Hugepages,
     sysfs::HostFs,
 };
 use hugepage_agent_tests::{BenchFlags, Percentiles};

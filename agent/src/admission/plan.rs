@@ -8,17 +8,15 @@
 
 use std::collections::BTreeMap;
 
-use super::{
-    request::{self, Hugepages, Pod, PodHugepages},
-    verify::Verdict,
-};
+use super::verify::Verdict;
 use crate::{
+    host::NumaNode,
+    kube::pod::{self, Hugepages, Pod, PodHugepages},
     memorymanager::{
         hints::{HintError, Scope},
         selection::{self, Selection, Topology},
         state::MemoryManagerState,
     },
-    numa::NumaNode,
 };
 
 /// Hugepages to verify per set of NUMA nodes, and the selection behind them.
@@ -35,7 +33,7 @@ pub enum PlanError {
 }
 
 /// Selects nodes for `pod` on `state` and groups its hugepages (`pages`, as
-/// [`request::pod_hugepages`] counts them for `pod`) by the nodes they come from.
+/// [`pod::pod_hugepages`] counts them for `pod`) by the nodes they come from.
 pub fn plan(
     state: &MemoryManagerState,
     pod: &Pod,
@@ -74,8 +72,8 @@ pub fn plan(
                 .find(|p| !p.init && p.container.as_deref() == Some(container.name.as_str()))
                 .and_then(|p| p.allocated);
             let group = groups.entry(nodes_of(allocated)).or_default();
-            request::add(group, own);
-            request::add(&mut placed, own);
+            pod::add(group, own);
+            pod::add(&mut placed, own);
         }
     }
     let rest: Hugepages = total
@@ -86,7 +84,7 @@ pub fn plan(
         })
         .collect();
     if !rest.is_empty() {
-        request::add(groups.entry(all_nodes.to_vec()).or_default(), &rest);
+        pod::add(groups.entry(all_nodes.to_vec()).or_default(), &rest);
     }
     groups.retain(|_, pages| !pages.is_empty());
     Ok(Plan { groups, selection })

@@ -16,8 +16,8 @@ use tracing::{debug, info, warn};
 
 use super::reservations::{Released, Reservation, Store};
 use crate::{
+    host::PageSize,
     kubelet::{cgroup_path::Owner, pods::PodCgroups},
-    numa::PageSize,
     sysfs::{HostFs, hugetlb_cgroup},
 };
 

@@ -31,11 +31,11 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    identifiers::{self, IdentifierError},
-    verify::{REASON, ReservationRef, Verdict, message},
+use super::verify::{REASON, ReservationRef, Verdict, message};
+use crate::{
+    host::{NumaNode, PageSize},
+    kube::identifiers::{self, IdentifierError},
 };
-use crate::numa::{NumaNode, PageSize};
 
 const FILE: &str = "reservations.json";
 const VERSION: u32 = 1;

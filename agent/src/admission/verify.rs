@@ -27,9 +27,9 @@ use std::{
 use clap::ValueEnum;
 use serde::Serialize;
 
-use super::request::Hugepages;
+use crate::kube::pod::Hugepages;
 use crate::{
-    numa::{NumaNode, PageSize},
+    host::{NumaNode, PageSize},
     quantity::format_binary,
     sysfs::{HostFs, SysfsError, hugepages::numa_nodes},
 };
@@ -391,3 +391,6 @@ pub struct ReservationRef {
 fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&humantime::format_rfc3339_millis(*t).to_string())
 }
+
+/// The reason of a refusal under memory contention pressure.
+pub const REASON_PRESSURE: &str = "NodeUnderMemoryContentionPressure";

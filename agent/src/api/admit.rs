@@ -23,21 +23,23 @@ use serde::{Deserialize, Serialize};
 use super::{AppState, error::ApiError, reservations::Pending};
 use crate::{
     admission::{
-        identifiers, json,
         plan::{self, Plan, PlanError},
-        request::{
+        reservations,
+        verify::{REASON_PRESSURE, Verdict, VerifyError},
+    },
+    host::NumaNode,
+    kube::{
+        identifiers, json,
+        pod::{
             self, Container, Hugepages, ObjectMeta, Pod, PodHugepages, PodSpec, PodStatus,
             Requirements, ResourceList,
         },
-        reservations,
-        verify::{Verdict, VerifyError},
     },
     logging::RateLimit,
     memorymanager::{
         hints::{HintError, Scope},
         selection::{Selection, Topology},
     },
-    numa::NumaNode,
     psi::condition::NodeCondition,
     topologymanager::Policy,
 };
@@ -393,9 +395,6 @@ fn node_list(nodes: &[NumaNode]) -> String {
     names.join(",")
 }
 
-/// The reason of a refusal under memory contention pressure.
-pub const REASON_PRESSURE: &str = "NodeUnderMemoryContentionPressure";
-
 /// `--reject-under-pressure`: a hugepage request is refused while a memory condition is True;
 /// the checks still show what the kernel had.
 fn refuse_under_pressure(verdict: &mut Verdict, true_condition: Option<&NodeCondition>) {
@@ -493,9 +492,9 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
     let mut containers = Vec::with_capacity(form.containers.len());
     let mut each = Vec::with_capacity(form.containers.len());
     for (i, c) in form.containers.into_iter().enumerate() {
-        let pages = request::from_list(&c.resources, format_args!("containers[{i}].resources"))
+        let pages = pod::from_list(&c.resources, format_args!("containers[{i}].resources"))
             .map_err(field_error)?;
-        request::add(&mut total, &pages);
+        pod::add(&mut total, &pages);
         each.push(pages);
         containers.push(Container {
             name: given(c.name).unwrap_or_else(|| format!("container-{i}")),
@@ -548,7 +547,7 @@ fn from_pod(body: &[u8]) -> Result<Parsed, ApiError> {
         ("spec.initContainers", pod.spec.init_containers.as_slice()),
         ("spec.containers", pod.spec.containers.as_slice()),
     ])?;
-    let pages = request::pod_hugepages(&pod.spec).map_err(field_error)?;
+    let pages = pod::pod_hugepages(&pod.spec).map_err(field_error)?;
     let pod_ref = PodRef {
         namespace: pod.metadata.namespace.clone(),
         name: pod.metadata.name.clone(),
@@ -565,7 +564,7 @@ fn from_pod(body: &[u8]) -> Result<Parsed, ApiError> {
     })
 }
 
-fn field_error(e: request::RequestError) -> ApiError {
+fn field_error(e: pod::RequestError) -> ApiError {
     ApiError::invalid(e.field, e.detail)
 }
 

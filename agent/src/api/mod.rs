@@ -12,7 +12,6 @@ pub mod error;
 pub mod openapi;
 pub mod reservations;
 pub mod server;
-pub mod tls;
 pub mod topology;
 
 use std::{
@@ -37,13 +36,10 @@ use crate::{
         reservations::Store,
         verify::{Settings, Verifier},
     },
-    config::TopologyConfig,
     consumers::{self, FaultBook},
-    memorymanager::live::MemoryManagerView,
-    numa::{
-        PageSize,
-        map::{MapReader, Snapshot},
-    },
+    host::PageSize,
+    memorymanager::{live::MemoryManagerView, selection::TopologyConfig},
+    numa::map::{MapReader, Snapshot},
     psi::monitor::PsiReader,
     sysfs::{HostFs, hugepages},
     telemetry::{encode::Format, metrics::Metrics, scrape},

@@ -6,9 +6,9 @@
 
 use serde_json::{Value, json};
 
-use crate::{admission::identifiers, numa::NumaNode};
+use crate::{host::NumaNode, kube::identifiers};
 
-/// A Kubernetes qualified name (a resource name), as `request::resource_use` checks it.
+/// A Kubernetes qualified name (a resource name), as `pod::resource_use` checks it.
 const QUALIFIED_NAME: &str = "^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
 
 /// A pod's identifier as the API checks it ([`identifiers`]): absent, `null` or empty is not

@@ -31,9 +31,9 @@ use tokio::{
     net::{TcpListener, TcpSocket, TcpStream},
     sync::{oneshot, watch},
 };
-use tracing::error;
+use tracing::{error, info, warn};
 
-use super::tls::{HANDSHAKE_TIMEOUT, Refusal, ServerTls};
+use crate::tls::{HANDSHAKE_TIMEOUT, Refusal, ServerTls};
 
 /// Connections waiting to be accepted.
 const BACKLOG: u32 = 1024;
@@ -201,6 +201,20 @@ impl Server {
     }
 
     /// Waits up to `deadline` for every thread to finish.
+    /// Waits for the threads up to `deadline` and logs how the listeners stopped.
+    pub async fn drain(self, deadline: Duration) {
+        let drained = self.stopped(deadline).await;
+        if let Some(err) = &drained.failed {
+            warn!("the HTTP listeners stopped with an error: {err}");
+        }
+        match drained.busy {
+            0 => info!("HTTP API drained"),
+            n => {
+                warn!("{n} HTTP listener thread(s) still busy after {deadline:?}; stopping anyway")
+            }
+        }
+    }
+
     pub async fn stopped(mut self, deadline: Duration) -> Drained {
         let until = tokio::time::Instant::now() + deadline;
         let mut drained = Drained::default();

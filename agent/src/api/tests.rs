@@ -81,7 +81,7 @@ fn state() -> (tempfile::TempDir, AppState) {
         .expect("memory manager state");
     let metrics = Arc::new(crate::telemetry::metrics::Metrics::new(
         &[PageSize(2 << 20)],
-        &[crate::numa::NumaNode(0), crate::numa::NumaNode(1)],
+        &[crate::host::NumaNode(0), crate::host::NumaNode(1)],
         Arc::default(),
     ));
     let state = AppState {

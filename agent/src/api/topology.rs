@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use super::{AppState, admit, error::ApiError};
 use crate::{
-    admission::request::RequestError,
     consumers::Consumer,
+    kube::pod::RequestError,
     memorymanager::{
         discrepancy::{self, Discrepancy},
         hints::{self, HintError, Hints},

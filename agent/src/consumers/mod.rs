@@ -20,11 +20,11 @@ use std::{
 use serde::{Serialize, Serializer};
 
 use crate::{
+    host::{HugepageTable, NumaNode, PageSize},
     kubelet::{
         cgroup_path::{Owner, Qos, classify},
         pods::V1_HUGETLB,
     },
-    numa::{HugepageTable, NumaNode, PageSize},
     probes::watch::CgroupV2,
     sysfs::{
         HostFs, SysfsError, cgroup_tree,

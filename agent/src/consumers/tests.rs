@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::{
-    numa::{GlobalPool, NodePool},
+    host::{GlobalPool, NodePool},
     sysfs::fake,
 };
 

@@ -11,7 +11,8 @@ use serde::Serialize;
 use super::state::MemoryManagerState;
 use crate::{
     consumers::{Consumer, Kind},
-    numa::{NumaNode, map::Snapshot},
+    host::NumaNode,
+    numa::map::Snapshot,
     quantity::format_binary,
 };
 

@@ -13,7 +13,7 @@ use super::{
     state::{Block, MachineState, MemoryManagerState, MemoryTable},
 };
 use crate::{
-    admission::request::{Container, Pod, RequestError},
+    kube::pod::{Container, Pod, RequestError},
     kubelet::features::FeatureGates,
     topologymanager::{
         NumaMask, TopologyHint,

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 
 use super::state::{MachineState, MemoryTable, NumaNodeState};
 use crate::{
-    admission::request,
-    numa::{NumaNode, map::Snapshot},
+    host::NumaNode,
+    kube::pod,
+    numa::map::Snapshot,
     quantity,
     sysfs::{HostFs, SysfsError, meminfo},
 };
@@ -55,7 +56,7 @@ pub fn parse_reserved_memory(values: &[String]) -> Result<ReservedMemory, Machin
                 let resource = if name == "memory" {
                     name.to_string()
                 } else {
-                    match request::page_size(name, "--reserved-memory") {
+                    match pod::page_size(name, "--reserved-memory") {
                         Ok(Some(size)) => format!("hugepages-{}", quantity::format_binary(size.0)),
                         _ => {
                             return Err(MachineError::Value {

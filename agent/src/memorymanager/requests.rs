@@ -7,7 +7,7 @@
 use std::{collections::BTreeMap, fmt::Display};
 
 use crate::{
-    admission::request::{self, Container, Pod, QuantityValue, RequestError, ResourceList},
+    kube::pod::{self, Container, Pod, QuantityValue, RequestError, ResourceList},
     kubelet::features::FeatureGates,
     quantity,
 };
@@ -180,7 +180,7 @@ fn list_requests(list: &ResourceList, field: impl Display) -> Result<Requested, 
         let at = format_args!("{field}.{name}");
         let resource = if name == "memory" {
             name.clone()
-        } else if let Some(size) = request::page_size(name, at)? {
+        } else if let Some(size) = pod::page_size(name, at)? {
             size.resource_name()
         } else {
             continue;

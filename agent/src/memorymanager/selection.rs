@@ -20,7 +20,7 @@ use super::{
     state::{Block, MachineState, MemoryManagerState},
 };
 use crate::{
-    admission::request::Pod,
+    kube::pod::Pod,
     kubelet::features::FeatureGates,
     topologymanager::{
         Merged, NumaInfo, NumaMask, Policy, PolicyOptions, ProviderHints, TopologyHint, merge,
@@ -80,6 +80,15 @@ impl Selection {
             placements,
         }
     }
+}
+
+/// How the kubelet picks NUMA nodes on this node (the settings [`Topology`] borrows).
+#[derive(Debug, Clone, Copy)]
+pub struct TopologyConfig {
+    pub policy: Policy,
+    pub options: PolicyOptions,
+    pub scope: Scope,
+    pub gates: FeatureGates,
 }
 
 /// What the selection needs besides the pod.

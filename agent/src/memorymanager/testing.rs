@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::state::{MachineState, MemoryManagerState, MemoryTable, NumaNodeState};
-use crate::admission::request::Pod;
+use crate::kube::pod::Pod;
 
 pub const GI: u64 = 1 << 30;
 

@@ -15,10 +15,9 @@ use std::{
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::{GlobalPool, HugepageTable, NodePool, NumaNode, PageSize};
-use crate::sysfs::{
-    HostFs, SysfsError, hugepages,
-    topology::{self, NodeInfo},
+use crate::{
+    host::{GlobalPool, HugepageTable, NodeInfo, NodePool, NumaNode, PageSize},
+    sysfs::{HostFs, SysfsError, hugepages, topology},
 };
 
 /// What keeps the map fresh between reconciles.

@@ -13,11 +13,8 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{
-    PageSize,
-    map::{Change, MapWriter, Snapshot, Source, monotonic_now},
-};
-use crate::sysfs::SysfsError;
+use super::map::{Change, MapWriter, Snapshot, Source, monotonic_now};
+use crate::{host::PageSize, sysfs::SysfsError};
 
 /// Faults arriving within this delay share one sysfs re-read. The tracepoint fires when a fault
 /// starts, before its page is taken; a 2 MiB fault has finished by then.

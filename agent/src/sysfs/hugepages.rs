@@ -7,7 +7,7 @@
 //! that exists, or that does not hold a number, is an error naming it.
 
 use super::{HostFs, SysfsError};
-use crate::numa::{GlobalPool, HugepageTable, NodePool, NumaNode, PageSize};
+use crate::host::{GlobalPool, HugepageTable, NodePool, NumaNode, PageSize};
 
 const NODES: &str = "/sys/devices/system/node";
 const GLOBAL: &str = "/sys/kernel/mm/hugepages";

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{HostFs, SysfsError};
-use crate::numa::{NumaNode, PageSize};
+use crate::host::{NumaNode, PageSize};
 
 /// The controller's name for a page size: `2MB`, `1GB`, `64KB`.
 pub fn size_name(size: PageSize) -> String {

@@ -3,7 +3,7 @@
 //! NUMA directories. Hugepage pools are part of it.
 
 use super::{HostFs, SysfsError};
-use crate::numa::NumaNode;
+use crate::host::NumaNode;
 
 /// `MemTotal` of a node, in bytes.
 pub fn node_mem_total(host: &HostFs, node: NumaNode) -> Result<u64, SysfsError> {

@@ -2,22 +2,10 @@
 //! (`node<N>/cpulist`, empty for CPU-less memory nodes) and distances (`node<N>/distance`).
 //! A machine without `/sys/devices/system/node` is one node 0 with every online CPU.
 
-use serde::{Deserialize, Serialize};
-
 use super::{HostFs, SysfsError};
-use crate::numa::NumaNode;
+use crate::host::{NodeInfo, NumaNode};
 
 const NODES: &str = "/sys/devices/system/node";
-
-/// One NUMA node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeInfo {
-    pub node: NumaNode,
-    pub cpus: Vec<u32>,
-    /// Distance to each node, in the order of the node list (10 is local).
-    pub distances: Vec<u32>,
-}
 
 /// Parses a kernel CPU or node list such as `0-3,8,10-11` (empty means none).
 pub fn parse_list(text: &str) -> Option<Vec<u32>> {

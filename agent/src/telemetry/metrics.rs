@@ -24,9 +24,10 @@ use super::{
 };
 use crate::{
     admission::{reservations::Released, verify::Verdict},
-    api::tls::TlsStats,
-    numa::{NumaNode, PageSize},
+    host::{NumaNode, PageSize},
+    numa::map::Snapshot,
     probes::{events::CgroupChange, live::Losses},
+    tls::{Refusal, TlsStats},
 };
 
 /// KEP-5759's buckets (1 ms to 100 ms) with finer ones below 1 ms, where this agent's
@@ -46,7 +47,7 @@ const OTHER: &str = "other";
 const REASONS: [&str; 3] = [
     crate::admission::verify::REASON,
     crate::admission::verify::REASON_UNREADABLE,
-    crate::api::admit::REASON_PRESSURE,
+    crate::admission::verify::REASON_PRESSURE,
 ];
 const CGROUP_CHANGES: [&str; 4] = ["mkdir", "rmdir", "attach_task", "release"];
 const RESERVATION_ENDS: [&str; 4] = ["faulted", "pod_removed", "expired", "deleted"];
@@ -157,6 +158,23 @@ pub struct Metrics {
 
 impl Metrics {
     /// The metrics of a host with these page sizes and NUMA nodes.
+    /// The metrics of the host the map's first snapshot shows: its nodes and page sizes.
+    pub fn for_host(s: &Snapshot, traces: Arc<ExportStats>) -> Metrics {
+        let nodes: Vec<_> = s.nodes.iter().map(|n| n.info.node).collect();
+        let sizes: std::collections::BTreeSet<PageSize> = s
+            .global
+            .iter()
+            .map(|g| g.size)
+            .chain(
+                s.nodes
+                    .iter()
+                    .flat_map(|n| n.sizes.iter().map(|p| PageSize(p.page_size_bytes))),
+            )
+            .collect();
+        let sizes: Vec<PageSize> = sizes.into_iter().collect();
+        Metrics::new(&sizes, &nodes, traces)
+    }
+
     pub fn new(sizes: &[PageSize], nodes: &[NumaNode], traces: Arc<ExportStats>) -> Metrics {
         let labels: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
         let per_size_node = || {
@@ -414,9 +432,31 @@ impl Metrics {
         );
         e.histogram(EM, &[], &self.event_to_map.value());
         self.traces.encode(e);
-        self.tls.encode(e);
+        encode_tls(&self.tls, e);
     }
 }
 
 #[cfg(test)]
 mod tests;
+
+/// The TLS listener's refused handshakes and reloads.
+fn encode_tls(tls: &TlsStats, e: &mut Encoder) {
+    const HF: &str = "hugepage_agent_tls_handshake_failures_total";
+    e.family(
+        HF,
+        Kind::Counter,
+        "TLS handshakes of the API listener that failed, by why (client certificates refused among them).",
+    );
+    for why in Refusal::ALL {
+        e.sample(HF, &[("reason", why.label())], tls.refusals(why) as f64);
+    }
+    const RL: &str = "hugepage_agent_tls_reloads_total";
+    e.family(
+        RL,
+        Kind::Counter,
+        "Changed TLS files: loaded (reloaded), or refused and the previous material kept (rejected).",
+    );
+    for (result, n) in [("reloaded", tls.reloads()), ("rejected", tls.rejections())] {
+        e.sample(RL, &[("result", result)], n as f64);
+    }
+}

@@ -11,7 +11,8 @@ use super::{
 };
 use crate::{
     admission::reservations::Reservation,
-    numa::{PageSize, map::Snapshot},
+    host::PageSize,
+    numa::map::Snapshot,
     psi::{condition::Status, monitor::PsiView},
 };
 

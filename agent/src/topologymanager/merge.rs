@@ -235,7 +235,7 @@ impl NumaInfo {
 
     /// From the sysfs topology (distance rows in node-list order, re-indexed here by node id).
     pub fn from_topology(
-        nodes: &[crate::sysfs::topology::NodeInfo],
+        nodes: &[crate::host::NodeInfo],
         options: &PolicyOptions,
     ) -> Result<Self, MergeError> {
         let ids: Vec<usize> = nodes.iter().map(|n| n.node.0 as usize).collect();

@@ -3,8 +3,8 @@ use std::{fs, time::Duration};
 use super::*;
 use crate::{
     admission::verify::{Check, Mode, Verdict},
+    host::NumaNode,
     kubelet::cgroup_path::classify,
-    numa::NumaNode,
     sysfs::fake,
 };
 

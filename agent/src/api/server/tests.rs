@@ -8,7 +8,7 @@ use axum::{Router, routing::get};
 use tokio::sync::Notify;
 
 use super::*;
-use crate::api::tls;
+use crate::tls;
 
 /// `GET path` over a new connection; the answer's body.
 fn get_body(addr: SocketAddr, path: &str) -> String {

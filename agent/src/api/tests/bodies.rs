@@ -275,7 +275,7 @@ async fn the_document_states_the_identifier_rules_and_this_machines_nodes() {
     let schemas = &doc["components"]["schemas"];
     let pod = &schemas["ShortPod"]["properties"];
     let meta = &schemas["Pod"]["properties"]["metadata"]["properties"];
-    use crate::admission::identifiers as ids;
+    use crate::kube::identifiers as ids;
     for (field, pattern, max) in [
         ("uid", ids::UID_PATTERN, ids::UID_LENGTH),
         ("namespace", ids::LABEL_PATTERN, ids::LABEL_MAX),

@@ -3,10 +3,11 @@ use std::{collections::BTreeMap, time::SystemTime};
 use super::*;
 use crate::{
     consumers::{Consumer, Kind},
+    host::NodeInfo,
     kubelet::cgroup_path::Qos,
     memorymanager::testing::{GI, node, state},
     numa::map::{NodeView, SizeView},
-    sysfs::{hugetlb_cgroup::SizeUsage, topology::NodeInfo},
+    sysfs::hugetlb_cgroup::SizeUsage,
 };
 
 const MI2: u64 = 2 << 20;

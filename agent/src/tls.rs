@@ -48,8 +48,6 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
-use crate::telemetry::encode::{Encoder, Kind};
-
 /// The DNS name every agent's server certificate carries (a subject alternative name), and the
 /// name a client verifies it by while dialing the node's IP.
 pub const SERVER_NAME: &str = "node.hugepage-agent.internal";
@@ -361,25 +359,14 @@ impl TlsStats {
             .map_or(0, |i| self.refused[i].load(Ordering::Relaxed))
     }
 
-    pub fn encode(&self, e: &mut Encoder) {
-        const HF: &str = "hugepage_agent_tls_handshake_failures_total";
-        e.family(
-            HF,
-            Kind::Counter,
-            "TLS handshakes of the API listener that failed, by why (client certificates refused among them).",
-        );
-        for why in Refusal::ALL {
-            e.sample(HF, &[("reason", why.label())], self.refusals(why) as f64);
-        }
-        const RL: &str = "hugepage_agent_tls_reloads_total";
-        e.family(
-            RL,
-            Kind::Counter,
-            "Changed TLS files: loaded (reloaded), or refused and the previous material kept (rejected).",
-        );
-        for (result, n) in [("reloaded", &self.reloaded), ("rejected", &self.rejected)] {
-            e.sample(RL, &[("result", result)], n.load(Ordering::Relaxed) as f64);
-        }
+    /// Changed files loaded so far.
+    pub fn reloads(&self) -> u64 {
+        self.reloaded.load(Ordering::Relaxed)
+    }
+
+    /// Changed files refused so far (the previous material kept).
+    pub fn rejections(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
     }
 }
 

@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use super::json;
 use crate::{
-    numa::PageSize,
+    host::PageSize,
     quantity::{self, QuantityError},
 };
 
