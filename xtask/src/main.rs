@@ -6,6 +6,8 @@
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
 //! * `test`: formatting, clippy, the build without the eBPF toolchain, and every test; then a
 //!   check that the tests left nothing on the host ([`host`]).
+//! * `layers`: the agent's modules as floors; a circle between modules, or pure logic that
+//!   imports a reader, fails it (and `test`).
 //! * `fresh-test`: `test` as on a new machine: the host's leftovers of earlier runs removed, a
 //!   fresh clone of the committed tree, a new target directory and a new cache (bpf-linker and
 //!   the peers installed again).
@@ -18,6 +20,7 @@
 mod bench;
 mod cmd;
 mod host;
+mod layers;
 mod setup;
 
 use anyhow::{Result, bail};
@@ -48,6 +51,8 @@ enum Task {
         #[arg(long)]
         keep_cache: bool,
     },
+    /// Print the agent's modules as floors; fail on a circle or on pure logic importing a reader.
+    Layers,
     /// Run a benchmark and print its figures.
     Bench {
         #[arg(value_enum)]
@@ -82,6 +87,7 @@ fn main() -> Result<()> {
             test(&env)
         }
         Task::FreshTest { keep_cache } => fresh_test(keep_cache),
+        Task::Layers => layers::check(&cmd::workspace().join("agent/src")),
         Task::Bench { which, args } => {
             require_root("cargo xtask bench")?;
             let mut env = setup::ensure()?;
@@ -95,6 +101,8 @@ fn main() -> Result<()> {
 
 fn test(env: &cmd::Env) -> Result<()> {
     let before = host::Snapshot::capture();
+    cmd::step("module layers: every import points down");
+    layers::check(&cmd::workspace().join("agent/src"))?;
     cmd::step("formatting");
     cmd::cargo(env, &["fmt", "--all", "--", "--check"])?;
     cmd::step("clippy, every crate and target");
