@@ -17,6 +17,7 @@ use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 mod flags;
 pub mod peers;
 mod pressure;
+pub mod rendered;
 mod stats;
 pub use flags::BenchFlags;
 pub use pressure::MemoryPressure;
