@@ -141,7 +141,13 @@ fn a_program_the_kernel_refuses_degrades_to_sysfs_with_one_warning_naming_it() {
         .collect();
     assert_eq!(warnings.len(), 1, "exactly one warning: {warnings:#?}");
     assert!(warnings[0].starts_with("eBPF unavailable, running on sysfs only: eBPF program cgroup_mkdir refused by the kernel"), "{}", warnings[0]);
-    assert!(warnings[0].ends_with("[EPERM]"), "{}", warnings[0]);
+    assert!(
+        warnings[0].ends_with(
+            "[EPERM]: the agent lacks CAP_PERFMON (the probes take CAP_BPF and CAP_PERFMON)"
+        ),
+        "{}",
+        warnings[0]
+    );
 }
 
 #[test]
@@ -161,7 +167,10 @@ fn with_ebpf_on_a_refused_program_is_a_startup_error() {
     ]));
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("hugepage-agent: eBPF probes required (--ebpf on) but unavailable: eBPF program cgroup_mkdir refused by the kernel"), "{err}");
-    assert!(err.contains("[EPERM]"), "{err}");
+    assert!(
+        err.contains("[EPERM]: the agent lacks CAP_PERFMON"),
+        "{err}"
+    );
 }
 
 /// A field of `/proc/<pid>/<file>` (`status`, `smaps_rollup`) as a number (kB for sizes).

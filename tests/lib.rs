@@ -18,6 +18,7 @@ mod flags;
 pub mod mtls;
 pub mod peers;
 mod pressure;
+pub mod rendered;
 mod stats;
 pub use flags::BenchFlags;
 pub use pressure::MemoryPressure;

@@ -1,8 +1,9 @@
-//! The real peers the telemetry and contract tests talk to, as `cargo xtask setup` installs them:
-//! the OTLP receiver (`otlp_receiver.py` on PyPI's `opentelemetry-proto` and `grpcio`, in a venv),
-//! Debian's Prometheus and promtool, `@grafana/schema` with TypeScript from npm, and PyPI's
-//! schemathesis (in a venv of its own). `HUGEPAGE_AGENT_OTLP_PYTHON`,
-//! `HUGEPAGE_AGENT_GRAFANA_SCHEMA` and `HUGEPAGE_AGENT_SCHEMATHESIS` point elsewhere if set.
+//! The real peers the telemetry, contract and deployment tests talk to, as `cargo xtask setup`
+//! installs them: the OTLP receiver (`otlp_receiver.py` on PyPI's `opentelemetry-proto` and
+//! `grpcio`, in a venv), Debian's Prometheus and promtool, `@grafana/schema` with TypeScript from
+//! npm, PyPI's schemathesis (in a venv of its own) and `kubernetes-validate` (in a venv) for the
+//! manifests. `HUGEPAGE_AGENT_OTLP_PYTHON`, `HUGEPAGE_AGENT_GRAFANA_SCHEMA`,
+//! `HUGEPAGE_AGENT_SCHEMATHESIS` and `HUGEPAGE_AGENT_VALIDATE_PYTHON` point elsewhere if set.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -35,6 +36,30 @@ pub fn otlp_python() -> PathBuf {
         "HUGEPAGE_AGENT_OTLP_PYTHON",
         cache().join("otlp-venv/bin/python"),
     )
+}
+
+/// The venv's Python with PyPI's `kubernetes-validate` (and PyYAML, which it brings).
+pub fn validate_python() -> PathBuf {
+    installed(
+        "HUGEPAGE_AGENT_VALIDATE_PYTHON",
+        cache().join("kubernetes-validate-venv/bin/python"),
+    )
+}
+
+/// `kubernetes-validate`, beside that Python.
+pub fn kubernetes_validate() -> PathBuf {
+    let validate = validate_python().with_file_name("kubernetes-validate");
+    assert!(
+        validate.exists(),
+        "{} is missing: run `cargo xtask setup`",
+        validate.display()
+    );
+    validate
+}
+
+/// The npm prefix holding `@kubernetes-models/prometheus-operator` and `…/cert-manager`.
+pub fn crd_models() -> PathBuf {
+    installed("HUGEPAGE_AGENT_CRD_MODELS", cache().join("crd-models"))
 }
 
 /// The npm prefix holding `@grafana/schema` and `typescript`.

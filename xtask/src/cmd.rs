@@ -37,13 +37,18 @@ pub fn workspace() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// Where cargo puts what it builds: `CARGO_TARGET_DIR` (relative to the workspace), else the
-/// workspace's `target`.
+/// Where cargo puts what it builds: `CARGO_TARGET_DIR`, else the workspace's `target`.
 pub fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => workspace().join(dir),
-        _ => workspace().join("target"),
-    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|dir| {
+            if dir.is_absolute() {
+                dir
+            } else {
+                workspace().join(dir)
+            }
+        })
+        .unwrap_or_else(|| workspace().join("target"))
 }
 
 pub fn step(what: &str) {
@@ -61,7 +66,8 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn cargo_command(env: &Env, args: &[&str]) -> Command {
+/// A cargo command with bpf-linker on `PATH` and the peers' variables, not yet run.
+pub fn cargo_command(env: &Env, args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.args(args)
         .current_dir(workspace())

@@ -11,6 +11,9 @@
 //! * `fresh-test`: `test` as on a new machine: the host's leftovers of earlier runs removed, a
 //!   fresh clone of the committed tree, a new target directory and a new cache (bpf-linker and
 //!   the peers installed again).
+//! * `image [--source URL]`: the agent's OCI image (`localhost/hugepage-agent:<version>`), built
+//!   offline with podman and checked by inspection ([`image`]).
+//! * `manifests [--check]`: the files of `deploy/` generated from `dashboards/` ([`manifests`]).
 //! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace|admit-tls|hints
 //!   [-- ARGS]`: the fault probe's cost on ordinary faults, one in-process verification, PSI
 //!   evaluation and trigger latency, the cgroup inventory at scale, `POST /v1/admit` under a
@@ -20,7 +23,9 @@
 mod bench;
 mod cmd;
 mod host;
+mod image;
 mod layers;
+mod manifests;
 mod setup;
 
 use anyhow::{Result, bail};
@@ -53,6 +58,18 @@ enum Task {
     },
     /// Print the agent's modules as floors; fail on a circle or on pure logic importing a reader.
     Layers,
+    /// Build the agent's container image (statically linked, FROM scratch) and check it.
+    Image {
+        /// The `org.opencontainers.image.source` label (default: the `origin` remote).
+        #[arg(long, value_name = "URL")]
+        source: Option<String>,
+    },
+    /// Write the files of deploy/ generated from dashboards/ (the PrometheusRule).
+    Manifests {
+        /// Only check that the committed files are current.
+        #[arg(long)]
+        check: bool,
+    },
     /// Run a benchmark and print its figures.
     Bench {
         #[arg(value_enum)]
@@ -88,6 +105,11 @@ fn main() -> Result<()> {
         }
         Task::FreshTest { keep_cache } => fresh_test(keep_cache),
         Task::Layers => layers::check(&cmd::workspace().join("agent/src")),
+        Task::Image { source } => {
+            let env = setup::ensure()?;
+            image::build(&env, source.as_deref())
+        }
+        Task::Manifests { check } => manifests::run(check),
         Task::Bench { which, args } => {
             require_root("cargo xtask bench")?;
             let mut env = setup::ensure()?;
@@ -100,6 +122,11 @@ fn main() -> Result<()> {
 }
 
 fn test(env: &cmd::Env) -> Result<()> {
+    cmd::step("deploy/ files generated from dashboards/ are current");
+    manifests::run(true)?;
+    // Before the snapshot: podman's storage mounts itself once, on first use.
+    cmd::step("the container image the DaemonSet test runs");
+    image::build(env, None)?;
     let before = host::Snapshot::capture();
     cmd::step("module layers: every import points down");
     layers::check(&cmd::workspace().join("agent/src"))?;

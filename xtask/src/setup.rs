@@ -1,9 +1,10 @@
 //! Build prerequisites, installed idempotently: the nightly toolchain's `rust-src`, `bpf-linker`
 //! built against that nightly's own libLLVM (no system LLVM), and the Debian packages tests use;
 //! and the peers the tests run ([`ensure_peers`]): Prometheus and promtool (Debian), an OTLP
-//! receiver's Python packages (PyPI, in a venv), schemathesis (PyPI, in a venv of its own: the
-//! API contract test) and `@grafana/schema` with TypeScript (npm), each in the project's cache
-//! (`HUGEPAGE_AGENT_CACHE`, else `~/.cache/hugepage-agent`) at pinned versions.
+//! receiver's Python packages, schemathesis (the API contract test) and `kubernetes-validate`
+//! (the manifests), each from PyPI in a venv of its own, and `@grafana/schema` with TypeScript
+//! and the CRD models of the Prometheus Operator and cert-manager (npm), each in the project's
+//! cache (`HUGEPAGE_AGENT_CACHE`, else `~/.cache/hugepage-agent`) at pinned versions.
 //!
 //! bpf-linker lives in `<cache>/bpf-linker-<nightly commit>`: a new nightly gets a new linker, and
 //! the check is "does that binary run", not "does the directory exist". `<cache>/bin` points at the
@@ -21,11 +22,18 @@ use anyhow::{Context, Result, bail};
 use crate::cmd::{self, Env};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-/// Debian packages the tests need: `setpriv` (util-linux) runs the agent without privileges;
-/// `prometheus` is the server and promtool the telemetry tests check against; Go and go-spew build
-/// the independent peer that checks the kubelet checkpoint checksum.
-const DEBIAN_PACKAGES: [&str; 4] = [
+/// Debian packages the tests need: `setpriv` and `unshare` (util-linux) run the agent without
+/// privileges and in a mount namespace of its own; `capsh` (libcap2-bin) gives it a container's
+/// root, capabilities and no_new_privs; `openssl` makes the mTLS test certificates and `curl`
+/// presents them, in the agent's network namespace (`nsenter`, `ip` from iproute2); `prometheus`
+/// is the server and promtool the telemetry tests check against; Go and go-spew build the
+/// independent peer that checks the kubelet checkpoint checksum.
+const DEBIAN_PACKAGES: [&str; 8] = [
     "util-linux",
+    "libcap2-bin",
+    "openssl",
+    "curl",
+    "iproute2",
     "prometheus",
     "golang-go",
     "golang-github-davecgh-go-spew-dev",
@@ -44,8 +52,16 @@ const SCHEMATHESIS_PACKAGES: [&str; 3] = [
     "hypothesis==6.170.17",
     "jsonschema_rs==0.60.3",
 ];
+/// The manifests' check against the official Kubernetes schemas (PyPI).
+const VALIDATE_PACKAGES: [&str; 1] = ["kubernetes-validate==1.37.0"];
 /// The dashboard's schema check (npm).
 const NPM_PACKAGES: [&str; 2] = ["@grafana/schema@13.2.3", "typescript@5.9.3"];
+/// The custom resources' check (npm): the Prometheus Operator's and cert-manager's CRD schemas
+/// as models that validate a document against them.
+const CRD_MODEL_PACKAGES: [&str; 2] = [
+    "@kubernetes-models/prometheus-operator@6.0.0",
+    "@kubernetes-models/cert-manager@6.0.0",
+];
 /// Debian packages only benchmarks need: `oha` (the HTTP load generator) builds against OpenSSL.
 pub const BENCH_PACKAGES: [&str; 2] = ["libssl-dev", "pkg-config"];
 const OHA_VERSION: &str = "1.16.0";
@@ -186,8 +202,34 @@ pub fn ensure_peers() -> Result<Vec<(&'static str, PathBuf)>> {
             .with_file_name("schemathesis"),
         ),
         (
+            "HUGEPAGE_AGENT_VALIDATE_PYTHON",
+            ensure_venv(
+                &cache.join("kubernetes-validate-venv"),
+                &VALIDATE_PACKAGES,
+                "import kubernetes_validate, yaml",
+            )?,
+        ),
+        (
             "HUGEPAGE_AGENT_GRAFANA_SCHEMA",
-            ensure_npm(&cache.join("grafana-schema"))?,
+            ensure_npm(&cache.join("grafana-schema"), &NPM_PACKAGES, |prefix| {
+                runs(&prefix.join("node_modules/.bin/tsc"))
+                    && prefix
+                        .join("node_modules/@grafana/schema/package.json")
+                        .exists()
+            })?,
+        ),
+        (
+            "HUGEPAGE_AGENT_CRD_MODELS",
+            ensure_npm(&cache.join("crd-models"), &CRD_MODEL_PACKAGES, |prefix| {
+                CRD_MODEL_PACKAGES.iter().all(|p| {
+                    let name = p.rsplit_once('@').map_or(*p, |(name, _)| name);
+                    prefix
+                        .join("node_modules")
+                        .join(name)
+                        .join("package.json")
+                        .exists()
+                })
+            })?,
         ),
     ])
 }
@@ -230,16 +272,15 @@ fn ensure_venv(venv: &Path, packages: &[&str], imports: &str) -> Result<PathBuf>
     Ok(python)
 }
 
-/// An npm prefix with [`NPM_PACKAGES`]; the check runs `tsc` and compares the recorded pins.
-fn ensure_npm(prefix: &Path) -> Result<PathBuf> {
+/// An npm prefix with `packages`; the check is `installed` (does it work) and the recorded pins.
+fn ensure_npm(
+    prefix: &Path,
+    packages: &[&str],
+    installed: impl Fn(&Path) -> bool,
+) -> Result<PathBuf> {
     let pins = prefix.join("hugepage-agent-pins");
-    let wanted = NPM_PACKAGES.join(" ");
-    if runs(&prefix.join("node_modules/.bin/tsc"))
-        && prefix
-            .join("node_modules/@grafana/schema/package.json")
-            .exists()
-        && fs::read_to_string(&pins).is_ok_and(|p| p == wanted)
-    {
+    let wanted = packages.join(" ");
+    if installed(prefix) && fs::read_to_string(&pins).is_ok_and(|p| p == wanted) {
         return Ok(prefix.to_path_buf());
     }
     if !Command::new("npm")
@@ -255,7 +296,7 @@ fn ensure_npm(prefix: &Path) -> Result<PathBuf> {
         "npm",
         &["install", "--no-audit", "--no-fund", "--silent", "--prefix"],
     );
-    npm.arg(prefix).args(NPM_PACKAGES);
+    npm.arg(prefix).args(packages);
     cmd::run(npm)?;
     fs::write(&pins, wanted)?;
     Ok(prefix.to_path_buf())
@@ -294,7 +335,7 @@ pub fn ensure_oha() -> Result<PathBuf> {
 }
 
 /// Installs whichever of `packages` are missing (as root), and nothing when all are there.
-fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
+pub fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
         .copied()

@@ -5,6 +5,7 @@
 //! ([`events`] decodes them; the run loop consumes them).
 
 pub mod btf;
+mod caps;
 mod errno;
 pub mod events;
 pub mod live;
@@ -124,6 +125,17 @@ impl ProbeError {
         }
         if let Some(code) = self.errno() {
             text.push_str(&format!(" [{}]", errno_name(code)));
+            let kernel_refused = matches!(
+                self,
+                ProbeError::Object(_) | ProbeError::ProgramLoad { .. } | ProbeError::Attach { .. }
+            );
+            if code == libc::EPERM
+                && kernel_refused
+                && let Some(effective) = caps::effective()
+            {
+                text.push_str(": ");
+                text.push_str(&caps::eperm_hint(effective));
+            }
         }
         text
     }

@@ -1,0 +1,1076 @@
+//! The DaemonSet's security context on this machine's real kernel: the binary from the image
+//! (`podman save`, unpacked) runs under exactly what the rendered DaemonSet declares, read from
+//! it, so that a change of the manifest changes this test:
+//!
+//! * its root filesystem is the image's, read-only, in a mount namespace of its own (`unshare`),
+//!   with a new `/proc` (a PID namespace of its own), a read-only `/sys`, a network namespace
+//!   with its loopback, and every volume the manifest mounts bound at the manifest's path,
+//!   read-only where the manifest says so (recursively where it asks `recursiveReadOnly`);
+//! * the user and group the manifest names, no supplementary groups, and exactly the added
+//!   capabilities as the effective, permitted and bounding sets (a container runtime's
+//!   transition for a root user; nothing inheritable or ambient), with no_new_privs
+//!   (`allowPrivilegeEscalation: false`): `capsh` applies them after its `chroot`, since
+//!   `setpriv` cannot change the root directory and nothing can once CAP_SYS_CHROOT is gone;
+//! * the manifest's arguments and environment (`NODE_NAME` as the downward API gives it).
+//!
+//! Host paths are the host's, but for three stand-ins: the state directory (a fresh directory,
+//! as every test's agent gets), the kubelet's directory (this machine runs no kubelet: a
+//! directory holding a Memory Manager checkpoint the test writes as the kubelet does), and the
+//! TLS Secret (certificates made with `openssl`). The kubepods cgroup whose pressure files the
+//! manifest mounts is created for the test (`kubepods.slice` under this host's cgroup v2) and
+//! removed after it.
+//!
+//! Under that the probes attach, a child faulting hugepages is seen, admission over mTLS (curl
+//! in the agent's network namespace, with a client certificate from the same CA) answers with
+//! KEP-5759's message, PSI triggers are armed on every pressure file and the conditions
+//! evaluated, a replaced kubelet checkpoint is followed, and a reservation survives a restart.
+//! Then each declared capability is removed in turn: the probes are refused, the agent runs on
+//! sysfs, and its warning names the capability it lacks. Seccomp is not applied here (no
+//! container runtime runs on these machines); the README cites the runtimes' default profiles.
+//!
+//! It changes the host (hugepage pools, cgroups, the probes attached while it runs): it takes the
+//! host lock and restores everything on every exit. It needs the image: `cargo xtask image`.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::{BufRead, BufReader},
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use hugepage_agent::{
+    memorymanager::checkpoint::{Verification, parse, to_kubelet_json},
+    quantity::format_binary,
+};
+use hugepage_agent_tests::{
+    HostLock, HugepagePool, TestCgroup, Toucher, host_lock, read_u64,
+    rendered::{AgentPod, Mount, Source, render},
+    v2,
+};
+use serde_json::{Value, json};
+
+const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
+const NODE0_2M: &str = "/sys/devices/system/node/node0/hugepages/hugepages-2048kB";
+const MI2: u64 = 2 << 20;
+/// The name in the agent's serving certificate, which a client verifies (cert-manager
+/// component: `dnsNames`).
+const SERVER_NAME: &str = hugepage_agent::tls::SERVER_NAME;
+/// Capabilities in the kernel's order (`linux/capability.h`), as Kubernetes spells them.
+const CAPABILITIES: [&str; 41] = [
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "DAC_READ_SEARCH",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "LINUX_IMMUTABLE",
+    "NET_BIND_SERVICE",
+    "NET_BROADCAST",
+    "NET_ADMIN",
+    "NET_RAW",
+    "IPC_LOCK",
+    "IPC_OWNER",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+    "SYS_CHROOT",
+    "SYS_PTRACE",
+    "SYS_PACCT",
+    "SYS_ADMIN",
+    "SYS_BOOT",
+    "SYS_NICE",
+    "SYS_RESOURCE",
+    "SYS_TIME",
+    "SYS_TTY_CONFIG",
+    "MKNOD",
+    "LEASE",
+    "AUDIT_WRITE",
+    "AUDIT_CONTROL",
+    "SETFCAP",
+    "MAC_OVERRIDE",
+    "MAC_ADMIN",
+    "SYSLOG",
+    "WAKE_ALARM",
+    "BLOCK_SUSPEND",
+    "AUDIT_READ",
+    "PERFMON",
+    "BPF",
+    "CHECKPOINT_RESTORE",
+];
+
+/// The kernel's number for a capability as Kubernetes names it.
+fn capability(name: &str) -> u32 {
+    CAPABILITIES
+        .iter()
+        .position(|c| *c == name)
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or_else(|| panic!("unknown capability {name}"))
+}
+
+/// The rendered DaemonSet for this host's cgroup layout (the kubepods pressure files are where
+/// this host's cgroup v2 is).
+fn rendered_agent() -> AgentPod {
+    let mount = v2().mount;
+    match mount.as_str() {
+        "/sys/fs/cgroup/unified" => render(&["hybrid-cgroup"]).agent(),
+        "/sys/fs/cgroup" => render(&[]).agent(),
+        other => panic!("cgroup v2 at {other}: no component of deploy/ for that layout"),
+    }
+}
+
+/// A kubepods cgroup standing in for the kubelet's, removed on drop.
+struct Kubepods(PathBuf);
+
+impl Kubepods {
+    fn create(_lock: &HostLock, dir: &Path) -> Kubepods {
+        assert!(
+            !dir.exists(),
+            "{} exists: this host runs a kubelet, whose cgroups this test must not touch",
+            dir.display()
+        );
+        fs::create_dir(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Kubepods(dir.to_path_buf())
+    }
+}
+
+impl Drop for Kubepods {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            if fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("could not remove {}", self.0.display());
+    }
+}
+
+/// A kubelet Memory Manager checkpoint for node 0 that believes `free` bytes of 2 MiB pages free.
+fn checkpoint(total: u64, free: u64) -> Vec<u8> {
+    let table = |total: u64, free: u64| json!({"total": total, "systemReserved": 0, "allocatable": total, "reserved": total - free, "free": free});
+    let state = json!({
+        "policyName": "Static",
+        "machineState": {"0": {
+            "numberOfAssignments": 0,
+            "memoryMap": {"memory": table(64 << 30, 64 << 30), "hugepages-2Mi": table(total, free)},
+            "cells": [0]
+        }}
+    })
+    .to_string();
+    let state = parse(
+        Path::new("hand-written"),
+        state.as_bytes(),
+        Verification::UnlessAbsent,
+    )
+    .expect("a valid state");
+    to_kubelet_json(&state)
+}
+
+/// Writes a checkpoint as the kubelet does: a temporary file in the same directory, renamed over.
+fn kubelet_writes(dir: &Path, contents: &[u8]) {
+    let temp = dir.join(".memory_manager_state-tmp");
+    fs::write(&temp, contents).expect("the checkpoint's temporary file");
+    fs::rename(&temp, dir.join("memory_manager_state")).expect("rename over the checkpoint");
+}
+
+/// Runs `openssl` with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl (Debian's openssl; cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, the agent's serving certificate (the Secret's `tls.crt`, `tls.key`, `ca.crt`, in
+/// `secret/`) and a client certificate from the same CA (`client.crt`, `client.key`).
+fn certificates(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    openssl(
+        dir,
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=hugepage-agent test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat(),
+    );
+    for (name, subject, usage) in [
+        ("tls", "/CN=hugepage-agent", "serverAuth"),
+        ("client", "/CN=hugepage-agent-webhook", "clientAuth"),
+    ] {
+        let extensions = format!("{name}.ext");
+        let san = if usage == "serverAuth" {
+            format!("subjectAltName=DNS:{SERVER_NAME}\n")
+        } else {
+            String::new()
+        };
+        fs::write(
+            dir.join(&extensions),
+            format!("{san}extendedKeyUsage={usage}\nkeyUsage=critical,digitalSignature\n"),
+        )
+        .expect("extensions");
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        openssl(
+            dir,
+            &[
+                &["req"][..],
+                &ec,
+                &["-keyout", &key, "-out", &csr, "-subj", subject],
+            ]
+            .concat(),
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                &extensions,
+                "-out",
+                &crt,
+            ],
+        );
+    }
+    let secret = dir.join("secret");
+    fs::create_dir(&secret).expect("the Secret's directory");
+    for file in ["tls.crt", "tls.key", "ca.crt"] {
+        fs::copy(dir.join(file), secret.join(file)).expect("a Secret file");
+        fs::set_permissions(secret.join(file), fs::Permissions::from_mode(0o400))
+            .expect("the Secret's defaultMode 0400");
+    }
+}
+
+/// The image the manifest names, unpacked: its root filesystem.
+fn unpack_image(image: &str, into: &Path) -> PathBuf {
+    let archive = into.join("image.tar");
+    let out = Command::new("podman")
+        .args(["save", "--format", "docker-archive", "--output"])
+        .arg(&archive)
+        .arg(image)
+        .output()
+        .expect("run podman (cargo xtask image installs it)");
+    assert!(
+        out.status.success(),
+        "podman save {image}: {} (build it first: cargo xtask image)",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let unpacked = into.join("archive");
+    fs::create_dir(&unpacked).expect("mkdir");
+    untar(&archive, &unpacked);
+    let manifest: Value = serde_json::from_slice(
+        &fs::read(unpacked.join("manifest.json")).expect("the archive's manifest.json"),
+    )
+    .expect("JSON");
+    let rootfs = into.join("rootfs");
+    fs::create_dir(&rootfs).expect("mkdir rootfs");
+    for layer in manifest[0]["Layers"].as_array().expect("layers") {
+        untar(&unpacked.join(layer.as_str().expect("a layer")), &rootfs);
+    }
+    rootfs
+}
+
+fn untar(archive: &Path, into: &Path) {
+    let status = Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(into)
+        .status()
+        .expect("run tar");
+    assert!(status.success(), "tar -xf {}", archive.display());
+}
+
+/// What the sandbox binds at one of the manifest's mount paths.
+struct Bind {
+    mount: Mount,
+    source: PathBuf,
+}
+
+/// The pod on this machine: the image's root filesystem, what each volume is here, and the
+/// manifest's container.
+struct Pod {
+    agent: AgentPod,
+    rootfs: PathBuf,
+    binds: Vec<Bind>,
+    /// The stand-in for the kubelet's directory.
+    kubelet: PathBuf,
+    /// The client's certificate and key, and the CA.
+    client: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Pod {
+    fn new(agent: AgentPod) -> Pod {
+        let dir = tempfile::Builder::new()
+            .prefix("hugepage-agent-pod-")
+            .tempdir()
+            .expect("a temporary directory");
+        let rootfs = unpack_image(&agent.image, dir.path());
+        let files: Vec<String> = fs::read_dir(&rootfs)
+            .expect("the rootfs")
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        assert_eq!(
+            files,
+            ["hugepage-agent"],
+            "the image holds the binary alone"
+        );
+        let state = dir.path().join("state");
+        let kubelet = dir.path().join("kubelet");
+        let tls = dir.path().join("tls");
+        for d in [&state, &kubelet, &tls] {
+            fs::create_dir(d).expect("a stand-in directory");
+        }
+        certificates(&tls);
+        let state_dir = agent.arg("--state-dir").expect("--state-dir").to_owned();
+        let binds = agent
+            .mounts
+            .iter()
+            .map(|m| {
+                let source = match &m.source {
+                    Source::HostPath { .. } if m.path == state_dir => state.clone(),
+                    Source::HostPath { path, .. } if path == "/var/lib/kubelet" => kubelet.clone(),
+                    Source::HostPath { path, .. } => PathBuf::from(path),
+                    Source::Secret { .. } => tls.join("secret"),
+                };
+                assert!(
+                    source.exists(),
+                    "{} (for {}) does not exist on this host",
+                    source.display(),
+                    m.path
+                );
+                Bind {
+                    mount: m.clone(),
+                    source,
+                }
+            })
+            .collect();
+        let pod = Pod {
+            agent,
+            rootfs,
+            binds,
+            kubelet,
+            client: tls,
+            _dir: dir,
+        };
+        pod.make_mount_points();
+        pod
+    }
+
+    /// What a runtime creates in the root filesystem before making it read-only: the mount
+    /// points that are not inside another mount.
+    fn make_mount_points(&self) {
+        let mut inside_mounts = vec!["/proc".to_owned(), "/sys".to_owned(), "/dev".to_owned()];
+        for dir in &inside_mounts {
+            fs::create_dir(self.rootfs.join(&dir[1..])).expect("a mount point");
+        }
+        let mut binds: Vec<&Bind> = self.binds.iter().collect();
+        binds.sort_by_key(|b| b.mount.path.matches('/').count());
+        for bind in binds {
+            let path = &bind.mount.path;
+            let covered = inside_mounts
+                .iter()
+                .any(|m| path.starts_with(&format!("{m}/")));
+            if !covered {
+                let target = self.rootfs.join(&path[1..]);
+                if bind.source.is_dir() {
+                    fs::create_dir_all(&target).expect("a directory mount point");
+                } else {
+                    fs::create_dir_all(target.parent().expect("a parent")).expect("its parent");
+                    fs::write(&target, "").expect("a file mount point");
+                }
+            }
+            inside_mounts.push(path.clone());
+        }
+    }
+
+    /// The shell script that builds the pod's mount namespace, then `capsh` into it.
+    fn script(&self, capabilities: &[String]) -> String {
+        let root = self.rootfs.display().to_string();
+        let q = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+        let mut script = vec![
+            "set -eu".to_owned(),
+            format!("R={}", q(&root)),
+            r#"mount --bind "$R" "$R""#.to_owned(),
+            r#"mount -t proc -o nosuid,nodev,noexec proc "$R/proc""#.to_owned(),
+            r#"mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$R/sys""#.to_owned(),
+            r#"mount -t tmpfs -o nosuid,mode=755 tmpfs "$R/dev""#.to_owned(),
+            r#"for d in null zero full random urandom; do : > "$R/dev/$d"; mount --bind "/dev/$d" "$R/dev/$d"; done"#.to_owned(),
+        ];
+        let mut binds: Vec<&Bind> = self.binds.iter().collect();
+        binds.sort_by_key(|b| b.mount.path.matches('/').count());
+        for bind in binds {
+            let target = format!("\"$R\"{}", q(&bind.mount.path));
+            script.push(format!(
+                "mount --rbind {} {target}",
+                q(&bind.source.display().to_string())
+            ));
+            if bind.mount.read_only {
+                script.push(format!("mount -o remount,bind,ro {target}"));
+            }
+            if bind.mount.read_only && bind.mount.recursive_read_only.is_some() {
+                // Every mount below it too (recursiveReadOnly on a runtime that supports it).
+                script.push(format!(
+                    r#"awk -v t="$R"{} '$5 != t && index($5, t "/") == 1 {{ print $5 }}' /proc/self/mountinfo | while read -r m; do mount -o remount,bind,ro "$m"; done"#,
+                    q(&bind.mount.path)
+                ));
+            }
+        }
+        script.push(r#"mount -o remount,bind,ro "$R""#.to_owned());
+        script.push("ip link set lo up".to_owned());
+        let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .expect("/proc/sys/kernel/cap_last_cap");
+        let kept: BTreeSet<u32> = capabilities.iter().map(|c| capability(c)).collect();
+        let dropped: Vec<String> = (0..=last)
+            .filter(|c| !kept.contains(c))
+            .map(|c| c.to_string())
+            .collect();
+        let caps = if kept.is_empty() {
+            "=".to_owned()
+        } else {
+            let names: Vec<String> = capabilities
+                .iter()
+                .map(|c| format!("cap_{}", c.to_lowercase()))
+                .collect();
+            format!("{}+ep", names.join(","))
+        };
+        let args: Vec<String> = self.agent.args.iter().map(|a| q(a)).collect();
+        script.push(format!(
+            "exec capsh --chroot=\"$R\" --gid={gid} --groups= --uid={uid} --drop={drop} --caps={caps} --noamb --no-new-privs --shell=/hugepage-agent -- {args}",
+            gid = self.agent.run_as_group,
+            uid = self.agent.run_as_user,
+            drop = dropped.join(","),
+            caps = q(&caps),
+            args = args.join(" "),
+        ));
+        script.join("\n")
+    }
+
+    /// Starts the agent with `capabilities` (the manifest's, or fewer).
+    fn start(&self, capabilities: &[String]) -> Running {
+        let node = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .expect("the host name")
+            .trim()
+            .to_owned();
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--mount",
+            "--pid",
+            "--net",
+            "--fork",
+            "--propagation",
+            "private",
+            "--kill-child",
+            "--",
+            "/bin/sh",
+            "-c",
+            &self.script(capabilities),
+        ])
+        .env_clear()
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .env("NODE_NAME", node)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start unshare (util-linux)");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
+                if tx.send(value).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut running = Running {
+            child,
+            pid: 0,
+            lines,
+            seen: Vec::new(),
+        };
+        running.pid = running.find_agent();
+        running
+    }
+
+    /// `curl` in the agent's network namespace: (HTTP status, body), or the curl error.
+    fn curl(&self, running: &Running, args: &[&str]) -> Result<(u16, String), String> {
+        let out = Command::new("nsenter")
+            .args(["--target", &running.pid.to_string(), "--net", "--", "curl"])
+            .args(["--silent", "--show-error", "--max-time", "10"])
+            .args(["--write-out", "\n%{http_code}"])
+            .args(args)
+            .output()
+            .expect("run nsenter and curl");
+        if !out.status.success() {
+            return Err(format!(
+                "curl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        Ok((code.trim().parse().unwrap_or(0), body.to_owned()))
+    }
+
+    /// A plain-HTTP GET on the metrics listener, as the kubelet's probes and Prometheus do.
+    fn probe(&self, running: &Running, path: &str) -> (u16, String) {
+        let url = format!("http://127.0.0.1:{}{path}", self.agent.port("metrics"));
+        self.curl(running, &[&url])
+            .unwrap_or_else(|e| panic!("{e}; the agent logged:\n{:#?}", running.seen))
+    }
+
+    /// Waits until the readiness probe passes; its body.
+    fn ready(&self, running: &Running) -> String {
+        let path = self.agent.container["readinessProbe"]["httpGet"]["path"]
+            .as_str()
+            .expect("the readiness probe's path");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok((200, body)) = self.curl(
+                running,
+                &[&format!(
+                    "http://127.0.0.1:{}{path}",
+                    self.agent.port("metrics")
+                )],
+            ) {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not ready within 10 s; the agent logged:\n{:#?}",
+                running.seen
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A request to the mTLS API, as the webhook makes it: the agent's name verified against
+    /// the CA, the client's certificate presented.
+    fn api(&self, running: &Running, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let port = self.agent.port("api");
+        let resolve = format!("{SERVER_NAME}:{port}:127.0.0.1");
+        let url = format!("https://{SERVER_NAME}:{port}{path}");
+        let dir = &self.client;
+        let (ca, crt, key) = (
+            dir.join("ca.crt").display().to_string(),
+            dir.join("client.crt").display().to_string(),
+            dir.join("client.key").display().to_string(),
+        );
+        let mut args = vec![
+            "--resolve",
+            &resolve,
+            "--cacert",
+            &ca,
+            "--cert",
+            &crt,
+            "--key",
+            &key,
+            "--request",
+            method,
+        ];
+        if let Some(body) = body {
+            args.extend([
+                "--header",
+                "content-type: application/json",
+                "--data-raw",
+                body,
+            ]);
+        }
+        args.push(&url);
+        let (status, text) = self
+            .curl(running, &args)
+            .unwrap_or_else(|e| panic!("{e}; the agent logged:\n{:#?}", running.seen));
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
+    /// The same request without a client certificate: refused (handshake, 401 or 403).
+    fn api_without_certificate(
+        &self,
+        running: &Running,
+        path: &str,
+    ) -> Result<(u16, String), String> {
+        let port = self.agent.port("api");
+        let resolve = format!("{SERVER_NAME}:{port}:127.0.0.1");
+        let ca = self.client.join("ca.crt").display().to_string();
+        let url = format!("https://{SERVER_NAME}:{port}{path}");
+        self.curl(running, &["--resolve", &resolve, "--cacert", &ca, &url])
+    }
+}
+
+/// The agent running in its sandbox.
+struct Running {
+    /// `unshare`, whose child is the agent (PID 1 of its namespace).
+    child: Child,
+    /// The agent's process id on the host.
+    pid: u32,
+    lines: mpsc::Receiver<Value>,
+    seen: Vec<Value>,
+}
+
+impl Running {
+    /// The agent's host pid, once `sh` and `capsh` have become it; panics with the log if the
+    /// sandbox exits first (a flag this agent does not know, a mount that failed).
+    fn find_agent(&mut self) -> u32 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let parent = self.child.id();
+        loop {
+            let children = fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+                .unwrap_or_default();
+            if let Some(pid) = children
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse().ok())
+                && fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "hugepage-agent")
+            {
+                return pid;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.drain(Duration::from_millis(500));
+                let text = format!("{:#?}", self.seen);
+                let tls = ["--tls-cert-file", "--metrics-listen", "--client-ca-file"]
+                    .iter()
+                    .any(|flag| text.contains(&format!("unexpected argument '{flag}'")));
+                assert!(
+                    !tls,
+                    "this agent has no TLS flags: the manifest's --tls-cert-file, --tls-private-key-file, --client-ca-file and --metrics-listen come with issue #16's TLS work; the sandbox printed:\n{text}"
+                );
+                panic!("the sandbox exited ({status}) before the agent ran:\n{text}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agent within 20 s: {:#?}",
+                self.seen
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn drain(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Waits for a log line with `message` satisfying `pred`.
+    fn wait_for(
+        &mut self,
+        message: &str,
+        within: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        if let Some(found) = self
+            .seen
+            .iter()
+            .find(|v| v["message"] == message && pred(v))
+        {
+            return found.clone();
+        }
+        let deadline = Instant::now() + within;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line["message"] == message && pred(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!(
+            "no log line {message:?} within {within:?}; the agent logged:\n{:#?}",
+            self.seen
+        );
+    }
+
+    /// A field of `/proc/<agent>/status`.
+    fn status(&self, field: &str) -> String {
+        let text = fs::read_to_string(format!("/proc/{}/status", self.pid)).expect("status");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("no {field} in /proc/{}/status", self.pid))
+    }
+
+    /// SIGTERM, as the kubelet stops a container; the exit status within `grace` and the log.
+    fn terminate(mut self, grace: Duration) -> (ExitStatus, Vec<Value>) {
+        // SAFETY: signalling the agent this test started.
+        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + grace;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not stop within the grace period ({grace:?}): {:#?}",
+                self.seen
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.drain(Duration::from_millis(300));
+        (status, std::mem::take(&mut self.seen))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // unshare --kill-child takes the agent with it.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The manifest's grace period.
+fn grace(agent: &AgentPod) -> Duration {
+    Duration::from_secs(
+        agent.pod["terminationGracePeriodSeconds"]
+            .as_u64()
+            .expect("terminationGracePeriodSeconds"),
+    )
+}
+
+/// The manifest's memory quantity (`40Mi`) at `path` in the container's resources, in bytes.
+fn memory(agent: &AgentPod, which: &str) -> u64 {
+    let text = agent.container["resources"][which]["memory"]
+        .as_str()
+        .unwrap_or_else(|| panic!("resources.{which}.memory"));
+    let mi: u64 = text
+        .strip_suffix("Mi")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{which} memory {text:?} is not in Mi"));
+    mi << 20
+}
+
+/// A capability set as `/proc/<pid>/status` prints it.
+fn mask(capabilities: &[String]) -> String {
+    let bits = capabilities
+        .iter()
+        .fold(0u64, |m, c| m | (1u64 << capability(c)));
+    format!("{bits:016x}")
+}
+
+#[test]
+fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
+    let lock = host_lock();
+    let agent = rendered_agent();
+    let kubepods_dir = agent
+        .mounts
+        .iter()
+        .find_map(|m| match &m.source {
+            Source::HostPath { path, .. } if m.name == "kubepods-memory-pressure" => {
+                Path::new(path).parent().map(Path::to_path_buf)
+            }
+            _ => None,
+        })
+        .expect("the kubepods memory.pressure volume");
+    let _kubepods = Kubepods::create(&lock, &kubepods_dir);
+    let _pool = HugepagePool::reserve(&lock, 8);
+    let pod = Pod::new(agent);
+    let declared = pod.agent.capabilities.clone();
+    let total = read_u64(&format!("{NODE0_2M}/nr_hugepages")) * MI2;
+    kubelet_writes(&pod.kubelet, &checkpoint(total, total));
+
+    let mut running = pod.start(&declared);
+    running.wait_for("agent running", Duration::from_secs(20), |l| {
+        l["source"] == "ebpf+sysfs"
+    });
+
+    // Exactly the declared privileges, as the kernel holds them.
+    let declared_mask = mask(&declared);
+    for set in ["CapEff", "CapPrm", "CapBnd"] {
+        assert_eq!(running.status(set), declared_mask, "{set}");
+    }
+    for set in ["CapInh", "CapAmb"] {
+        assert_eq!(running.status(set), mask(&[]), "{set}");
+    }
+    assert_eq!(running.status("NoNewPrivs"), "1");
+    let uid = pod.agent.run_as_user.to_string();
+    let gid = pod.agent.run_as_group.to_string();
+    assert_eq!(
+        running.status("Uid").split_whitespace().collect::<Vec<_>>(),
+        [uid.as_str(); 4]
+    );
+    assert_eq!(
+        running.status("Gid").split_whitespace().collect::<Vec<_>>(),
+        [gid.as_str(); 4]
+    );
+    assert_eq!(running.status("Groups"), "");
+    // Its root is the image, read-only; it mounted nothing itself.
+    let root = fs::read_link(format!("/proc/{}/root", running.pid)).expect("its root");
+    assert_eq!(root, pod.rootfs);
+    let mounts = fs::read_to_string(format!("/proc/{}/mountinfo", running.pid)).expect("mountinfo");
+    let root_mount = mounts
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+        .expect("a root mount");
+    assert!(
+        root_mount
+            .split_whitespace()
+            .nth(5)
+            .is_some_and(|o| o.split(',').any(|f| f == "ro")),
+        "{root_mount}"
+    );
+
+    // The kubelet's probes, on the plain metrics listener.
+    let body = pod.ready(&running);
+    assert!(body.contains("\"probes\":\"attached\""), "{body}");
+    let (status, _) = pod.probe(&running, "/healthz");
+    assert_eq!(status, 200);
+    let (status, metrics) = pod.probe(&running, "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("hugepage_agent_probes_attached 1"),
+        "{metrics}"
+    );
+
+    // A child faulting hugepages is seen.
+    let cgroup = TestCgroup::create(&lock, "daemonset");
+    let rel = cgroup.rel.clone();
+    running.wait_for("cgroup event", Duration::from_secs(5), |l| {
+        l["change"] == "mkdir" && l["path"] == rel.as_str()
+    });
+    let toucher = Toucher::run(TOUCHER, Some(&cgroup.dir), 2, 0);
+    let pid = toucher.pid;
+    running.wait_for("hugetlb fault", Duration::from_secs(5), |l| {
+        l["tgid"] == pid
+    });
+
+    // Admission over mTLS, with KEP-5759's message; a reservation; no certificate, no answer.
+    let free = read_u64(&format!("{NODE0_2M}/free_hugepages"));
+    assert!(free >= 4, "{free} pages free");
+    let asks = |uid: &str, pages: u64| {
+        format!(
+            r#"{{"pod":{{"namespace":"t","name":"p","uid":"{uid}"}},"containers":[{{"name":"c","resources":{{"hugepages-2Mi":"{}"}}}}],"numaNodes":[0]}}"#,
+            format_binary(pages * MI2)
+        )
+    };
+    let (status, refused) = pod.api(
+        &running,
+        "POST",
+        "/v1/admit",
+        Some(&asks("7f3c9a1e-2b4d-4c6e-8f0a-1b2c3d4e5f60", free + 1)),
+    );
+    assert_eq!(status, 200, "{refused}");
+    assert_eq!(
+        refused["message"],
+        format!(
+            "insufficient hugepages-2Mi on NUMA node(s) [0]: requested {}, available {}",
+            format_binary((free + 1) * MI2),
+            format_binary(free * MI2)
+        ),
+        "{refused}"
+    );
+    const UID: &str = "16000000-0000-4000-8000-000000000016";
+    let (status, admitted) = pod.api(&running, "POST", "/v1/admit", Some(&asks(UID, 2)));
+    assert_eq!(
+        (status, &admitted["allowed"]),
+        (200, &json!(true)),
+        "{admitted}"
+    );
+    let reservation = admitted["reservation"]["id"]
+        .as_str()
+        .expect("a reservation")
+        .to_owned();
+    match pod.api_without_certificate(&running, "/v1/reservations") {
+        Err(_) => {}
+        Ok((status, body)) => assert!(
+            status == 401 || status == 403,
+            "a client without a certificate was answered {status}: {body}"
+        ),
+    }
+
+    // PSI: a trigger armed on every pressure file the manifest made writable; every condition
+    // evaluated.
+    let (status, psi) = pod.api(&running, "GET", "/v1/conditions", None);
+    assert_eq!(status, 200, "{psi}");
+    let armed: Vec<&str> = psi["triggers"]
+        .as_array()
+        .expect("triggers")
+        .iter()
+        .filter(|t| t["armed"] == true)
+        .filter_map(|t| t["file"].as_str())
+        .collect();
+    let kubepods = kubepods_dir.display();
+    assert_eq!(
+        armed,
+        [
+            "/proc/pressure/memory".to_owned(),
+            "/proc/pressure/io".to_owned(),
+            format!("{kubepods}/memory.pressure"),
+            format!("{kubepods}/io.pressure")
+        ],
+        "{psi}"
+    );
+    for condition in psi["conditions"].as_array().expect("conditions") {
+        assert_ne!(condition["status"], "Unknown", "{condition}");
+    }
+
+    // The kubelet's checkpoint, replaced by a rename as the kubelet writes it, is followed.
+    let (_, before) = pod.api(&running, "GET", "/v1/discrepancy", None);
+    assert_eq!(before["source"], "checkpoint", "{before}");
+    let believed = |answer: &Value| {
+        answer["nodes"]
+            .as_array()
+            .and_then(|n| n.iter().find(|d| d["resource"] == "hugepages-2Mi"))
+            .map(|d| d["memoryManagerFreeBytes"].clone())
+    };
+    assert_eq!(believed(&before), Some(json!(total)), "{before}");
+    kubelet_writes(&pod.kubelet, &checkpoint(total, total - 2 * MI2));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, after) = pod.api(&running, "GET", "/v1/discrepancy", None);
+        if believed(&after) == Some(json!(total - 2 * MI2)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replaced checkpoint was not read: {after}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Its memory, measured against what the manifest requests.
+    let peak_kib: u64 = running
+        .status("VmHWM")
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("VmHWM");
+    let request = memory(&pod.agent, "requests");
+    eprintln!(
+        "agent peak RSS {:.1} MiB; the manifest requests {} MiB and limits {} MiB",
+        peak_kib as f64 / 1024.0,
+        request >> 20,
+        memory(&pod.agent, "limits") >> 20
+    );
+    assert!(
+        peak_kib * 1024 <= request,
+        "peak {peak_kib} KiB over the request"
+    );
+
+    // The kubelet stops it; it comes back with the reservation.
+    drop(toucher);
+    let (status, log) = running.terminate(grace(&pod.agent));
+    assert!(status.success(), "{status:?}: {log:#?}");
+    assert!(
+        log.iter()
+            .all(|l| l["message"] != "mounted tracefs for tracepoint attachment"),
+        "the agent mounted tracefs itself: {log:#?}"
+    );
+    let warnings: Vec<&Value> = log.iter().filter(|l| l["level"] == "WARN").collect();
+    assert!(warnings.is_empty(), "{warnings:#?}");
+    let mut running = pod.start(&declared);
+    running.wait_for("agent running", Duration::from_secs(20), |_| true);
+    pod.ready(&running);
+    let (status, listed) = pod.api(&running, "GET", "/v1/reservations", None);
+    assert_eq!(status, 200);
+    assert!(listed.to_string().contains(&reservation), "{listed}");
+    let (status, log) = running.terminate(grace(&pod.agent));
+    assert!(status.success(), "{status:?}: {log:#?}");
+    drop(cgroup);
+}
+
+#[test]
+fn each_declared_capability_is_needed_and_its_absence_is_named() {
+    let lock = host_lock();
+    let agent = rendered_agent();
+    let kubepods_dir = agent
+        .mounts
+        .iter()
+        .find_map(|m| match &m.source {
+            Source::HostPath { path, .. } if m.name == "kubepods-memory-pressure" => {
+                Path::new(path).parent().map(Path::to_path_buf)
+            }
+            _ => None,
+        })
+        .expect("the kubepods memory.pressure volume");
+    let _kubepods = Kubepods::create(&lock, &kubepods_dir);
+    let pod = Pod::new(agent);
+    let declared = pod.agent.capabilities.clone();
+    assert!(!declared.is_empty(), "the manifest adds capabilities");
+    for missing in &declared {
+        let fewer: Vec<String> = declared.iter().filter(|c| *c != missing).cloned().collect();
+        let mut running = pod.start(&fewer);
+        running.wait_for("agent running", Duration::from_secs(20), |l| {
+            l["source"] == "sysfs"
+        });
+        assert_eq!(running.status("CapEff"), mask(&fewer));
+        let body = pod.ready(&running);
+        assert!(body.contains("refused"), "without CAP_{missing}: {body}");
+        let (_, log) = running.terminate(grace(&pod.agent));
+        let warning = log
+            .iter()
+            .filter(|l| l["level"] == "WARN")
+            .filter_map(|l| l["message"].as_str())
+            .find(|m| m.starts_with("eBPF unavailable, running on sysfs only"))
+            .unwrap_or_else(|| panic!("without CAP_{missing}, no warning: {log:#?}"));
+        eprintln!("without CAP_{missing}: {warning}");
+        assert!(warning.contains("[EPERM]"), "{warning}");
+        assert!(
+            warning.contains(&format!("the agent lacks CAP_{missing} ")),
+            "the warning names CAP_{missing}: {warning}"
+        );
+    }
+}
