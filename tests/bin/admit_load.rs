@@ -36,7 +36,8 @@
 //! connection alive, so a connection pays one handshake and every admission pays the record
 //! layer. It prints the ratios TLS / plain HTTP (target: within 10 %).
 //!
-//! Every agent also serves `--metrics-listen`, where readiness and `/metrics` are read.
+//! An agent over TLS also serves `--metrics-listen`, where readiness and `/metrics` are read;
+//! without TLS they are read on the API port.
 //! Every agent's memory (RSS, peak, `AnonHugePages`) is printed when it stops, and idle before
 //! the load.
 
@@ -357,7 +358,9 @@ impl Running {
         tls: Option<&BenchTls>,
     ) -> Running {
         let port = free_port();
-        let metrics = free_port();
+        // Over TLS, readiness and `/metrics` are read on the plain metrics listener; without
+        // TLS on the API port itself (so that an older binary can be compared with --versus).
+        let metrics = if tls.is_some() { free_port() } else { port };
         let log = std::env::temp_dir().join(format!("hugepage-agent-admit-load-{port}.log"));
         let log_file = std::fs::File::create(&log)
             .unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
@@ -370,10 +373,18 @@ impl Running {
                 &format!("127.0.0.1:{port}"),
                 "--log-format",
                 "json",
-                "--metrics-listen",
-                &format!("127.0.0.1:{metrics}"),
             ])
-            .args(tls.map(BenchTls::agent_args).unwrap_or_default())
+            .args(
+                tls.map(|t| {
+                    let mut args = t.agent_args().to_vec();
+                    args.extend([
+                        "--metrics-listen".to_owned(),
+                        format!("127.0.0.1:{metrics}"),
+                    ]);
+                    args
+                })
+                .unwrap_or_default(),
+            )
             .arg("--state-dir")
             .arg(state.path())
             .envs(env.iter().copied())
