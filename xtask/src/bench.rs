@@ -62,6 +62,13 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
                     ["--tracing", "compare", "--rounds", "9", "--seconds", "5"].map(String::from),
                 );
             }
+            if which == Bench::AdmitTls {
+                // The same short alternating rounds: TLS with a client certificate against
+                // plain HTTP, both over kept-alive connections.
+                all.extend(
+                    ["--tls", "compare", "--rounds", "9", "--seconds", "5"].map(String::from),
+                );
+            }
             ("admit-load", all)
         }
     };
