@@ -1,16 +1,12 @@
 //! The `hugepage-agent` binary as an operator runs it: `status`, and `run` with eBPF on, off, and
 //! refused by the kernel. Runs the real binary on the real kernel.
 
-use std::{fs, path::Path, process::Command, time::Duration};
+use std::{fs, process::Command, time::Duration};
 
-use hugepage_agent::{
-    memorymanager::checkpoint::{Verification, parse, to_kubelet_json},
-    probes::Probes,
-    sysfs::HostFs,
-};
+use hugepage_agent::{probes::Probes, sysfs::HostFs};
 use hugepage_agent_tests::{
     Agent, HugepagePool, HugetlbController, MemoryPressure, TestCgroup, Toucher, agent_bin,
-    free_port, fresh_state_dir, host_lock, http, output, read_u64,
+    free_port, fresh_state_dir, host_lock, http, node0_checkpoint, output, read_u64,
 };
 
 const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
@@ -862,28 +858,6 @@ fn story_2_end_to_end_reservation_holds_across_a_kill_and_ends_when_the_pod_faul
     assert!(status.success());
 }
 
-/// A kubelet Memory Manager checkpoint (checksum and all) for node 0 of this host that believes
-/// `free_2m` bytes of 2 MiB pages are free (and has plenty of memory).
-fn checkpoint(total_2m: u64, free_2m: u64) -> Vec<u8> {
-    let table = |total: u64, free: u64| serde_json::json!({"total": total, "systemReserved": 0, "allocatable": total, "reserved": total - free, "free": free});
-    let state = serde_json::json!({
-        "policyName": "Static",
-        "machineState": {"0": {
-            "numberOfAssignments": 0,
-            "memoryMap": {"memory": table(64 << 30, 64 << 30), "hugepages-2Mi": table(total_2m, free_2m)},
-            "cells": [0]
-        }}
-    })
-    .to_string();
-    let state = parse(
-        Path::new("hand-written"),
-        state.as_bytes(),
-        Verification::UnlessAbsent,
-    )
-    .expect("a valid state");
-    to_kubelet_json(&state)
-}
-
 /// kubernetes/kubernetes#134395 on the real kernel: the kubelet's checkpoint says every page is
 /// free, a Burstable pod the Memory Manager does not track holds some. The agent shows the gap,
 /// names the pod, and rejects what the checkpoint would admit; it follows the file as it changes.
@@ -899,7 +873,7 @@ fn the_checkpoint_believes_pages_free_that_an_untracked_pod_holds() {
     let _controller = HugetlbController::enable(&lock);
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("memory_manager_state");
-    fs::write(&state, checkpoint(PAGES * MI2, PAGES * MI2)).expect("checkpoint");
+    fs::write(&state, node0_checkpoint(PAGES * MI2, PAGES * MI2)).expect("checkpoint");
     let mut running = Agent::start(agent(&[
         "run",
         "--ebpf",
@@ -1007,7 +981,7 @@ fn the_checkpoint_believes_pages_free_that_an_untracked_pod_holds() {
         "{answer:#}"
     );
     // A corrupt checkpoint is refused whole: the agent says why and falls back to sysfs.
-    let mut corrupt = checkpoint(PAGES * MI2, PAGES * MI2);
+    let mut corrupt = node0_checkpoint(PAGES * MI2, PAGES * MI2);
     let at = corrupt.len() / 2;
     corrupt[at] = if corrupt[at] == b'1' { b'2' } else { b'1' };
     fs::write(&state, &corrupt).expect("checkpoint");
@@ -1030,7 +1004,11 @@ fn the_checkpoint_believes_pages_free_that_an_untracked_pod_holds() {
         "{refused:#}"
     );
     // The kubelet rewrites its checkpoint: the agent reads the new one.
-    fs::write(&state, checkpoint(PAGES * MI2, (PAGES - HELD as u64) * MI2)).expect("checkpoint");
+    fs::write(
+        &state,
+        node0_checkpoint(PAGES * MI2, (PAGES - HELD as u64) * MI2),
+    )
+    .expect("checkpoint");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let (_, body) = http(running.port, "GET", "/v1/discrepancy", None, "");

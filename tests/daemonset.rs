@@ -42,12 +42,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hugepage_agent::{
-    memorymanager::checkpoint::{Verification, parse, to_kubelet_json},
-    quantity::format_binary,
-};
+use hugepage_agent::quantity::format_binary;
 use hugepage_agent_tests::{
-    HostLock, HugepagePool, TestCgroup, Toucher, host_lock, read_u64,
+    HostLock, HugepagePool, TestCgroup, Toucher, host_lock, node0_checkpoint, read_u64,
     rendered::{AgentPod, Mount, Source, render},
     v2,
 };
@@ -149,27 +146,6 @@ impl Drop for Kubepods {
         }
         eprintln!("could not remove {}", self.0.display());
     }
-}
-
-/// A kubelet Memory Manager checkpoint for node 0 that believes `free` bytes of 2 MiB pages free.
-fn checkpoint(total: u64, free: u64) -> Vec<u8> {
-    let table = |total: u64, free: u64| json!({"total": total, "systemReserved": 0, "allocatable": total, "reserved": total - free, "free": free});
-    let state = json!({
-        "policyName": "Static",
-        "machineState": {"0": {
-            "numberOfAssignments": 0,
-            "memoryMap": {"memory": table(64 << 30, 64 << 30), "hugepages-2Mi": table(total, free)},
-            "cells": [0]
-        }}
-    })
-    .to_string();
-    let state = parse(
-        Path::new("hand-written"),
-        state.as_bytes(),
-        Verification::UnlessAbsent,
-    )
-    .expect("a valid state");
-    to_kubelet_json(&state)
 }
 
 /// Writes a checkpoint as the kubelet does: a temporary file in the same directory, renamed over.
@@ -830,7 +806,7 @@ fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
     let pod = Pod::new(agent);
     let declared = pod.agent.capabilities.clone();
     let total = read_u64(&format!("{NODE0_2M}/nr_hugepages")) * MI2;
-    kubelet_writes(&pod.kubelet, &checkpoint(total, total));
+    kubelet_writes(&pod.kubelet, &node0_checkpoint(total, total));
 
     let mut running = pod.start(&declared);
     running.wait_for("agent running", Duration::from_secs(20), |l| {
@@ -977,7 +953,7 @@ fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
             .map(|d| d["memoryManagerFreeBytes"].clone())
     };
     assert_eq!(believed(&before), Some(json!(total)), "{before}");
-    kubelet_writes(&pod.kubelet, &checkpoint(total, total - 2 * MI2));
+    kubelet_writes(&pod.kubelet, &node0_checkpoint(total, total - 2 * MI2));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (_, after) = pod.api(&running, "GET", "/v1/discrepancy", None);

@@ -16,8 +16,7 @@ use std::{
     time::Duration,
 };
 
-use hugepage_agent::memorymanager::checkpoint::{Verification, parse, to_kubelet_json};
-use hugepage_agent_tests::{Agent, agent_bin, http, wait_ready};
+use hugepage_agent_tests::{Agent, agent_bin, http, kubelet_checkpoint, wait_ready};
 
 const UID: &str = "14140000-0000-4000-8000-000000000001";
 const UID_: &str = "14140000_0000_4000_8000_000000000001";
@@ -46,18 +45,7 @@ fn checkpoint() -> Vec<u8> {
             "cells": [n]
         })
     };
-    let state = serde_json::json!({
-        "policyName": "Static",
-        "machineState": {"0": node(0), "1": node(1)}
-    })
-    .to_string();
-    let state = parse(
-        Path::new("hand-written"),
-        state.as_bytes(),
-        Verification::UnlessAbsent,
-    )
-    .expect("a valid state");
-    to_kubelet_json(&state)
+    kubelet_checkpoint(serde_json::json!({"0": node(0), "1": node(1)}))
 }
 
 /// Two nodes of 2048 2 MiB pages, 1024 free each; pressure files with memory over 30 %; a cgroup

@@ -527,6 +527,31 @@ pub fn output(mut cmd: Command) -> (ExitStatus, String, String) {
     (wait_timeout(&mut child, Duration::from_secs(30)), out, err)
 }
 
+/// A kubelet Memory Manager checkpoint, checksum and all, as the newest kubelet writes it, for
+/// `machine_state` (the JSON of its `machineState`, static policy, no assignments).
+pub fn kubelet_checkpoint(machine_state: serde_json::Value) -> Vec<u8> {
+    use hugepage_agent::memorymanager::checkpoint::{Verification, parse, to_kubelet_json};
+    let state = serde_json::json!({"policyName": "Static", "machineState": machine_state});
+    let state = parse(
+        Path::new("hand-written"),
+        state.to_string().as_bytes(),
+        Verification::UnlessAbsent,
+    )
+    .expect("a valid state");
+    to_kubelet_json(&state)
+}
+
+/// A checkpoint for node 0 alone: 64 GiB of memory all free, and a 2 MiB pool of `total_2m`
+/// bytes of which it believes `free_2m` free.
+pub fn node0_checkpoint(total_2m: u64, free_2m: u64) -> Vec<u8> {
+    let table = |total: u64, free: u64| serde_json::json!({"total": total, "systemReserved": 0, "allocatable": total, "reserved": total - free, "free": free});
+    kubelet_checkpoint(serde_json::json!({"0": {
+        "numberOfAssignments": 0,
+        "memoryMap": {"memory": table(64 << 30, 64 << 30), "hugepages-2Mi": table(total_2m, free_2m)},
+        "cells": [0]
+    }}))
+}
+
 /// A process's memory as the kernel counts it: resident now, the peak, and how much of it is
 /// transparent huge pages (`/proc/<pid>/status` and `smaps_rollup`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,10 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hugepage_agent::memorymanager::checkpoint;
 use hugepage_agent_tests::{
     Agent, HugepagePool, MemoryPressure, TestCgroup, Toucher, agent_bin, fresh_state_dir,
-    host_lock,
+    host_lock, kubelet_checkpoint,
     peers::{OtlpReceiver, Prometheus, get, metric_sum, promtool, request, workspace},
 };
 use serde_json::Value;
@@ -59,18 +58,11 @@ fn admit(port: u16, body: &str, traceparent: Option<&str>) -> Value {
 
 /// A kubelet checkpoint (as the newest kubelet writes it) for node 0 believing `free_2m` bytes
 /// of 2 MiB pages free.
-fn kubelet_checkpoint(free_2m: u64) -> Vec<u8> {
+fn free_2m_checkpoint(free_2m: u64) -> Vec<u8> {
     let table = |bytes: u64| serde_json::json!({"total": bytes, "systemReserved": 0, "allocatable": bytes, "reserved": 0, "free": bytes});
-    let state = serde_json::json!({"policyName": "Static", "machineState": {"0": {
+    kubelet_checkpoint(serde_json::json!({"0": {
         "numberOfAssignments": 0, "cells": [0],
-        "memoryMap": {"memory": table(1 << 30), "hugepages-2Mi": table(free_2m)}}}});
-    let state = checkpoint::parse(
-        std::path::Path::new("test"),
-        state.to_string().as_bytes(),
-        checkpoint::Verification::UnlessAbsent,
-    )
-    .expect("a valid state");
-    checkpoint::to_kubelet_json(&state)
+        "memoryMap": {"memory": table(1 << 30), "hugepages-2Mi": table(free_2m)}}}))
 }
 
 /// Every query of the dashboard, with Grafana's variables as a scrape of every node and size
@@ -101,7 +93,7 @@ fn a_real_prometheus_scrapes_the_agent_and_every_dashboard_query_returns_data() 
     let (_state, dir) = state_dir();
     // A kubelet Memory Manager checkpoint, so that the discrepancy gauge has series.
     let checkpoint = std::path::Path::new(&dir).join("memory_manager_state");
-    std::fs::write(&checkpoint, kubelet_checkpoint(4 * (2 << 20))).expect("checkpoint");
+    std::fs::write(&checkpoint, free_2m_checkpoint(4 * (2 << 20))).expect("checkpoint");
     let checkpoint = checkpoint.display().to_string();
     let mut running = Agent::start(agent(
         &[
