@@ -36,6 +36,11 @@
 //! connection alive, so a connection pays one handshake and every admission pays the record
 //! layer. It prints the ratios TLS / plain HTTP (target: within 10 %).
 //!
+//! With `--cpus split` (which `cargo xtask bench admit-tls` passes) the agent runs on the last
+//! CPU this process may use and the load tool on the others, in every mode: a webhook calling a
+//! node's agent encrypts and decrypts on its own machine, so its TLS work must not be charged to
+//! the agent's latency, as it is when both share the cores (`--cpus shared`, the default).
+//!
 //! An agent over TLS also serves `--metrics-listen`, where readiness and `/metrics` are read;
 //! without TLS they are read on the API port.
 //! Every agent's memory (RSS, peak, `AnonHugePages`) is printed when it stops, and idle before
@@ -58,7 +63,7 @@ use hugepage_agent_tests::{
     spawn_in, wait_ready, wait_timeout,
 };
 
-const USAGE: &str = "admit-load --agent PATH --oha PATH [--rate R] [--connections C[,C...]] [--seconds S] [--rounds N] [--tracing compare | --tls compare | --versus PATH]";
+const USAGE: &str = "admit-load --agent PATH --oha PATH [--rate R] [--connections C[,C...]] [--seconds S] [--rounds N] [--tracing compare | --tls compare | --versus PATH] [--cpus shared|split]";
 
 struct Args {
     agent: PathBuf,
@@ -70,6 +75,63 @@ struct Args {
     compare_tls: bool,
     versus: Option<PathBuf>,
     rounds: u32,
+    /// `--cpus split`: the agent on the last CPU, the load tool on the others.
+    split: Option<Split>,
+}
+
+/// CPUs kept apart: the agent's, and the load tool's.
+#[derive(Debug, Clone)]
+struct Split {
+    agent: Vec<usize>,
+    client: Vec<usize>,
+}
+
+impl Split {
+    /// The last CPU this process may run on for the agent, the others for the load tool.
+    fn of_this_machine() -> Split {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: the set is a valid cpu_set_t of the size passed.
+        let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+        assert_eq!(
+            rc,
+            0,
+            "sched_getaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: i is below CPU_SETSIZE.
+            .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+            .collect();
+        let Some((&last, others)) = cpus.split_last().filter(|(_, o)| !o.is_empty()) else {
+            panic!("--cpus split needs two CPUs at least; this process may run on {cpus:?}");
+        };
+        Split {
+            agent: vec![last],
+            client: others.to_vec(),
+        }
+    }
+}
+
+/// Makes `cmd` run on `cpus` only (its threads inherit it).
+fn pin(cmd: &mut Command, cpus: &[usize]) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        // SAFETY: the CPU came from sched_getaffinity, below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: between fork and exec only sched_setaffinity (a system call) runs, on a set made
+    // before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 fn parse_args() -> Args {
@@ -85,6 +147,7 @@ fn parse_args() -> Args {
             "--rounds",
             "--versus",
             "--tls",
+            "--cpus",
         ],
     );
     let compare = |flag: &str| match flags.word(flag, "none") {
@@ -111,6 +174,14 @@ fn parse_args() -> Args {
         compare_tls,
         versus: flags.optional_path("--versus"),
         rounds: flags.number("--rounds", 3) as u32,
+        split: match flags.word("--cpus", "shared") {
+            "shared" => None,
+            "split" => Some(Split::of_this_machine()),
+            _ => {
+                eprintln!("usage: {USAGE}");
+                std::process::exit(2);
+            }
+        },
     }
 }
 
@@ -227,6 +298,9 @@ fn oha(
 ) -> LoadReport {
     let mut cmd = Command::new(&args.oha);
     spawn_in(&mut cmd, pod);
+    if let Some(split) = &args.split {
+        pin(&mut cmd, &split.client);
+    }
     cmd.args(["--no-tui", "--output-format", "json", "-z"])
         .arg(format!("{seconds}s"))
         .args(["-c", &connections.to_string()]);
@@ -349,13 +423,14 @@ struct Running {
 }
 
 impl Running {
-    /// Starts the agent `binary` in `pod` with `env` added (over TLS with `tls`), and waits for
-    /// `/readyz`.
+    /// Starts the agent `binary` in `pod` with `env` added (over TLS with `tls`, on `cpus` only
+    /// when given), and waits for `/readyz`.
     fn start(
         binary: &Path,
         pod: &TestCgroup,
         env: &[(&str, &str)],
         tls: Option<&BenchTls>,
+        cpus: Option<&[usize]>,
     ) -> Running {
         let port = free_port();
         // Over TLS, readiness and `/metrics` are read on the plain metrics listener; without
@@ -391,6 +466,9 @@ impl Running {
             .stdout(Stdio::null())
             .stderr(log_file);
         spawn_in(&mut agent, pod);
+        if let Some(cpus) = cpus {
+            pin(&mut agent, cpus);
+        }
         let mut child = agent
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
@@ -444,6 +522,12 @@ impl Running {
 
 fn main() {
     let args = parse_args();
+    if let Some(split) = &args.split {
+        println!(
+            "CPUs kept apart: the agent on {:?}, the load tool on {:?} (a remote client's work is never on the agent's CPU)",
+            split.agent, split.client
+        );
+    }
     // The agent and the load run as a pod that requested no hugepages would: in a cgroup whose
     // hugetlb limits are 0, so the fault probe filters their own faults, as on a real node.
     let lock = host_lock();
@@ -460,7 +544,13 @@ fn main() {
 }
 
 fn load(args: &Args, pod: &TestCgroup) {
-    let agent = Running::start(&args.agent, pod, &[("OTEL_TRACES_EXPORTER", "none")], None);
+    let agent = Running::start(
+        &args.agent,
+        pod,
+        &[("OTEL_TRACES_EXPORTER", "none")],
+        None,
+        args.split.as_ref().map(|s| s.agent.as_slice()),
+    );
     std::thread::sleep(Duration::from_secs(2));
     println!(
         "agent memory idle (ready, one admission, 2 s; the peak is start-up's): {}",
@@ -685,7 +775,8 @@ fn compare(args: &Args, pod: &TestCgroup, modes: &[Mode<'_>], receiver: Option<&
     for round in 1..=args.rounds {
         for (i, mode) in modes.iter().enumerate() {
             let label = mode.label;
-            let agent = Running::start(mode.binary, pod, mode.env, mode.tls);
+            let cpus = args.split.as_ref().map(|s| s.agent.as_slice());
+            let agent = Running::start(mode.binary, pod, mode.env, mode.tls, cpus);
             Footprint::reset_peak(agent.child.id());
             let url = agent.url("/v1/admit");
             let admit = Target {

@@ -64,9 +64,20 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
             }
             if which == Bench::AdmitTls {
                 // The same short alternating rounds: TLS with a client certificate against
-                // plain HTTP, both over kept-alive connections.
+                // plain HTTP, both over kept-alive connections, the load tool's TLS on other
+                // CPUs than the agent's (a webhook's is on another machine).
                 all.extend(
-                    ["--tls", "compare", "--rounds", "9", "--seconds", "5"].map(String::from),
+                    [
+                        "--tls",
+                        "compare",
+                        "--cpus",
+                        "split",
+                        "--rounds",
+                        "9",
+                        "--seconds",
+                        "5",
+                    ]
+                    .map(String::from),
                 );
             }
             ("admit-load", all)
