@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
     admission::verify::{Gate, Mode, OnSysfsError, Settings},
+    api::admit::DEFAULT_MAX_CONTAINERS,
     client::{AgentUrl, ClientError},
     kubelet::features::FeatureGates,
     logging::LogFormat,
@@ -114,6 +115,17 @@ pub struct Cli {
         global = true
     )]
     pub allow_unauthenticated_clients: bool,
+    /// Containers (app and init together) a pod may have in `POST /v1/admit` and
+    /// `POST /v1/hints`; a pod with more is refused (413). This bounds the work one request may
+    /// cause: real pods have a handful, a few dozen at the most.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_MAX_CONTAINERS",
+        default_value_t = DEFAULT_MAX_CONTAINERS,
+        value_parser = clap::value_parser!(u32).range(1..),
+        global = true
+    )]
+    pub max_containers: u32,
     /// How often sysfs and the cgroup tree are re-read in full (e.g. 10s, 500ms, 1m).
     #[arg(
         long,
@@ -411,6 +423,8 @@ pub struct Config {
     pub host: HostFs,
     pub listen: std::net::SocketAddr,
     pub api_threads: usize,
+    /// The most containers a pod in a request may have (`--max-containers`).
+    pub max_containers: usize,
     pub ebpf: EbpfMode,
     pub fault_scope: FaultScope,
     pub reconcile_interval: Duration,
@@ -521,6 +535,7 @@ impl TryFrom<Cli> for Config {
         Ok(Config {
             listen,
             api_threads: usize::from(cli.api_threads),
+            max_containers: usize::try_from(cli.max_containers).unwrap_or(usize::MAX),
             command: match cli.command {
                 None | Some(CliCommand::Run) => Command::Run,
                 Some(CliCommand::Status { json, from }) => Command::Status {
@@ -794,5 +809,22 @@ mod tests {
             err.to_string(),
             "--metrics-listen 127.0.0.1:9820: the address of --listen; give it a port of its own"
         );
+    }
+
+    #[test]
+    fn a_pod_may_have_256_containers_unless_told() {
+        let config = Config::try_from(cli(&[])).expect("valid");
+        assert_eq!(config.max_containers, 256);
+        let config = Config::try_from(cli(&["--max-containers", "4000"])).expect("valid");
+        assert_eq!(config.max_containers, 4000);
+        for max in ["0", "1.5", "many"] {
+            let err = Cli::try_parse_from(["hugepage-agent", "--max-containers", max])
+                .expect_err("not a count");
+            assert!(
+                err.to_string()
+                    .contains("'--max-containers <MAX_CONTAINERS>'"),
+                "{err}"
+            );
+        }
     }
 }

@@ -24,6 +24,7 @@ use crate::{
     admission::{release::Releaser, reservations::Store, verify::Verifier},
     api::{
         self, AppState, Readiness,
+        lane::{Lane, LaneError},
         server::{Endpoint, Server, ServerError},
     },
     config::{Config, EbpfMode},
@@ -65,6 +66,8 @@ pub enum RunError {
     Server(#[from] ServerError),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error(transparent)]
+    Lane(#[from] LaneError),
 }
 
 /// Runs the agent until a shutdown signal; `/metrics` shows the trace exporter's `traces`.
@@ -128,6 +131,8 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         reservations: reservations.clone(),
         reject_under_pressure: config.reject_under_pressure,
         metrics: metrics.clone(),
+        max_containers: config.max_containers,
+        heavy: Lane::start()?,
     };
     let (stop_server, stopped) = watch::channel(false);
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));

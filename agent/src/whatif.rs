@@ -81,7 +81,9 @@ pub fn hints(
                 }
             };
             let container = hints::find_container(&pod, name).map_err(WhatIfError::Hints)?;
-            hints::container_hints(&state, &pod, container, gates)
+            hints::PodFacts::of(&pod, gates)
+                .map_err(HintError::from)
+                .and_then(|facts| hints::container_hints(&state, &pod, &facts, container))
         }
     };
     match result {

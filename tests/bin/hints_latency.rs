@@ -42,7 +42,8 @@ fn main() {
         let state = state(free);
         let container = &pod.spec.containers[0];
         let gates = FeatureGates::default();
-        let generated = hints::container_hints(&state, &pod, container, gates)
+        let facts = hints::PodFacts::of(&pod, gates).unwrap_or_else(|e| panic!("the pod: {e}"));
+        let generated = hints::container_hints(&state, &pod, &facts, container)
             .unwrap_or_else(|e| panic!("hints: {e}"));
         let count = generated
             .as_ref()
@@ -50,7 +51,7 @@ fn main() {
             .map_or(0, Vec::len);
         println!("{label}: {count} hints per type");
         report("  hint generation", iterations, || {
-            hints::container_hints(&state, &pod, container, gates).map(|h| h.is_some())
+            hints::container_hints(&state, &pod, &facts, container).map(|h| h.is_some())
         });
         let provider: ProviderHints = generated.as_ref().map(|h| {
             h.iter()

@@ -22,6 +22,9 @@ pub enum Bench {
     AdmitLoad,
     /// Hint generation and merge for 8 NUMA nodes x 3 memory types.
     Hints,
+    /// POST /v1/admit and /v1/hints for pods of 10 to 4,000 containers in both forms, a typical
+    /// pod, and a well-behaved client's p99 beside another sending the largest bodies allowed.
+    AdmitSize,
     /// admit-load with tracing off, exporting every span and 1 % of traces to a real OTLP
     /// receiver: the ratios to tracing off, and the CPU each costs.
     AdmitTrace,
@@ -37,11 +40,16 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
         Bench::Verify => ("verify-latency", Vec::new()),
         Bench::Psi => ("psi-latency", Vec::new()),
         Bench::Hints => ("hints-latency", Vec::new()),
-        Bench::Inventory => {
+        Bench::Inventory | Bench::AdmitSize => {
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
             let agent = release.join("hugepage-agent");
+            let binary = if which == Bench::AdmitSize {
+                "admit-size"
+            } else {
+                "inventory-load"
+            };
             (
-                "inventory-load",
+                binary,
                 vec!["--agent".to_owned(), agent.display().to_string()],
             )
         }

@@ -14,11 +14,12 @@
 //! * `image [--source URL]`: the agent's OCI image (`localhost/hugepage-agent:<version>`), built
 //!   offline with podman and checked by inspection ([`image`]).
 //! * `manifests [--check]`: the files of `deploy/` generated from `dashboards/` ([`manifests`]).
-//! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace|admit-tls|hints
+//! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace|admit-tls|admit-size|hints
 //!   [-- ARGS]`: the fault probe's cost on ordinary faults, one in-process verification, PSI
 //!   evaluation and trigger latency, the cgroup inventory at scale, `POST /v1/admit` under a
 //!   load tool, the same with OTLP tracing on against off and over TLS with a client
-//!   certificate against plain HTTP, and hint generation.
+//!   certificate against plain HTTP, what one request costs as the pod grows and what one
+//!   client's largest bodies cost another, and hint generation.
 
 mod bench;
 mod cmd;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use super::verify::Verdict;
 use crate::{
     host::NumaNode,
-    kube::pod::{self, Hugepages, Pod, PodHugepages},
+    kube::pod::{self, Hugepages, Pod, PodHugepages, RequestError},
     memorymanager::{
         hints::{HintError, Scope},
         selection::{self, Selection, Topology},
@@ -30,6 +30,9 @@ pub struct Plan {
 pub enum PlanError {
     #[error(transparent)]
     Hints(#[from] HintError),
+    /// A group's sum beyond 64 bits of bytes (none when `pages` are the pod's checked sums).
+    #[error(transparent)]
+    Request(#[from] RequestError),
 }
 
 /// Selects nodes for `pod` on `state` and groups its hugepages (`pages`, as
@@ -64,16 +67,24 @@ pub fn plan(
         placed = total.clone();
         groups.insert(nodes, total.clone());
     } else {
+        // An admitted selection places every init container, then every app container, in the
+        // pod's order: the app containers' placements are taken in turn, none looked up.
+        let apps = selection
+            .placements
+            .iter()
+            .inspect(|_| counted())
+            .filter(|p| !p.init);
         debug_assert_eq!(pod.spec.containers.len(), pages.containers.len());
-        for (container, own) in pod.spec.containers.iter().zip(&pages.containers) {
-            let allocated = selection
-                .placements
-                .iter()
-                .find(|p| !p.init && p.container.as_deref() == Some(container.name.as_str()))
-                .and_then(|p| p.allocated);
-            let group = groups.entry(nodes_of(allocated)).or_default();
-            pod::add(group, own);
-            pod::add(&mut placed, own);
+        let each = pod.spec.containers.iter().zip(&pages.containers).zip(apps);
+        for (i, ((container, own), placement)) in each.enumerate() {
+            debug_assert_eq!(
+                placement.container.as_deref(),
+                Some(container.name.as_str())
+            );
+            let field = format_args!("spec.containers[{i}].resources");
+            let group = groups.entry(nodes_of(placement.allocated)).or_default();
+            pod::add(group, own, field)?;
+            pod::add(&mut placed, own, field)?;
         }
     }
     let rest: Hugepages = total
@@ -84,10 +95,23 @@ pub fn plan(
         })
         .collect();
     if !rest.is_empty() {
-        pod::add(groups.entry(all_nodes.to_vec()).or_default(), &rest);
+        pod::add(groups.entry(all_nodes.to_vec()).or_default(), &rest, "spec")?;
     }
     groups.retain(|_, pages| !pages.is_empty());
     Ok(Plan { groups, selection })
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many placements this thread looked at to find each container's: the tests count
+    /// work with it.
+    static PLACEMENTS_EXAMINED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one placement looked at (tests only).
+fn counted() {
+    #[cfg(test)]
+    PLACEMENTS_EXAMINED.with(|n| n.set(n.get() + 1));
 }
 
 /// One verdict from the verdicts of several groups: allowed only if all are, the first refusal's
@@ -107,4 +131,79 @@ pub fn combine(verdicts: Vec<Verdict>) -> Option<Verdict> {
     combined.numa_nodes.sort();
     combined.numa_nodes.dedup();
     Some(combined)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::{
+        host::PageSize,
+        kubelet::features::FeatureGates,
+        memorymanager::testing::{GI, node, pod, state},
+        topologymanager::{NumaInfo, Policy, PolicyOptions},
+    };
+
+    /// Bug (#23): each container's placement was found by scanning every placement before it,
+    /// so planning a pod cost the square of its size.
+    #[test]
+    fn each_container_finds_its_placement_without_scanning_the_others() {
+        let state = state(vec![
+            (
+                0,
+                node(
+                    &[("memory", 64 * GI, 64 * GI), ("hugepages-2Mi", GI, GI)],
+                    &[0],
+                    0,
+                ),
+            ),
+            (
+                1,
+                node(
+                    &[("memory", 64 * GI, 64 * GI), ("hugepages-2Mi", GI, GI)],
+                    &[1],
+                    0,
+                ),
+            ),
+        ]);
+        let options = PolicyOptions::default();
+        let info = NumaInfo::new(vec![0, 1], BTreeMap::new(), &options).expect("numa info");
+        let topology = Topology {
+            info: &info,
+            policy: Policy::SingleNumaNode,
+            options: &options,
+            scope: Scope::Container,
+            gates: FeatureGates::default(),
+        };
+        let all = [NumaNode(0), NumaNode(1)];
+        for n in [1usize, 10, 100] {
+            let list = serde_json::json!({"cpu": "1", "memory": "16Mi", "hugepages-2Mi": "2Mi"});
+            let containers: Vec<serde_json::Value> = (0..n)
+                .map(|i| serde_json::json!({"name": format!("c-{i}"), "resources": {"requests": list, "limits": list}}))
+                .collect();
+            let pod = pod(serde_json::json!({
+                "metadata": {"uid": "wide", "name": "wide"},
+                "spec": {"containers": containers},
+                "status": {"qosClass": "Guaranteed"}
+            }));
+            let pages = pod::pod_hugepages(&pod.spec).expect("valid");
+            PLACEMENTS_EXAMINED.with(|c| c.set(0));
+            let plan = plan(&state, &pod, &pages, topology, &all).expect("a plan");
+            assert!(plan.selection.admit);
+            let bytes = u64::try_from(n).expect("small") * (2 << 20);
+            assert_eq!(
+                plan.groups
+                    .values()
+                    .map(|g| g[&PageSize(2 << 20)])
+                    .sum::<u64>(),
+                bytes
+            );
+            assert!(
+                PLACEMENTS_EXAMINED.with(std::cell::Cell::get) <= n,
+                "{n} containers: {} placements looked at",
+                PLACEMENTS_EXAMINED.with(std::cell::Cell::get)
+            );
+        }
+    }
 }

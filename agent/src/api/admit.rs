@@ -51,6 +51,13 @@ static REFUSAL_LINES: RateLimit = RateLimit::new(REFUSALS_PER_SECOND);
 /// Largest body accepted.
 pub const BODY_LIMIT: usize = 1 << 20;
 
+/// `--max-containers`: the most containers (app and init together) a pod in a request may have.
+/// Real pods have a handful, a few dozen with sidecars at the most, and the API server sets no
+/// limit of its own (only the object's size: etcd's 1.5 MiB); 256 is ten times the largest pods
+/// seen, and such a pod's admission costs about a millisecond of one thread. Without a bound, a
+/// 1 MiB body holds 300,000 containers.
+pub const DEFAULT_MAX_CONTAINERS: u32 = 256;
+
 /// Who is asking (echoed in the answer and the log). Each identifier is checked
 /// ([`identifiers`]) before anything is done under it; empty means not given.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -119,6 +126,13 @@ pub struct Parsed {
     pub scope: Option<Scope>,
 }
 
+impl Parsed {
+    /// The pod's containers, app and init: what the work of its admission grows with.
+    pub fn containers(&self) -> usize {
+        self.pod.spec.containers.len() + self.pod.spec.init_containers.len()
+    }
+}
+
 /// The span of one admission, its attributes recorded by [`admit`]. Debug level: it reaches the
 /// trace exporter, and the log only at `RUST_LOG=debug`.
 pub fn span() -> tracing::Span {
@@ -166,8 +180,13 @@ impl Step {
     }
 }
 
-/// Parses either body form.
-pub fn parse(content_type: Option<&str>, body: &[u8]) -> Result<Parsed, ApiError> {
+/// Parses either body form; a pod of more than `max_containers` containers (app and init) is
+/// refused before any of them is checked.
+pub fn parse(
+    content_type: Option<&str>,
+    body: &[u8],
+    max_containers: usize,
+) -> Result<Parsed, ApiError> {
     let json = content_type.is_some_and(|t| {
         t.split(';')
             .next()
@@ -180,9 +199,9 @@ pub fn parse(content_type: Option<&str>, body: &[u8]) -> Result<Parsed, ApiError
     let json::Object(shape) =
         serde_json::from_slice::<json::Object<Shape>>(body).map_err(json_error)?;
     if shape.spec.0 {
-        from_pod(body)
+        from_pod(body, max_containers)
     } else {
-        from_short(body)
+        from_short(body, max_containers)
     }
 }
 
@@ -201,6 +220,14 @@ pub fn known_nodes(state: &AppState, nodes: &[NumaNode]) -> Result<(), ApiError>
             .to_string(),
         )),
     }
+}
+
+/// A pod of `count` containers is refused (413) above `max`, naming `field`.
+fn within(count: usize, max: usize, field: &str) -> Result<(), ApiError> {
+    if count > max {
+        return Err(ApiError::too_many_containers(field, count, max));
+    }
+    Ok(())
 }
 
 /// Where to verify: the request's nodes, or the kubelet's selection on the live state.
@@ -242,20 +269,15 @@ fn select(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
     };
     let plan = plan::plan(&view.state, &parsed.pod, &parsed.pages, topology, &all).map_err(
         |e| match e {
-            PlanError::Hints(HintError::Request(e)) => field_error(e),
+            PlanError::Hints(HintError::Request(e)) | PlanError::Request(e) => field_error(e),
             PlanError::Hints(e) => ApiError::internal(e.to_string()),
         },
     )?;
     Ok((plan, true))
 }
 
-/// Validates and verifies one admission request, and reserves what it admits for a named pod.
-pub fn admit(
-    state: &AppState,
-    content_type: Option<&str>,
-    body: &[u8],
-) -> Result<Decided, ApiError> {
-    let parsed = parse(content_type, body)?;
+/// Verifies one admission request ([`parse`]d), and reserves what it admits for a named pod.
+pub fn admit(state: &AppState, parsed: &Parsed) -> Result<Decided, ApiError> {
     let span = tracing::Span::current();
     let sampled = crate::telemetry::traces::is_sampled(&span);
     if sampled {
@@ -263,7 +285,7 @@ pub fn admit(
         span.record("k8s.namespace.name", parsed.pod_ref.namespace.as_str());
         span.record("k8s.pod.uid", parsed.pod_ref.uid.as_str());
     }
-    let (plan, selected) = placement(state, &parsed, sampled)?;
+    let (plan, selected) = placement(state, parsed, sampled)?;
     // Held from the fresh read to the reservation: no other admission sees the pages in between.
     let mut store = state
         .reservations
@@ -310,7 +332,7 @@ pub fn admit(
     if state.reject_under_pressure && !parsed.pages.is_empty() {
         refuse_under_pressure(&mut verdict, state.psi.load().memory_pressure());
     }
-    let pod = parsed.pod_ref;
+    let pod = parsed.pod_ref.clone();
     let mut pending = None;
     if verdict.allowed && !pod.uid.is_empty() && !verdict.checks.is_empty() {
         let (made, snapshot) = store.reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now);
@@ -453,7 +475,7 @@ fn deserialize<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiErro
     })
 }
 
-fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
+fn from_short(body: &[u8], max_containers: usize) -> Result<Parsed, ApiError> {
     let form: ShortForm = deserialize(body)?;
     let (namespace, name, uid) = (&form.pod.namespace, &form.pod.name, &form.pod.uid);
     check_pod_identity("pod", namespace, name, uid)?;
@@ -464,6 +486,7 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
             "must name at least one NUMA node (leave it out to have them selected)",
         ));
     }
+    within(form.containers.len(), max_containers, "containers")?;
     let policy = form
         .topology_policy
         .as_deref()
@@ -492,9 +515,9 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
     let mut containers = Vec::with_capacity(form.containers.len());
     let mut each = Vec::with_capacity(form.containers.len());
     for (i, c) in form.containers.into_iter().enumerate() {
-        let pages = pod::from_list(&c.resources, format_args!("containers[{i}].resources"))
-            .map_err(field_error)?;
-        pod::add(&mut total, &pages);
+        let field = format_args!("containers[{i}].resources");
+        let pages = pod::from_list(&c.resources, field).map_err(field_error)?;
+        pod::add(&mut total, &pages, field).map_err(field_error)?;
         each.push(pages);
         containers.push(Container {
             name: given(c.name).unwrap_or_else(|| format!("container-{i}")),
@@ -536,8 +559,10 @@ fn from_short(body: &[u8]) -> Result<Parsed, ApiError> {
     })
 }
 
-fn from_pod(body: &[u8]) -> Result<Parsed, ApiError> {
+fn from_pod(body: &[u8], max_containers: usize) -> Result<Parsed, ApiError> {
     let mut pod: Pod = deserialize(body)?;
+    let count = pod.spec.containers.len() + pod.spec.init_containers.len();
+    within(count, max_containers, "spec.containers")?;
     let meta = &pod.metadata;
     check_pod_identity("metadata", &meta.namespace, &meta.name, &meta.uid)?;
     check_qos_class("status.qosClass", pod.status.qos_class.as_deref())?;

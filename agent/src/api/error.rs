@@ -67,6 +67,20 @@ impl ApiError {
         )
     }
 
+    /// A pod of more containers than `--max-containers` allows.
+    pub fn too_many_containers(field: &str, count: usize, max: usize) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too-many-containers",
+            "Too many containers",
+            format!(
+                "the pod has {count} containers (app and init); this agent takes at most {max} (--max-containers)"
+            ),
+        );
+        e.field = Some(field.to_owned());
+        e
+    }
+
     pub fn unsupported_media(found: Option<&str>) -> ApiError {
         let detail = match found {
             Some(t) => format!("content type {t:?} is not supported: send application/json"),

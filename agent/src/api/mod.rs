@@ -8,7 +8,9 @@
 //! everything else there is 404. [`server`] runs the listeners, [`tls`] secures the API's.
 
 pub mod admit;
+pub mod body;
 pub mod error;
+pub mod lane;
 pub mod openapi;
 pub mod reservations;
 pub mod server;
@@ -21,10 +23,10 @@ use std::{
 
 use axum::{
     Json, Router,
-    body::Bytes,
+    body::Body,
     extract::Path,
-    extract::{DefaultBodyLimit, State, rejection::BytesRejection},
-    http::{HeaderMap, StatusCode, Uri, header},
+    extract::State,
+    http::{HeaderMap, Uri, header},
     response::{IntoResponse, Response},
     routing::{delete, get, post},
 };
@@ -88,6 +90,10 @@ pub struct AppState {
     pub numa_info: Arc<NumaInfo>,
     /// The kubelet's policy, options, scope and feature gates.
     pub topology: TopologyConfig,
+    /// `--max-containers`: the most containers a pod in a request may have.
+    pub max_containers: usize,
+    /// Where requests with large bodies or pods are worked out, off the API threads.
+    pub heavy: lane::Lane,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -107,7 +113,6 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi_handler))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(admit::BODY_LIMIT))
         .with_state(state)
 }
 
@@ -123,36 +128,116 @@ pub fn metrics_router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// A request body and its content type, or the problem with the body (413 over the limit).
-fn request_body(
+/// A request body ([`body::read`], in turns) and its content type, or the problem with the body
+/// (413 over the limit).
+async fn request_body(
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<(Option<&str>, Bytes), ApiError> {
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return Err(ApiError::too_large(admit::BODY_LIMIT));
-        }
-        Err(rejection) => return Err(ApiError::bad_json(rejection.body_text())),
-    };
+    body: Body,
+) -> Result<(Option<&str>, body::Received), ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let body = body::read(body, declared, admit::BODY_LIMIT)
+        .await
+        .map_err(|e| match e {
+            body::BodyError::TooLarge { limit } => ApiError::too_large(limit),
+            body::BodyError::Read(detail) => ApiError::bad_json(detail),
+        })?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
     Ok((content_type, body))
 }
 
-async fn admit_handler(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let (content_type, body) = match request_body(&headers, body) {
+/// What a request's work leaves to free (the parsed pod, the selection): on the heavy lane it is
+/// freed after the answer is on its way (freeing a large pod costs a tenth of its admission).
+type Leftover = Box<dyn Send>;
+
+/// A request's work: its result, and what is left to free.
+type Work<T> = fn(&AppState, &admit::Parsed) -> Result<(T, Leftover), ApiError>;
+
+/// Parses a request's body and does `work` with it: on the API thread for a typical request, on
+/// the heavy lane ([`lane`]) for a large body (parsed there too) or a pod of many containers.
+async fn offload<T: Send + 'static>(
+    state: &AppState,
+    span: &tracing::Span,
+    content_type: Option<&str>,
+    body: body::Received,
+    work: Work<T>,
+) -> Result<T, ApiError> {
+    let max = state.max_containers;
+    if body.len() > lane::HEAVY_BODY {
+        let content_type = content_type.map(str::to_owned);
+        let job = move |state: &AppState| -> (Result<T, ApiError>, Leftover) {
+            let body = body.join();
+            match admit::parse(content_type.as_deref(), &body, max) {
+                Ok(parsed) => done(work(state, &parsed), parsed),
+                Err(e) => (Err(e), Box::new(body)),
+            }
+        };
+        return on_lane(state, span, job).await;
+    }
+    let body = body.join();
+    let parsed = span.in_scope(|| admit::parse(content_type, &body, max))?;
+    if parsed.containers() > lane::HEAVY_CONTAINERS {
+        let job = move |state: &AppState| done(work(state, &parsed), parsed);
+        return on_lane(state, span, job).await;
+    }
+    span.in_scope(|| work(state, &parsed)).map(|(out, _)| out)
+}
+
+/// The result of work on `parsed`, and everything left to free.
+fn done<T>(
+    worked: Result<(T, Leftover), ApiError>,
+    parsed: admit::Parsed,
+) -> (Result<T, ApiError>, Leftover) {
+    match worked {
+        Ok((out, left)) => (Ok(out), Box::new((parsed, left))),
+        Err(e) => (Err(e), Box::new(parsed)),
+    }
+}
+
+/// Runs `job` on the heavy lane, in `span`; what it leaves is freed there after it answers.
+async fn on_lane<T: Send + 'static>(
+    state: &AppState,
+    span: &tracing::Span,
+    job: impl FnOnce(&AppState) -> (Result<T, ApiError>, Leftover) + Send + 'static,
+) -> Result<T, ApiError> {
+    let (inner, span) = (state.clone(), span.clone());
+    let ran = state.heavy.run(move || span.in_scope(|| job(&inner))).await;
+    ran.map_err(|e| ApiError::internal(e.to_string()))?
+}
+
+/// Room in an answer per container: its placement, hints and merged hint.
+const ANSWER_PER_CONTAINER: usize = 384;
+
+/// An admission decided, and its answer as JSON; the selection is left to free.
+fn decide(
+    state: &AppState,
+    parsed: &admit::Parsed,
+) -> Result<((admit::Decided, Vec<u8>), Leftover), ApiError> {
+    let mut decided = admit::admit(state, parsed)?;
+    let room = ANSWER_CAPACITY + ANSWER_PER_CONTAINER * parsed.containers();
+    let body = encode(&decided.answer, room)?;
+    let selection = decided.answer.selection.take();
+    Ok(((decided, body), Box::new(selection)))
+}
+
+/// The kubelet's hints for a request, as JSON; the answer is left to free.
+fn hints(state: &AppState, parsed: &admit::Parsed) -> Result<(Vec<u8>, Leftover), ApiError> {
+    let answer = topology::hints(state, parsed)?;
+    let room = ANSWER_CAPACITY + 2 * ANSWER_PER_CONTAINER * parsed.containers();
+    Ok((encode(&answer, room)?, Box::new(answer)))
+}
+
+async fn admit_handler(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let (content_type, body) = match request_body(&headers, body).await {
         Ok(request) => request,
         Err(problem) => return problem.into_response(),
     };
     let span = admit::span();
     crate::telemetry::traces::with_remote_parent(&span, &headers);
-    let decided = match span.in_scope(|| admit::admit(&state, content_type, &body)) {
+    let (decided, answer) = match offload(&state, &span, content_type, body, decide).await {
         Ok(decided) => decided,
         Err(e) => return e.into_response(),
     };
@@ -164,20 +249,19 @@ async fn admit_handler(
         return e.into_response();
     }
     span.in_scope(|| admit::conclude(&state, &decided.answer, decided.sampled));
-    json_answer(&decided.answer)
+    ([(header::CONTENT_TYPE, "application/json")], answer).into_response()
 }
 
 /// Room for an admission's answer (about 1 KiB with two sizes and a selection).
 const ANSWER_CAPACITY: usize = 2048;
 
-/// `value` as a JSON answer, serialized into a buffer that holds it at once (axum's `Json` starts
-/// at 128 bytes and grows, copying an admission's answer three times).
-fn json_answer(value: &impl Serialize) -> Response {
-    let mut body = Vec::with_capacity(ANSWER_CAPACITY);
-    match serde_json::to_writer(&mut body, value) {
-        Ok(()) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => ApiError::internal(format!("encoding the answer: {e}")).into_response(),
-    }
+/// `value` as JSON, serialized into a buffer of `room` bytes, which holds it at once (axum's
+/// `Json` starts at 128 bytes and grows, copying an admission's answer three times).
+fn encode(value: &impl Serialize, room: usize) -> Result<Vec<u8>, ApiError> {
+    let mut body = Vec::with_capacity(room);
+    serde_json::to_writer(&mut body, value)
+        .map_err(|e| ApiError::internal(format!("encoding the answer: {e}")))?;
+    Ok(body)
 }
 
 async fn hugepages(State(state): State<AppState>) -> Response {
@@ -206,17 +290,14 @@ fn with_reserved_by_agent(snapshot: &Snapshot, store: &Store) -> serde_json::Val
     value
 }
 
-async fn hints_handler(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let (content_type, body) = match request_body(&headers, body) {
+async fn hints_handler(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let (content_type, body) = match request_body(&headers, body).await {
         Ok(request) => request,
         Err(problem) => return problem.into_response(),
     };
-    match topology::hints(&state, content_type, &body) {
-        Ok(answer) => Json(answer).into_response(),
+    let span = tracing::Span::none();
+    match offload(&state, &span, content_type, body, hints).await {
+        Ok(answer) => ([(header::CONTENT_TYPE, "application/json")], answer).into_response(),
         Err(err) => err.into_response(),
     }
 }

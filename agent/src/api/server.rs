@@ -319,6 +319,13 @@ async fn accept_failed(err: io::Error) {
     tokio::time::sleep(ACCEPT_PAUSE).await;
 }
 
+/// The most a connection reads from its socket at once (hyper's default is about 400 KiB): one
+/// read of a large body holds the API thread for a few microseconds, not a tenth of a
+/// millisecond, and the body reader takes turns between reads ([`super::body`]). Headers must
+/// fit in it too; 64 KiB is four times what the kube-apiserver accepts in a request line and
+/// headers by default.
+const READ_BUFFER: usize = 64 << 10;
+
 /// One connection: the TLS handshake (with its deadline) when configured, then HTTP/1.1.
 async fn serve_connection(
     tcp: TcpStream,
@@ -347,8 +354,9 @@ async fn serve_http<I>(io: I, router: Router, mut stop: watch::Receiver<bool>)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let connection =
-        http1::Builder::new().serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
+    let connection = http1::Builder::new()
+        .max_buf_size(READ_BUFFER)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
     tokio::pin!(connection);
     tokio::select! {
         _ = connection.as_mut() => return,

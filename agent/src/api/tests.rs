@@ -109,6 +109,8 @@ fn state() -> (tempfile::TempDir, AppState) {
         numa_info: Arc::new(numa_info),
         topology,
         metrics,
+        max_containers: admit::DEFAULT_MAX_CONTAINERS as usize,
+        heavy: lane::Lane::start().expect("the heavy lane"),
     };
     (dir, state)
 }
@@ -836,3 +838,173 @@ async fn metrics_count_verifications_rejections_per_node_and_show_the_pools() {
 }
 
 mod bodies;
+
+/// `n` containers named `c-0`…, each with `resources`: the short form's list, or a `v1.Pod`'s
+/// requirements.
+fn containers(n: usize, resources: &Value) -> Vec<Value> {
+    (0..n)
+        .map(|i| json!({"name": format!("c-{i}"), "resources": resources}))
+        .collect()
+}
+
+/// Bug (#23): four containers of 8000Pi each were answered as a verdict, "requested
+/// 18446744073709551615": a saturated sum printed raw. A total beyond 64 bits of bytes is a 400
+/// naming the resource, in both forms and in `/v1/hints`, and nothing is reserved.
+#[tokio::test]
+async fn four_containers_of_8000pi_are_a_400_naming_the_resource_never_a_saturated_figure() {
+    let (_d, state) = state();
+    let list = json!({"hugepages-2Mi": "8000Pi"});
+    let short = json!({"pod": {"namespace": "ns", "name": "big", "uid": POD_B},
+                       "containers": containers(4, &list)});
+    let pod = json!({"metadata": {"namespace": "ns", "name": "big", "uid": POD_B},
+                     "spec": {"containers": containers(4, &json!({"requests": list, "limits": list}))}});
+    for path in ["/v1/admit", "/v1/hints"] {
+        for (body, field) in [
+            (&short, "containers[2].resources"),
+            (&pod, "spec.containers[2].resources"),
+        ] {
+            let (status, ctype, problem) = send(
+                &state,
+                "POST",
+                path,
+                Some("application/json"),
+                body.to_string(),
+            )
+            .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {body}: {problem}");
+            assert_eq!(ctype, "application/problem+json");
+            assert_eq!(problem["field"], field, "{path}: {problem}");
+            assert_eq!(
+                problem["detail"], "the pod's total of hugepages-2Mi overflows 64 bits of bytes",
+                "{path}: {problem}"
+            );
+            assert!(!problem.to_string().contains("18446744073709551615"));
+        }
+    }
+    assert!(state.reservations.lock().expect("store").list().is_empty());
+}
+
+/// Bug (#23): nothing bounded the work one request could cause. A pod of more containers (app
+/// and init) than `--max-containers` (default 256) is 413, naming the limit and the flag, before
+/// any of its containers is checked; at the limit it is served.
+#[tokio::test]
+async fn more_containers_than_max_containers_is_413_naming_the_limit_and_the_flag() {
+    let (_d, state) = state();
+    let list = json!({"hugepages-2Mi": "2Mi"});
+    let short = |n: usize| json!({"pod": {"name": "wide"}, "containers": containers(n, &list)});
+    let requirements = json!({"limits": list});
+    let pod = |apps: usize, init: usize| {
+        let mut init_containers = containers(init, &requirements);
+        for (i, c) in init_containers.iter_mut().enumerate() {
+            c["name"] = json!(format!("init-{i}"));
+        }
+        json!({"metadata": {"name": "wide"},
+               "spec": {"containers": containers(apps, &requirements), "initContainers": init_containers}})
+    };
+    for path in ["/v1/admit", "/v1/hints"] {
+        for (body, field) in [
+            (short(257), "containers"),
+            (pod(200, 57), "spec.containers"),
+        ] {
+            let (status, ctype, problem) = send(
+                &state,
+                "POST",
+                path,
+                Some("application/json"),
+                body.to_string(),
+            )
+            .await;
+            let head: String = problem.to_string().chars().take(300).collect();
+            assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}: {head}");
+            assert_eq!(ctype, "application/problem+json");
+            assert_eq!(problem["type"], "too-many-containers");
+            assert_eq!(problem["field"], field);
+            assert_eq!(
+                problem["detail"],
+                "the pod has 257 containers (app and init); this agent takes at most 256 (--max-containers)",
+                "{path}: {problem}"
+            );
+        }
+        for body in [short(256), pod(200, 56)] {
+            let (status, _, answer) = send(
+                &state,
+                "POST",
+                path,
+                Some("application/json"),
+                body.to_string(),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{path}: {answer}");
+        }
+    }
+}
+
+/// Bug (#23): `POST /v1/hints` computed the pod's QoS class once for each container, and each
+/// time over every container: the work of one request grew with the square of the pod. It is
+/// computed a fixed number of times, whatever the number of containers.
+#[tokio::test]
+async fn hints_compute_the_qos_class_a_fixed_number_of_times_whatever_the_pod_size() {
+    let (_d, state) = state();
+    let list = json!({"cpu": "1", "memory": "16Mi", "hugepages-2Mi": "2Mi"});
+    let requirements = json!({"requests": list, "limits": list});
+    let mut computed = Vec::new();
+    // Up to lane::HEAVY_CONTAINERS: on this thread, whose count this is.
+    for n in [1, 4, 8] {
+        let pod = json!({"metadata": {"name": "wide"},
+                         "spec": {"containers": containers(n, &requirements)}});
+        crate::memorymanager::requests::QOS_COMPUTED.with(|c| c.set(0));
+        let (status, _, answer) = send(
+            &state,
+            "POST",
+            "/v1/hints",
+            Some("application/json"),
+            pod.to_string(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["containers"].as_array().map(Vec::len), Some(n));
+        computed.push(crate::memorymanager::requests::QOS_COMPUTED.with(std::cell::Cell::get));
+    }
+    assert!(computed[0] > 0, "{computed:?}");
+    assert_eq!(computed, vec![computed[0]; 3]);
+}
+
+/// Bug (#23): every admission ran on the API thread, so one large request held up every other
+/// request for as long as it took. A request with a large body or a pod of many containers is
+/// worked out on the heavy lane; a typical one is answered while the lane is busy.
+#[tokio::test]
+async fn a_large_request_waits_for_the_heavy_lane_and_a_typical_one_does_not() {
+    let (_d, state) = state();
+    let (release, hold) = std::sync::mpsc::channel::<()>();
+    let lane = state.heavy.clone();
+    let busy = tokio::spawn(async move { lane.run(move || (hold.recv(), ())).await });
+    let request = |body: Value| {
+        let state = state.clone();
+        tokio::spawn(async move { admit(&state, body).await })
+    };
+    let list = json!({"hugepages-2Mi": "2Mi"});
+    // No pod UID: nothing to reserve, so no file to write on a blocking thread either.
+    let typical = request(json!({"pod": {"name": "typical"}, "containers": containers(1, &list)}));
+    let many = request(json!({"pod": {"name": "many"}, "containers": containers(9, &list)}));
+    let padding = "x".repeat(lane::HEAVY_BODY);
+    let large = request(
+        json!({"metadata": {"name": "large", "annotations": {"pad": padding}},
+                               "spec": {"containers": containers(1, &json!({"limits": list}))}}),
+    );
+    // Every task runs as far as it can: the typical request to its answer, the others to the lane.
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(typical.is_finished(), "a typical request waits for nothing");
+    assert!(!many.is_finished(), "nine containers wait for the lane");
+    assert!(
+        !large.is_finished(),
+        "a body over 16 KiB waits for the lane"
+    );
+    release.send(()).expect("the lane is held");
+    busy.await.expect("joined").expect("ran").expect("released");
+    for done in [typical, many, large] {
+        let (status, _, answer) = done.await.expect("answered");
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+}

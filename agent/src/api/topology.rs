@@ -4,13 +4,17 @@
 
 use serde::Serialize;
 
-use super::{AppState, admit, error::ApiError};
+use super::{
+    AppState,
+    admit::{self, Parsed},
+    error::ApiError,
+};
 use crate::{
     consumers::Consumer,
     kube::pod::RequestError,
     memorymanager::{
         discrepancy::{self, Discrepancy},
-        hints::{self, HintError, Hints},
+        hints::{self, HintError, Hints, PodFacts},
         live::MemoryManagerView,
         selection::{self, Selection, Topology},
     },
@@ -47,15 +51,10 @@ fn hint_error(e: HintError) -> ApiError {
     }
 }
 
-/// `POST /v1/hints`. The body is read and refused exactly as `POST /v1/admit` reads and refuses
-/// it (`numaNodes` included: it must name nodes of this machine, although the hints are the
-/// kubelet's for every node).
-pub fn hints(
-    state: &AppState,
-    content_type: Option<&str>,
-    body: &[u8],
-) -> Result<HintsAnswer, ApiError> {
-    let parsed = admit::parse(content_type, body)?;
+/// `POST /v1/hints` for a request ([`admit::parse`]d). The body is read and refused exactly as
+/// `POST /v1/admit` reads and refuses it (`numaNodes` included: it must name nodes of this
+/// machine, although the hints are the kubelet's for every node).
+pub fn hints(state: &AppState, parsed: &Parsed) -> Result<HintsAnswer, ApiError> {
     if let Some(nodes) = &parsed.nodes {
         admit::known_nodes(state, nodes)?;
     }
@@ -63,11 +62,13 @@ pub fn hints(
     let gates = state.topology.gates;
     let pod = &parsed.pod;
     let pod_hints = hints::pod_hints(&view.state, pod, gates).map_err(hint_error)?;
-    let mut containers = Vec::new();
-    for c in pod.spec.init_containers.iter().chain(&pod.spec.containers) {
+    let facts = PodFacts::of(pod, gates).map_err(request_error)?;
+    let all = pod.spec.init_containers.iter().chain(&pod.spec.containers);
+    let mut containers = Vec::with_capacity(all.clone().count());
+    for c in all {
         containers.push(ContainerHints {
             name: c.name.clone(),
-            hints: hints::container_hints(&view.state, pod, c, gates).map_err(hint_error)?,
+            hints: hints::container_hints(&view.state, pod, &facts, c).map_err(hint_error)?,
         });
     }
     let topology = Topology {

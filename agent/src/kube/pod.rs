@@ -39,16 +39,60 @@ fn error(field: impl Display, detail: impl Into<String>) -> RequestError {
     }
 }
 
+/// The pod's total of `resource` does not fit in 64 bits of bytes: `field` carried it over.
+pub fn overflow(field: impl Display, resource: &str) -> RequestError {
+    error(
+        field,
+        format!("the pod's total of {resource} overflows 64 bits of bytes"),
+    )
+}
+
 /// Bytes of hugepages per page size. Sizes requested as 0 are left out.
 pub type Hugepages = BTreeMap<PageSize, u64>;
 
 /// A quantity as JSON carries it: a string (`"4Gi"`) or a plain number of bytes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub enum QuantityValue {
     Text(String),
     /// A whole number of bytes (`4194304`, or `4194304.0` and `4.194304e6`: JSON numbers).
-    Number(#[serde(deserialize_with = "json::whole_number")] u64),
+    Number(u64),
+}
+
+/// Read straight from the JSON value (an untagged enum would first copy every value into a
+/// buffer of its own to try each variant on it: a pod carries several quantities per container).
+impl<'de> Deserialize<'de> for QuantityValue {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::IntoDeserializer;
+        struct Quantity;
+        impl serde::de::Visitor<'_> for Quantity {
+            type Value = QuantityValue;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a quantity: a string such as \"4Gi\", or a whole number of bytes")
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<QuantityValue, E> {
+                Ok(QuantityValue::Number(n))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<QuantityValue, E> {
+                json::whole_number(n.into_deserializer()).map(QuantityValue::Number)
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<QuantityValue, E> {
+                json::whole_number(n.into_deserializer()).map(QuantityValue::Number)
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<QuantityValue, E> {
+                Ok(QuantityValue::Text(text.to_owned()))
+            }
+
+            fn visit_string<E: serde::de::Error>(self, text: String) -> Result<QuantityValue, E> {
+                Ok(QuantityValue::Text(text))
+            }
+        }
+        deserializer.deserialize_any(Quantity)
+    }
 }
 
 impl QuantityValue {
@@ -291,36 +335,38 @@ impl PodHugepages {
     }
 }
 
-/// The pod's hugepages, each container's and the pod's need, by the kubelet's rules.
+/// The pod's hugepages, each container's and the pod's need, by the kubelet's rules. A total
+/// beyond 64 bits of bytes is an error naming the resource, at the value that carried it over.
 pub fn pod_hugepages(spec: &PodSpec) -> Result<PodHugepages, RequestError> {
     let mut running = Hugepages::new();
     let mut containers = Vec::with_capacity(spec.containers.len());
     for (i, c) in spec.containers.iter().enumerate() {
-        let own = c
-            .resources
-            .hugepages(format_args!("spec.containers[{i}].resources"))?;
-        add(&mut running, &own);
+        let field = format_args!("spec.containers[{i}].resources");
+        let own = c.resources.hugepages(field)?;
+        add(&mut running, &own, field)?;
         containers.push(own);
     }
     let mut sidecars = Hugepages::new();
     let mut init_peak = Hugepages::new();
     for (i, c) in spec.init_containers.iter().enumerate() {
-        let own = c
-            .resources
-            .hugepages(format_args!("spec.initContainers[{i}].resources"))?;
-        let alongside = if c.restart_policy.as_deref() == Some("Always") {
-            add(&mut running, &own);
-            add(&mut sidecars, &own);
-            sidecars.clone()
+        let field = format_args!("spec.initContainers[{i}].resources");
+        let own = c.resources.hugepages(field)?;
+        if c.restart_policy.as_deref() == Some("Always") {
+            add(&mut running, &own, field)?;
+            add(&mut sidecars, &own, field)?;
+            max_into(&mut init_peak, &sidecars);
         } else {
             let mut with_sidecars = sidecars.clone();
-            add(&mut with_sidecars, &own);
-            with_sidecars
-        };
-        max_into(&mut init_peak, &alongside);
+            add(&mut with_sidecars, &own, field)?;
+            max_into(&mut init_peak, &with_sidecars);
+        }
     }
     max_into(&mut running, &init_peak);
-    add(&mut running, &from_list(&spec.overhead, "spec.overhead")?);
+    add(
+        &mut running,
+        &from_list(&spec.overhead, "spec.overhead")?,
+        "spec.overhead",
+    )?;
     if let Some(pod_level) = &spec.resources {
         for (size, bytes) in pod_level.hugepages("spec.resources")? {
             running.insert(size, bytes);
@@ -333,12 +379,20 @@ pub fn pod_hugepages(spec: &PodSpec) -> Result<PodHugepages, RequestError> {
     })
 }
 
-/// Adds `more` to `into`, size by size (saturating: a request's amounts never wrap).
-pub fn add(into: &mut Hugepages, more: &Hugepages) {
+/// Adds `more` to `into`, size by size; a sum beyond 64 bits of bytes is an error naming the
+/// size's resource and `field`, the value that carried it over (never a saturated figure).
+pub fn add(
+    into: &mut Hugepages,
+    more: &Hugepages,
+    field: impl Display,
+) -> Result<(), RequestError> {
     for (&size, &bytes) in more {
         let slot = into.entry(size).or_default();
-        *slot = slot.saturating_add(bytes);
+        *slot = slot
+            .checked_add(bytes)
+            .ok_or_else(|| overflow(&field, &size.resource_name()))?;
     }
+    Ok(())
 }
 
 fn max_into(into: &mut Hugepages, other: &Hugepages) {

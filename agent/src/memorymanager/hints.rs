@@ -6,7 +6,7 @@
 //! not what is free. A container (or pod) the checkpoint already holds blocks for gets its blocks
 //! back as preferred hints. Pods that are not Guaranteed get no hints at all.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, fmt::Display};
 
 use super::{
     requests::{self, QosClass, Requested},
@@ -64,25 +64,56 @@ pub fn find_container<'p>(pod: &'p Pod, name: &str) -> Result<&'p Container, Hin
         .ok_or_else(|| HintError::NoSuchContainer(name.to_string()))
 }
 
-/// Container scope: `GetTopologyHints`.
+/// What each container's hints read of the pod as a whole, worked out once per pod: whether it
+/// is Guaranteed (its QoS class, computed over every container when the API server has not set
+/// it), and the feature gates. Working the QoS class out again for each container read every
+/// container each time: a pod's hints cost the square of its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodFacts {
+    pub guaranteed: bool,
+    pub gates: FeatureGates,
+}
+
+impl PodFacts {
+    pub fn of(pod: &Pod, gates: FeatureGates) -> Result<PodFacts, RequestError> {
+        Ok(PodFacts {
+            guaranteed: requests::qos_class(pod, gates)? == QosClass::Guaranteed,
+            gates,
+        })
+    }
+}
+
+/// Container scope: `GetTopologyHints`. `facts` are the pod's ([`PodFacts::of`]).
 pub fn container_hints(
     state: &MemoryManagerState,
     pod: &Pod,
+    facts: &PodFacts,
     container: &Container,
-    gates: FeatureGates,
 ) -> Result<Hints, HintError> {
-    if requests::qos_class(pod, gates)? != QosClass::Guaranteed {
+    if !facts.guaranteed {
         return Ok(None);
     }
     let field = format_args!("container {:?}", container.name);
-    let requested = requests::exclusive_requests(pod, container, gates, field)?;
-    if requested.is_empty() || pod_level_unmanaged(pod, gates) {
+    let requested = requests::exclusive_requests(pod, container, facts.gates, field)?;
+    Ok(exclusive_hints(state, pod, facts, container, &requested)?)
+}
+
+/// [`container_hints`] for a container of a Guaranteed pod whose exclusive requests
+/// ([`requests::exclusive_requests`]) are read already.
+pub fn exclusive_hints(
+    state: &MemoryManagerState,
+    pod: &Pod,
+    facts: &PodFacts,
+    container: &Container,
+    requested: &Requested,
+) -> Result<Hints, BitmaskError> {
+    if requested.is_empty() || pod_level_unmanaged(pod, facts.gates) {
         return Ok(None);
     }
     if let Some(blocks) = state.container_blocks(&pod.metadata.uid, &container.name) {
-        return Ok(regenerate(blocks, &requested));
+        return Ok(regenerate(blocks, requested));
     }
-    Ok(Some(calculate(&state.machine_state, &requested)?))
+    Ok(Some(calculate(&state.machine_state, requested)?))
 }
 
 /// Pod-level resources the kubelet's Memory Manager does not handle (both gates are needed).
@@ -140,32 +171,40 @@ fn shared_pool_fits(pod: &Pod, budget: &Requested, gates: FeatureGates) -> Resul
             .any(|(r, &total)| sum.get(r).copied().unwrap_or(0) >= total)
     };
     for (i, c) in pod.spec.init_containers.iter().enumerate() {
-        let own =
-            requests::exclusive_requests(pod, c, gates, format_args!("spec.initContainers[{i}]"))?;
+        let field = format_args!("spec.initContainers[{i}]");
+        let own = requests::exclusive_requests(pod, c, gates, field)?;
         let sidecar = c.restart_policy.as_deref() == Some("Always");
         match (sidecar, own.is_empty()) {
             (false, true) if exhausted(&exclusive) => return Ok(false),
             (true, true) => shared = true,
-            (true, false) => add(&mut exclusive, &own),
+            (true, false) => add(
+                &mut exclusive,
+                own,
+                format_args!("{field}.resources.requests"),
+            )?,
             (false, _) => {}
         }
     }
     for (i, c) in pod.spec.containers.iter().enumerate() {
-        let own =
-            requests::exclusive_requests(pod, c, gates, format_args!("spec.containers[{i}]"))?;
+        let field = format_args!("spec.containers[{i}]");
+        let own = requests::exclusive_requests(pod, c, gates, field)?;
         if own.is_empty() {
             shared = true;
         } else {
-            add(&mut exclusive, &own);
+            add(
+                &mut exclusive,
+                own,
+                format_args!("{field}.resources.requests"),
+            )?;
         }
     }
     Ok(!(shared && exhausted(&exclusive)))
 }
 
-fn add(into: &mut Requested, more: &Requested) {
-    for (r, &bytes) in more {
-        *into.entry(r.clone()).or_default() += bytes;
-    }
+/// Adds `more` to `into`; a total beyond 64 bits of bytes names the resource and `field`.
+fn add(into: &mut Requested, more: Requested, field: impl Display) -> Result<(), RequestError> {
+    more.into_iter()
+        .try_for_each(|(r, bytes)| requests::add(into, r, bytes, &field))
 }
 
 /// Hints from blocks already assigned: one preferred hint per block, or none at all when the
@@ -202,8 +241,12 @@ pub fn calculate(
 ) -> Result<BTreeMap<String, Vec<TopologyHint>>, BitmaskError> {
     let nodes: Vec<usize> = machine.keys().copied().collect();
     let amounts: Vec<u64> = requested.values().copied().collect();
+    if let Some(&id) = machine.keys().find(|&&id| id > bitmask::MAX_NODE) {
+        return Err(BitmaskError::OutOfRange(id));
+    }
     // Per node id: (allocatable, free) per requested resource, and its grouping.
-    let mut facts: Vec<Option<NodeFacts>> = vec![None; bitmask::MAX_NODE + 1];
+    let ids = machine.keys().next_back().map_or(0, |&id| id + 1);
+    let mut facts: Vec<Option<NodeFacts>> = vec![None; ids];
     for (&id, state) in machine {
         let Some(slot) = facts.get_mut(id) else {
             return Err(BitmaskError::OutOfRange(id));
@@ -227,14 +270,7 @@ pub fn calculate(
     let mut sums = vec![(0u64, 0u64); amounts.len()];
     bitmask::iterate_masks(&nodes, |mask| {
         sums.iter_mut().for_each(|s| *s = (0, 0));
-        let members = || {
-            let mut bits = mask.0;
-            std::iter::from_fn(move || {
-                let n = (bits != 0).then(|| bits.trailing_zeros() as usize)?;
-                bits &= bits - 1;
-                Some(n)
-            })
-        };
+        let members = || mask.iter();
         for n in members() {
             if let Some(f) = &facts[n] {
                 for (sum, &(allocatable, free)) in sums.iter_mut().zip(&f.amounts) {

@@ -36,10 +36,18 @@ pub fn qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, RequestErro
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread computed a QoS class: the tests count work with it.
+    pub static QOS_COMPUTED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Kubernetes' `ComputePodQOS`: Guaranteed when every container (or, with `PodLevelResources`,
 /// the pod-level resources) limits CPU and memory and the requests, where given, equal the
 /// limits; BestEffort when nothing asks for CPU or memory; Burstable otherwise.
 fn compute_qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, RequestError> {
+    #[cfg(test)]
+    QOS_COMPUTED.with(|n| n.set(n.get() + 1));
     let mut requests: BTreeMap<&str, u128> = BTreeMap::new();
     let mut limits: BTreeMap<&str, u128> = BTreeMap::new();
     let mut guaranteed = true;
@@ -54,7 +62,13 @@ fn compute_qos_class(pod: &Pod, gates: FeatureGates) -> Result<QosClass, Request
             };
             let amount = nanos(value, format_args!("{field}.{name}"))?;
             if amount > 0 {
-                *into.entry(name).or_default() += amount;
+                let total = into.entry(name).or_default();
+                *total = total.checked_add(amount).ok_or_else(|| RequestError {
+                    field: field.to_string(),
+                    detail: format!(
+                        "the pod's total of {name} is beyond what the agent can add up"
+                    ),
+                })?;
                 found.push(name);
             }
         }
@@ -138,13 +152,23 @@ pub fn exclusive_requests(
     gates: FeatureGates,
     field: impl Display + Copy,
 ) -> Result<Requested, RequestError> {
-    if gates.pod_level_resource_managers
-        && pod_level_set(pod)
-        && !container_guaranteed_like(container, field)?
-    {
+    if !has_exclusive(pod, container, gates, field)? {
         return Ok(Requested::new());
     }
     container_requests(container, field)
+}
+
+/// Whether the Memory Manager gives a container its requests exclusively ([`exclusive_requests`]),
+/// rather than running it in the pod's shared pool.
+pub fn has_exclusive(
+    pod: &Pod,
+    container: &Container,
+    gates: FeatureGates,
+    field: impl Display + Copy,
+) -> Result<bool, RequestError> {
+    Ok(!(gates.pod_level_resource_managers
+        && pod_level_set(pod)
+        && !container_guaranteed_like(container, field)?))
 }
 
 /// `IsPodLevelResourcesSet`: pod-level requests or limits of CPU, memory or hugepages.
@@ -205,7 +229,8 @@ fn list_requests(list: &ResourceList, field: impl Display) -> Result<Requested, 
 /// containers and add up; each other init container runs alone beside the sidecars started before
 /// it; the larger wins. As in the kubelet, only resources the app containers request are counted.
 /// With `PodLevelResourceManagers` and pod-level resources set, the pod-level requests stand
-/// instead.
+/// instead. A total beyond 64 bits of bytes is an error naming the resource, at the container
+/// that carried it over.
 pub fn pod_requests(pod: &Pod, gates: FeatureGates) -> Result<Requested, RequestError> {
     if gates.pod_level_resource_managers
         && pod_level_set(pod)
@@ -215,36 +240,63 @@ pub fn pod_requests(pod: &Pod, gates: FeatureGates) -> Result<Requested, Request
         requested.retain(|_, bytes| *bytes > 0);
         return Ok(requested);
     }
-    let mut init_peak = Requested::new();
-    let mut sidecars = Requested::new();
-    for (i, c) in pod.spec.init_containers.iter().enumerate() {
-        let field = format_args!("spec.initContainers[{i}]");
+    // Read in the kubelet's order (init containers first): the first bad value is the one named.
+    let init = pod.spec.init_containers.iter().enumerate();
+    let init: Vec<Requested> = init
+        .map(|(i, c)| exclusive_requests(pod, c, gates, format_args!("spec.initContainers[{i}]")))
+        .collect::<Result<_, _>>()?;
+    let mut apps = Requested::new();
+    for (i, c) in pod.spec.containers.iter().enumerate() {
+        let field = format_args!("spec.containers[{i}]");
+        let at = format_args!("{field}.resources.requests");
         for (name, bytes) in exclusive_requests(pod, c, gates, field)? {
-            let running = sidecars.entry(name.clone()).or_default();
-            if c.restart_policy.as_deref() == Some("Always") {
-                *running += bytes;
+            add(&mut apps, name, bytes, at)?;
+        }
+    }
+    let mut long_running = apps.clone();
+    let mut sidecars = Requested::new();
+    let mut init_peak = Requested::new();
+    for ((i, c), own) in pod.spec.init_containers.iter().enumerate().zip(init) {
+        let at = format_args!("spec.initContainers[{i}].resources.requests");
+        let sidecar = c.restart_policy.as_deref() == Some("Always");
+        for (name, bytes) in own {
+            if sidecar {
+                add(&mut long_running, name.clone(), bytes, at)?;
+                add(&mut sidecars, name, bytes, at)?;
             } else {
-                let alone = *running + bytes;
+                let before = sidecars.get(&name).copied().unwrap_or(0);
+                let alone = before
+                    .checked_add(bytes)
+                    .ok_or_else(|| pod::overflow(at, &name))?;
                 let peak = init_peak.entry(name).or_default();
                 *peak = (*peak).max(alone);
             }
         }
     }
-    let mut apps = Requested::new();
-    for (i, c) in pod.spec.containers.iter().enumerate() {
-        let field = format_args!("spec.containers[{i}]");
-        for (name, bytes) in exclusive_requests(pod, c, gates, field)? {
-            *apps.entry(name).or_default() += bytes;
-        }
-    }
     Ok(apps
-        .into_iter()
-        .map(|(name, bytes)| {
-            let long_running = bytes + sidecars.get(&name).copied().unwrap_or(0);
+        .into_keys()
+        .map(|name| {
+            let running = long_running.get(&name).copied().unwrap_or(0);
             let init = init_peak.get(&name).copied().unwrap_or(0);
-            (name, long_running.max(init))
+            (name, running.max(init))
         })
         .collect())
+}
+
+/// `into[name] += bytes`; a total beyond 64 bits of bytes is an error naming the resource and
+/// `field`, the value that carried it over.
+pub fn add(
+    into: &mut Requested,
+    name: String,
+    bytes: u64,
+    field: impl Display,
+) -> Result<(), RequestError> {
+    let before = into.get(&name).copied().unwrap_or(0);
+    let total = before
+        .checked_add(bytes)
+        .ok_or_else(|| pod::overflow(&field, &name))?;
+    into.insert(name, total);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -285,6 +337,80 @@ mod tests {
         assert_eq!(
             qos_class(&p, FeatureGates::default()),
             Ok(QosClass::Guaranteed)
+        );
+    }
+
+    /// A Guaranteed pod of `n` containers asking `memory` each, and 1 CPU.
+    fn wide(n: usize, memory: &str) -> Pod {
+        let list = serde_json::json!({"cpu": "1", "memory": memory});
+        let containers: Vec<serde_json::Value> = (0..n)
+            .map(|i| serde_json::json!({"name": format!("c-{i}"), "resources": {"requests": list, "limits": list}}))
+            .collect();
+        pod(serde_json::json!({"spec": {"containers": containers}}))
+    }
+
+    /// Bug (#23): the pod's requests were summed with `+`, which wraps in a release build (a
+    /// panic in a debug one). A total beyond 64 bits of bytes names the resource.
+    #[test]
+    fn pod_requests_that_overflow_64_bits_name_the_resource() {
+        let gates = FeatureGates::default();
+        assert_eq!(
+            pod_requests(&wide(2, "8000Pi"), gates).map(|r| r["memory"]),
+            Ok(16000 << 50)
+        );
+        let err = pod_requests(&wide(3, "8000Pi"), gates).expect_err("beyond 64 bits");
+        assert_eq!(err.field, "spec.containers[2].resources.requests");
+        assert_eq!(
+            err.detail,
+            "the pod's total of memory overflows 64 bits of bytes"
+        );
+        let memory = |m: &str| serde_json::json!({"requests": {"memory": m}});
+        let sidecars = pod(serde_json::json!({"spec": {
+            "containers": [{"name": "a", "resources": memory("8000Pi")}],
+            "initContainers": [
+                {"name": "s1", "restartPolicy": "Always", "resources": memory("8000Pi")},
+                {"name": "s2", "restartPolicy": "Always", "resources": memory("8000Pi")},
+            ],
+        }}));
+        let err = pod_requests(&sidecars, gates).expect_err("app and sidecars beyond 64 bits");
+        assert_eq!(err.field, "spec.initContainers[1].resources.requests");
+        // An ordinary init container runs beside the sidecars started before it.
+        let beside = pod(serde_json::json!({"spec": {
+            "containers": [{"name": "a", "resources": memory("1Mi")}],
+            "initContainers": [
+                {"name": "s1", "restartPolicy": "Always", "resources": memory("8000Pi")},
+                {"name": "s2", "restartPolicy": "Always", "resources": memory("8000Pi")},
+                {"name": "i", "resources": memory("8000Pi")},
+            ],
+        }}));
+        let err = pod_requests(&beside, gates).expect_err("init beside sidecars beyond 64 bits");
+        assert_eq!(err.field, "spec.initContainers[2].resources.requests");
+        assert_eq!(
+            err.detail,
+            "the pod's total of memory overflows 64 bits of bytes"
+        );
+    }
+
+    /// Bug (#23): the QoS class summed CPU and memory of every container with `+` on 128 bits,
+    /// which wraps in a release build; a total beyond them is an error naming the resource.
+    #[test]
+    fn a_qos_total_that_overflows_names_the_resource() {
+        let cores = "100000000000000000000000000000";
+        let list = serde_json::json!({"cpu": cores, "memory": "1Gi"});
+        let container = serde_json::json!({"resources": {"requests": list, "limits": list}});
+        let p = pod(serde_json::json!({"spec": {"containers": [container, container]}}));
+        assert_eq!(
+            qos_class(&p, FeatureGates::default()),
+            Ok(QosClass::Guaranteed)
+        );
+        let p = pod(
+            serde_json::json!({"spec": {"containers": [container, container, container, container]}}),
+        );
+        let err = qos_class(&p, FeatureGates::default()).expect_err("beyond 128 bits");
+        assert_eq!(err.field, "spec.containers[3].resources.requests");
+        assert_eq!(
+            err.detail,
+            "the pod's total of cpu is beyond what the agent can add up"
         );
     }
 }

@@ -15,9 +15,9 @@ use std::{borrow::Cow, collections::BTreeMap};
 use serde::Serialize;
 
 use super::{
-    hints::{self, HintError, Hints, Scope},
-    requests::{self, QosClass, Requested},
-    state::{Block, MachineState, MemoryManagerState},
+    hints::{self, HintError, Hints, PodFacts, Scope},
+    requests::{self, Requested},
+    state::{Block, MachineState, MemoryManagerState, MemoryTable},
 };
 use crate::{
     kube::pod::Pod,
@@ -107,20 +107,26 @@ pub fn select(
     pod: &Pod,
     topology: Topology<'_>,
 ) -> Result<Selection, HintError> {
-    let merge_one = |hints: &Hints| {
-        let provider: ProviderHints = hints.as_ref().map(|h| {
-            h.iter()
-                .map(|(k, v)| (k.clone(), Some(v.clone())))
-                .collect()
-        });
-        merge::merge(
+    // The hints move into the merge's provider and back out: nothing is copied.
+    let merge_one = |hints: Hints| -> (Merged, Hints) {
+        let provider: ProviderHints =
+            hints.map(|h| h.into_iter().map(|(k, v)| (k, Some(v))).collect());
+        let merged = merge::merge(
             topology.policy,
             topology.options,
             topology.info,
-            &[provider],
-        )
+            std::slice::from_ref(&provider),
+        );
+        let hints = provider.map(|p| {
+            p.into_iter()
+                .map(|(k, v)| (k, v.unwrap_or_default()))
+                .collect()
+        });
+        (merged, hints)
     };
-    let guaranteed = requests::qos_class(pod, topology.gates)? == QosClass::Guaranteed;
+    // Worked out once for the pod, not for each container (see [`hints::PodFacts`]).
+    let facts = PodFacts::of(pod, topology.gates)?;
+    let guaranteed = facts.guaranteed;
     // Copied only when a container is charged: most admissions never change it.
     let mut working = Cow::Borrowed(state);
     let mut placements = Vec::new();
@@ -134,11 +140,34 @@ pub fn select(
         init.chain(apps).collect()
     };
     for unit in units {
-        let hints = match unit {
-            None => hints::pod_hints(&working, pod, topology.gates)?,
-            Some((c, _)) => hints::container_hints(&working, pod, c, topology.gates)?,
+        let assigned = match unit {
+            None => assigned_nodes(state.pod_blocks(&pod.metadata.uid)).or_else(|| {
+                let all = pod.spec.init_containers.iter().chain(&pod.spec.containers);
+                all.filter_map(|c| state.container_blocks(&pod.metadata.uid, &c.name))
+                    .find_map(|b| assigned_nodes(Some(b)))
+            }),
+            Some((c, _)) => assigned_nodes(state.container_blocks(&pod.metadata.uid, &c.name)),
         };
-        let merged = merge_one(&hints);
+        // A Guaranteed container's requests, read once for its hints and for its charge: whether
+        // they are its own (not the pod's shared pool), and what they are when either needs them.
+        let own = match unit {
+            Some((c, _)) if guaranteed => {
+                let field = format_args!("container {:?}", c.name);
+                let exclusive = requests::has_exclusive(pod, c, topology.gates, field)?;
+                let needed = exclusive || assigned.is_none();
+                let read = needed.then(|| requests::container_requests(c, field));
+                read.transpose()?.map(|r| (exclusive, r))
+            }
+            _ => None,
+        };
+        let hints = match (unit, &own) {
+            (None, _) => hints::pod_hints(&working, pod, topology.gates)?,
+            (Some((c, _)), Some((true, requested))) => {
+                hints::exclusive_hints(&working, pod, &facts, c, requested)?
+            }
+            (Some(_), _) => None,
+        };
+        let (merged, hints) = merge_one(hints);
         let mut placement = Placement {
             container: unit.map(|(c, _)| c.name.clone()),
             init: unit.is_some_and(|(_, init)| init),
@@ -154,21 +183,11 @@ pub fn select(
                 "Resources cannot be allocated with Topology locality".into(),
             ));
         }
-        let assigned = match unit {
-            None => assigned_nodes(state.pod_blocks(&pod.metadata.uid)).or_else(|| {
-                let all = pod.spec.init_containers.iter().chain(&pod.spec.containers);
-                all.filter_map(|c| state.container_blocks(&pod.metadata.uid, &c.name))
-                    .find_map(|b| assigned_nodes(Some(b)))
-            }),
-            Some((c, _)) => assigned_nodes(state.container_blocks(&pod.metadata.uid, &c.name)),
-        };
         // Only a Guaranteed pod not allocated before is charged: no one else's requests are read.
         let requested = match unit {
             _ if assigned.is_some() || !guaranteed => Requested::new(),
             None => requests::pod_requests(pod, topology.gates)?,
-            Some((c, _)) => {
-                requests::container_requests(c, format_args!("container {:?}", c.name))?
-            }
+            Some(_) => own.map(|(_, r)| r).unwrap_or_default(),
         };
         if let Some(nodes) = assigned {
             // Allocated before (a kubelet restart): the kubelet keeps what it assigned.
@@ -221,8 +240,8 @@ fn allocation(
     requested: &Requested,
 ) -> Result<Result<NumaMask, &'static str>, HintError> {
     let all = match computed {
-        Some(hints) => hints.clone(),
-        None => hints::calculate(machine, requested)?,
+        Some(hints) => Cow::Borrowed(hints),
+        None => Cow::Owned(hints::calculate(machine, requested)?),
     };
     // Every memory type has the same masks; the kubelet looks at regular memory.
     let list = all.get("memory").or_else(|| all.values().next());
@@ -296,8 +315,17 @@ fn allocate(machine: &mut MachineState, nodes: &[usize], requested: &Requested) 
                 continue;
             };
             state.number_of_assignments += 1;
-            state.cells = nodes.to_vec();
-            let table = state.memory_map.entry(resource.clone()).or_default();
+            if state.cells != nodes {
+                state.cells = nodes.to_vec();
+            }
+            if !state.memory_map.contains_key(resource) {
+                state
+                    .memory_map
+                    .insert(resource.clone(), MemoryTable::default());
+            }
+            let Some(table) = state.memory_map.get_mut(resource) else {
+                continue;
+            };
             let take = table.free.min(left);
             table.free -= take;
             table.reserved += take;

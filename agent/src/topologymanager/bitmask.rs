@@ -33,7 +33,17 @@ impl NumaMask {
 
     /// The node ids, ascending.
     pub fn nodes(self) -> Vec<usize> {
-        (0..=MAX_NODE).filter(|&n| self.0 & (1 << n) != 0).collect()
+        self.iter().collect()
+    }
+
+    /// The node ids, ascending, without collecting them.
+    pub fn iter(self) -> impl Iterator<Item = usize> {
+        let mut bits = self.0;
+        std::iter::from_fn(move || {
+            let n = (bits != 0).then(|| bits.trailing_zeros() as usize)?;
+            bits &= bits - 1;
+            Some(n)
+        })
     }
 
     pub fn count(self) -> u32 {
@@ -62,7 +72,8 @@ impl fmt::Debug for NumaMask {
 
 impl Serialize for NumaMask {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.nodes().serialize(serializer)
+        // No list per mask: an answer carries a few masks for each container.
+        serializer.collect_seq(self.iter())
     }
 }
 

@@ -154,3 +154,41 @@ fn the_short_form_list_counts_requests_as_limits() {
         Ok(Hugepages::from([(MI2, 4 << 30)]))
     );
 }
+
+/// Bug (#23): sums saturated at `u64::MAX`, and four containers of 8000Pi were answered as a
+/// verdict "requested 18446744073709551615". A total beyond 64 bits of bytes is an error naming
+/// the resource, at the value that carried it over.
+#[test]
+fn a_total_that_overflows_64_bits_names_the_resource_instead_of_saturating() {
+    let big = || json!({"resources": limits(&[("hugepages-2Mi", "8000Pi")])});
+    let overflow = |s: PodSpec, field: &str| {
+        let err = need(&s).expect_err("a total beyond 64 bits");
+        assert_eq!(err.field, field);
+        assert_eq!(
+            err.detail,
+            "the pod's total of hugepages-2Mi overflows 64 bits of bytes"
+        );
+    };
+    // Two fit (2 × 8000Pi < 2^64 B); the third carries the sum over.
+    let s = spec(json!({"containers": [big(), big()]}));
+    assert_eq!(need(&s), Ok(Hugepages::from([(MI2, 16000 << 50)])));
+    overflow(
+        spec(json!({"containers": [big(), big(), big(), big()]})),
+        "spec.containers[2].resources",
+    );
+    let mut sidecar = big();
+    sidecar["restartPolicy"] = json!("Always");
+    overflow(
+        spec(json!({"containers": [big()], "initContainers": [sidecar, sidecar]})),
+        "spec.initContainers[1].resources",
+    );
+    // An ordinary init container runs beside the sidecars started before it.
+    overflow(
+        spec(json!({"containers": [], "initContainers": [sidecar, sidecar, big()]})),
+        "spec.initContainers[2].resources",
+    );
+    overflow(
+        spec(json!({"containers": [big(), big()], "overhead": {"hugepages-2Mi": "8000Pi"}})),
+        "spec.overhead",
+    );
+}

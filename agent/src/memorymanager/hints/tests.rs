@@ -17,13 +17,8 @@ fn both(hints: Vec<TopologyHint>) -> Hints {
 
 fn ask(state: &MemoryManagerState, memory: &str, huge: &str) -> Hints {
     let pod = guaranteed(&[("c", memory, huge)]);
-    container_hints(
-        state,
-        &pod,
-        &pod.spec.containers[0],
-        FeatureGates::default(),
-    )
-    .unwrap()
+    let facts = PodFacts::of(&pod, FeatureGates::default()).unwrap();
+    container_hints(state, &pod, &facts, &pod.spec.containers[0]).unwrap()
 }
 
 #[test]
@@ -155,12 +150,9 @@ fn pods_that_are_not_guaranteed_get_no_hints() {
     let mut pod = guaranteed(&[("c", "1Gi", "1Gi")]);
     pod.spec.containers[0].resources.limits.remove("cpu");
     assert_eq!(
-        container_hints(
-            &state,
-            &pod,
-            &pod.spec.containers[0],
-            FeatureGates::default()
-        ),
+        PodFacts::of(&pod, FeatureGates::default())
+            .map_err(HintError::from)
+            .and_then(|facts| container_hints(&state, &pod, &facts, &pod.spec.containers[0])),
         Ok(None)
     );
     assert_eq!(pod_hints(&state, &pod, FeatureGates::default()), Ok(None));
@@ -216,7 +208,9 @@ fn every_kubelet_hint_generation_case() {
         let got = match (case.scope.as_str(), case.container) {
             ("container", Some(name)) => {
                 let container = find_container(&pod, &name).unwrap();
-                container_hints(&state, &pod, container, gates)
+                PodFacts::of(&pod, gates)
+                    .map_err(HintError::from)
+                    .and_then(|facts| container_hints(&state, &pod, &facts, container))
             }
             _ => pod_hints(&state, &pod, gates),
         };
@@ -305,4 +299,35 @@ fn pod_level_resources_count_only_behind_the_kubelets_gates() {
             hint(&[0, 1], false)
         ]))
     );
+}
+
+/// Bug (#23): the exclusive requests of a pod with pod-level resources were summed with `+`,
+/// which wraps in a release build (a panic in a debug one). A total beyond 64 bits of bytes is
+/// the kubelet's unreadable request, naming the resource.
+#[test]
+fn exclusive_requests_that_overflow_64_bits_name_the_resource() {
+    let state = state(vec![(0, node(&[("memory", 8 * GI, 8 * GI)], &[0], 0))]);
+    let pod_level = serde_json::json!({"cpu": "8", "memory": "8Gi"});
+    let own = serde_json::json!({"cpu": "1", "memory": "8000Pi"});
+    let c = |name: &str| serde_json::json!({"name": name, "resources": {"requests": own, "limits": own}});
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"uid": "p"},
+        "spec": {"resources": {"requests": pod_level, "limits": pod_level},
+                 "containers": [c("a"), c("b"), c("c")]}
+    }))
+    .unwrap();
+    let gates = FeatureGates {
+        pod_level_resources: true,
+        pod_level_resource_managers: true,
+    };
+    match pod_hints(&state, &pod, gates) {
+        Err(HintError::Request(e)) => {
+            assert_eq!(e.field, "spec.containers[2].resources.requests");
+            assert_eq!(
+                e.detail,
+                "the pod's total of memory overflows 64 bits of bytes"
+            );
+        }
+        other => panic!("expected an error naming memory, got {other:?}"),
+    }
 }

@@ -283,3 +283,34 @@ fn two_blocks_of_one_type_in_the_checkpoint_merge_as_the_kubelet_does() {
     }
     assert!(decisions.get(Rule::Case3ca) > 0);
 }
+
+/// A Guaranteed pod of `n` containers asking 1 CPU and 16Mi of memory each, QoS class not given.
+fn wide(n: usize) -> Pod {
+    let list = serde_json::json!({"cpu": "1", "memory": "16Mi"});
+    let containers: Vec<serde_json::Value> = (0..n)
+        .map(|i| serde_json::json!({"name": format!("c-{i}"), "resources": {"requests": list, "limits": list}}))
+        .collect();
+    crate::memorymanager::testing::pod(serde_json::json!({
+        "metadata": {"uid": "wide", "name": "wide", "namespace": "ns"},
+        "spec": {"containers": containers}
+    }))
+}
+
+/// Bug (#23): every container's hints computed the pod's QoS class again, reading every
+/// container each time, so a pod's selection cost the square of its size.
+#[test]
+fn the_qos_class_is_computed_once_per_pod_not_once_per_container() {
+    let state = two_nodes([2 * GI, 2 * GI]);
+    for n in [1, 10, 100] {
+        let pod = wide(n);
+        requests::QOS_COMPUTED.with(|c| c.set(0));
+        let selection = select_with(&state, &pod, Policy::SingleNumaNode, Scope::Container);
+        assert!(selection.admit, "{n} containers: {:?}", selection.message);
+        assert_eq!(allocated(&selection).len(), n);
+        assert_eq!(
+            requests::QOS_COMPUTED.with(std::cell::Cell::get),
+            1,
+            "{n} containers"
+        );
+    }
+}
