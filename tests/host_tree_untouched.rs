@@ -16,7 +16,9 @@ use std::{
     time::Duration,
 };
 
-use hugepage_agent_tests::{Agent, agent_bin, http, kubelet_checkpoint, wait_ready};
+use hugepage_agent_tests::{
+    Agent, agent_bin, http, kubelet_checkpoint, put, two_numa_nodes, wait_ready,
+};
 
 const UID: &str = "14140000-0000-4000-8000-000000000001";
 const UID_: &str = "14140000_0000_4000_8000_000000000001";
@@ -25,14 +27,6 @@ const MI2: u64 = 2 << 20;
 /// Memory pressure over the threshold of 30 on both averages: the condition must be True.
 const MEMORY: &str = "some avg10=60.00 avg60=55.00 avg300=20.00 total=123456789\nfull avg10=10.00 avg60=8.00 avg300=2.00 total=23456789\n";
 const QUIET: &str = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n";
-
-/// Writes `content` at the host path `path` under `root`.
-fn put(root: &Path, path: &str, content: impl AsRef<[u8]>) {
-    let full = root.join(path.trim_start_matches('/'));
-    let dir = full.parent().expect("a parent directory");
-    fs::create_dir_all(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-    fs::write(&full, content).unwrap_or_else(|e| panic!("write {}: {e}", full.display()));
-}
 
 /// A kubelet Memory Manager checkpoint (checksum and all) for two nodes that believes every
 /// 2 MiB page free.
@@ -54,41 +48,7 @@ fn checkpoint() -> Vec<u8> {
 fn build(root: &Path) {
     let w = |path: &str, content: &str| put(root, path, content);
     put(root, "/var/lib/kubelet/memory_manager_state", checkpoint());
-    w("/sys/devices/system/node/online", "0-1\n");
-    for node in 0..2 {
-        let n = format!("/sys/devices/system/node/node{node}");
-        w(&format!("{n}/cpulist"), &format!("{node}\n"));
-        w(
-            &format!("{n}/distance"),
-            if node == 0 { "10 20\n" } else { "20 10\n" },
-        );
-        w(
-            &format!("{n}/meminfo"),
-            &format!("Node {node} MemTotal:       16777216 kB\nNode {node} MemFree: 1 kB\n"),
-        );
-        for (file, v) in [
-            ("nr_hugepages", "2048\n"),
-            ("free_hugepages", "1024\n"),
-            ("surplus_hugepages", "0\n"),
-        ] {
-            w(&format!("{n}/hugepages/hugepages-2048kB/{file}"), v);
-        }
-    }
-    for (file, v) in [
-        ("nr_hugepages", "4096\n"),
-        ("free_hugepages", "2048\n"),
-        ("resv_hugepages", "0\n"),
-        ("surplus_hugepages", "0\n"),
-    ] {
-        w(
-            &format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{file}"),
-            v,
-        );
-    }
-    w(
-        "/proc/meminfo",
-        "MemTotal:       33554432 kB\nHugePages_Total:    4096\nHugepagesize:       2048 kB\n",
-    );
+    two_numa_nodes(root, 16 << 20, 2048, 1024);
     w("/proc/pressure/memory", MEMORY);
     w("/proc/pressure/io", QUIET);
     w(

@@ -15,12 +15,14 @@ use std::{
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
 mod flags;
+mod host_tree;
 pub mod mtls;
 pub mod peers;
 mod pressure;
 pub mod rendered;
 mod stats;
 pub use flags::BenchFlags;
+pub use host_tree::{put, two_numa_nodes};
 pub use pressure::MemoryPressure;
 pub use stats::Percentiles;
 

@@ -19,59 +19,16 @@
 //! `HUGEPAGE_AGENT_CONTRACT_SEED` (default 23) change the run: a larger or another one explores
 //! further (the defaults keep it under a minute on two cores).
 
-use std::{fs, path::Path, process::Command, time::Duration, time::Instant};
+use std::{path::Path, process::Command, time::Duration, time::Instant};
 
-use hugepage_agent_tests::{Agent, agent_bin, peers, wait_ready};
+use hugepage_agent_tests::{Agent, agent_bin, peers, put, two_numa_nodes, wait_ready};
 
 /// Checks that fail the run on any finding.
 const CHECKS: &str = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,positive_data_acceptance,negative_data_rejection";
 
-/// Writes `content` at the host path `path` under `root`.
-fn put(root: &Path, path: &str, content: &str) {
-    let full = root.join(path.trim_start_matches('/'));
-    let dir = full.parent().expect("a parent directory");
-    fs::create_dir_all(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-    fs::write(&full, content).unwrap_or_else(|e| panic!("write {}: {e}", full.display()));
-}
-
 /// Two NUMA nodes of 2048 2 MiB pages, 1024 free each; quiet pressure files; a cgroup v2 root.
 fn build(root: &Path) {
-    put(root, "/sys/devices/system/node/online", "0-1\n");
-    for node in 0..2 {
-        let n = format!("/sys/devices/system/node/node{node}");
-        put(root, &format!("{n}/cpulist"), &format!("{node}\n"));
-        let distance = if node == 0 { "10 20\n" } else { "20 10\n" };
-        put(root, &format!("{n}/distance"), distance);
-        put(
-            root,
-            &format!("{n}/meminfo"),
-            &format!("Node {node} MemTotal:       16777216 kB\nNode {node} MemFree: 1 kB\n"),
-        );
-        for (file, v) in [
-            ("nr_hugepages", "2048\n"),
-            ("free_hugepages", "1024\n"),
-            ("surplus_hugepages", "0\n"),
-        ] {
-            put(root, &format!("{n}/hugepages/hugepages-2048kB/{file}"), v);
-        }
-    }
-    for (file, v) in [
-        ("nr_hugepages", "4096\n"),
-        ("free_hugepages", "2048\n"),
-        ("resv_hugepages", "0\n"),
-        ("surplus_hugepages", "0\n"),
-    ] {
-        put(
-            root,
-            &format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{file}"),
-            v,
-        );
-    }
-    put(
-        root,
-        "/proc/meminfo",
-        "MemTotal:       33554432 kB\nHugePages_Total:    4096\nHugepagesize:       2048 kB\n",
-    );
+    two_numa_nodes(root, 16 << 20, 2048, 1024);
     let quiet = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n";
     for resource in ["memory", "io", "cpu"] {
         put(root, &format!("/proc/pressure/{resource}"), quiet);

@@ -26,17 +26,9 @@ use hugepage_agent_tests::{
     mtls::{Answer, Ca, Connection, Pair, Versions, client_config},
     output,
     peers::metric_sum,
-    wait_ready,
+    put, wait_ready,
 };
 use rustls_pki_types::ServerName;
-
-/// Writes `content` at the host path `path` under `root`.
-fn put(root: &Path, path: &str, content: &str) {
-    let full = root.join(path.trim_start_matches('/'));
-    let dir = full.parent().expect("a parent directory");
-    fs::create_dir_all(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-    fs::write(&full, content).unwrap_or_else(|e| panic!("write {}: {e}", full.display()));
-}
 
 /// One NUMA node with 512 free 2 MiB pages, quiet pressure, an empty cgroup v2 tree; no kubelet
 /// checkpoint (the Memory Manager's state is built from sysfs).

@@ -42,7 +42,7 @@ use std::{
 };
 
 use hugepage_agent::api::admit::{BODY_LIMIT, DEFAULT_MAX_CONTAINERS};
-use hugepage_agent_tests::{Agent, BenchFlags, Percentiles, wait_ready};
+use hugepage_agent_tests::{Agent, BenchFlags, Percentiles, two_numa_nodes, wait_ready};
 
 const USAGE: &str =
     "admit-size --agent PATH [--sizes N,N,...] [--repetitions R] [--requests N] [--interval-us U]";
@@ -154,48 +154,7 @@ impl Client {
 
 /// The host tree: two nodes of 16,384 2 MiB pages (all free) and 128 GiB of memory each.
 fn host_tree(root: &Path) {
-    let w = |path: &str, content: &str| {
-        let file = root.join(path.trim_start_matches('/'));
-        if let Some(dir) = file.parent() {
-            std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        }
-        std::fs::write(&file, content).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    };
-    w("/sys/devices/system/node/online", "0-1\n");
-    for node in 0..2 {
-        let n = format!("/sys/devices/system/node/node{node}");
-        w(&format!("{n}/cpulist"), &format!("{node}\n"));
-        w(
-            &format!("{n}/distance"),
-            if node == 0 { "10 20\n" } else { "20 10\n" },
-        );
-        w(
-            &format!("{n}/meminfo"),
-            &format!("Node {node} MemTotal:       134217728 kB\nNode {node} MemFree: 1 kB\n"),
-        );
-        for (file, v) in [
-            ("nr_hugepages", "16384\n"),
-            ("free_hugepages", "16384\n"),
-            ("surplus_hugepages", "0\n"),
-        ] {
-            w(&format!("{n}/hugepages/hugepages-2048kB/{file}"), v);
-        }
-    }
-    for (file, v) in [
-        ("nr_hugepages", "32768\n"),
-        ("free_hugepages", "32768\n"),
-        ("resv_hugepages", "0\n"),
-        ("surplus_hugepages", "0\n"),
-    ] {
-        w(
-            &format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{file}"),
-            v,
-        );
-    }
-    w(
-        "/proc/meminfo",
-        "MemTotal:       268435456 kB\nHugePages_Total:   32768\nHugepagesize:       2048 kB\n",
-    );
+    two_numa_nodes(root, 128 << 20, 16384, 16384);
 }
 
 /// An agent over `root` with `extra` flags, ready.
