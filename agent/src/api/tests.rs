@@ -175,10 +175,15 @@ async fn send(
 }
 
 async fn admit(state: &AppState, body: Value) -> (StatusCode, String, Value) {
+    post(state, "/v1/admit", &body).await
+}
+
+/// `POST` of a JSON `body` to `path`.
+async fn post(state: &AppState, path: &str, body: &Value) -> (StatusCode, String, Value) {
     send(
         state,
         "POST",
-        "/v1/admit",
+        path,
         Some("application/json"),
         body.to_string(),
     )
@@ -863,14 +868,7 @@ async fn four_containers_of_8000pi_are_a_400_naming_the_resource_never_a_saturat
             (&short, "containers[2].resources"),
             (&pod, "spec.containers[2].resources"),
         ] {
-            let (status, ctype, problem) = send(
-                &state,
-                "POST",
-                path,
-                Some("application/json"),
-                body.to_string(),
-            )
-            .await;
+            let (status, ctype, problem) = post(&state, path, body).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {body}: {problem}");
             assert_eq!(ctype, "application/problem+json");
             assert_eq!(problem["field"], field, "{path}: {problem}");
@@ -906,14 +904,7 @@ async fn more_containers_than_max_containers_is_413_naming_the_limit_and_the_fla
             (short(257), "containers"),
             (pod(200, 57), "spec.containers"),
         ] {
-            let (status, ctype, problem) = send(
-                &state,
-                "POST",
-                path,
-                Some("application/json"),
-                body.to_string(),
-            )
-            .await;
+            let (status, ctype, problem) = post(&state, path, &body).await;
             let head: String = problem.to_string().chars().take(300).collect();
             assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}: {head}");
             assert_eq!(ctype, "application/problem+json");
@@ -926,14 +917,7 @@ async fn more_containers_than_max_containers_is_413_naming_the_limit_and_the_fla
             );
         }
         for body in [short(256), pod(200, 56)] {
-            let (status, _, answer) = send(
-                &state,
-                "POST",
-                path,
-                Some("application/json"),
-                body.to_string(),
-            )
-            .await;
+            let (status, _, answer) = post(&state, path, &body).await;
             assert_eq!(status, StatusCode::OK, "{path}: {answer}");
         }
     }
@@ -953,14 +937,7 @@ async fn hints_compute_the_qos_class_a_fixed_number_of_times_whatever_the_pod_si
         let pod = json!({"metadata": {"name": "wide"},
                          "spec": {"containers": containers(n, &requirements)}});
         crate::memorymanager::requests::QOS_COMPUTED.with(|c| c.set(0));
-        let (status, _, answer) = send(
-            &state,
-            "POST",
-            "/v1/hints",
-            Some("application/json"),
-            pod.to_string(),
-        )
-        .await;
+        let (status, _, answer) = post(&state, "/v1/hints", &pod).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
         assert_eq!(answer["containers"].as_array().map(Vec::len), Some(n));
         computed.push(crate::memorymanager::requests::QOS_COMPUTED.with(std::cell::Cell::get));
