@@ -663,6 +663,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kubeletconfig::settings::VERIFICATION_GATE;
 
     fn cli(args: &[&str]) -> Cli {
         Cli::try_parse_from(std::iter::once("hugepage-agent").chain(args.iter().copied()))
@@ -740,6 +741,74 @@ mod tests {
                 err.to_string().contains("'--api-threads <API_THREADS>'"),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn the_kubelet_setting_flags_are_overrides_with_no_default_of_their_own() {
+        let config = Config::try_from(cli(&[])).expect("valid");
+        assert_eq!(config.kubelet_flags, Layer::default());
+        assert_eq!(config.verification.gate, Gate::On);
+        let config = Config::try_from(cli(&[
+            "--topology-policy",
+            "best-effort",
+            "--memory-manager-policy",
+            "Static",
+            "--feature-gates",
+            "PodLevelResources=true,MemoryManagerHugepagesVerification=true",
+            "--verification",
+            "off",
+            "--reserved-memory",
+            "0:memory=1Gi",
+            "--kubelet-config",
+            "/etc/kubernetes/kubelet/config.json",
+        ]))
+        .expect("valid");
+        let flags = &config.kubelet_flags;
+        let policy = flags.policy.as_ref().expect("policy");
+        assert_eq!(
+            (policy.value, &policy.source),
+            (Policy::BestEffort, &Source::Flag("--topology-policy"))
+        );
+        assert!(flags.scope.is_none() && flags.options.is_none());
+        let gate = &flags.gates[VERIFICATION_GATE];
+        assert_eq!(
+            (gate.value, &gate.source),
+            (false, &Source::Flag("--verification")),
+            "--verification wins over --feature-gates"
+        );
+        assert!(flags.gates["PodLevelResources"].value);
+        assert_eq!(
+            flags
+                .reserved_memory
+                .as_ref()
+                .map(|r| r.value[&0]["memory"]),
+            Some(1 << 30)
+        );
+        assert_eq!(
+            config.kubelet_config.as_deref(),
+            Some(std::path::Path::new("/etc/kubernetes/kubelet/config.json"))
+        );
+        for (args, expected) in [
+            (
+                ["--feature-gates", "CPUManager=true"],
+                "--feature-gates: unrecognized feature gate \"CPUManager\"",
+            ),
+            (
+                ["--memory-manager-policy", "static"],
+                "--memory-manager-policy: \"static\" is not None or Static",
+            ),
+            (
+                ["--topology-policy-options", "closest=true"],
+                "--topology-policy-options: unknown topology policy option \"closest\"",
+            ),
+            (
+                ["--reserved-memory", "memory=1Gi"],
+                "--reserved-memory: \"memory=1Gi\": expected <numa node>:<type>=<quantity>",
+            ),
+        ] {
+            let err = Config::try_from(cli(&args)).unwrap_err().to_string();
+            assert!(err.starts_with(expected), "{err}");
         }
     }
 

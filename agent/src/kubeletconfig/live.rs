@@ -256,3 +256,73 @@ fn log_change(before: &KubeletView, next: &KubeletView) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        kubeletconfig::settings::{Source, Sourced},
+        sysfs::{fake, topology},
+        topologymanager::Policy,
+    };
+
+    const CONFIG: &str = "/var/lib/kubelet/config.yaml";
+
+    fn config(policy: &str) -> String {
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmemoryManagerPolicy: Static\ntopologyManagerPolicy: {policy}\n"
+        )
+    }
+
+    #[test]
+    fn bad_input_keeps_the_last_good_settings_and_a_fix_is_taken_at_the_next_tick() {
+        let (dir, host) = fake::tree(&[
+            ("/proc/1/comm", "init\n"),
+            ("/proc/1/cmdline", "init\0"),
+            ("/sys/devices/system/node/online", "0\n"),
+            ("/sys/devices/system/node/node0/cpulist", "0\n"),
+            ("/sys/devices/system/node/node0/distance", "10\n"),
+            (CONFIG, &config("single-numa-node")),
+        ]);
+        let nodes = topology::read(&host).expect("topology");
+        let mut live =
+            LiveKubelet::load(host, None, Layer::default(), nodes.clone()).expect("loaded");
+        let reader = live.reader();
+        let view = reader.load();
+        assert_eq!(view.settings.policy.value, Policy::SingleNumaNode);
+        assert!(view.pins_memory());
+        assert_eq!(view.settings.policy.source, Source::File(CONFIG.into()));
+        assert!(!live.tick(), "nothing changed");
+
+        fake::write(dir.path(), CONFIG, "topologyManagerPolicy: [\n");
+        assert!(!live.tick(), "the settings in use do not change");
+        let view = reader.load();
+        assert_eq!(view.settings.policy.value, Policy::SingleNumaNode);
+        let error = view.error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with(&format!("{CONFIG}: not YAML or JSON")),
+            "{error}"
+        );
+        assert_eq!(
+            view.rows()["topologyManagerPolicy"].source,
+            format!("file {CONFIG} (kept: the latest reading failed)")
+        );
+
+        fake::write(dir.path(), CONFIG, &config("best-effort"));
+        assert!(live.tick(), "the fix is read");
+        let view = reader.load();
+        assert_eq!(view.settings.policy.value, Policy::BestEffort);
+        assert!(view.error.is_none() && !view.kept);
+
+        // A flag overrides whatever the file says.
+        let flags = Layer {
+            policy: Some(Sourced {
+                value: Policy::Restricted,
+                source: Source::Flag("--topology-policy"),
+            }),
+            ..Layer::default()
+        };
+        let live = LiveKubelet::load(HostFs::new(dir.path()), None, flags, nodes).expect("flags");
+        assert_eq!(live.current().settings.policy.value, Policy::Restricted);
+    }
+}
