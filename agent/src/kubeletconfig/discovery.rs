@@ -124,6 +124,8 @@ pub fn read(host: &HostFs, explicit: Option<&Path>) -> Reading {
         Ok(None) => (None, from_files(host, explicit, &mut looked)),
         Err(e) => (None, Err(e)),
     };
+    looked.sort();
+    looked.dedup();
     Reading {
         stamp: Stamp {
             kubelet,
@@ -159,9 +161,13 @@ fn stamp_paths(host: &HostFs, paths: Vec<PathBuf>) -> Vec<(PathBuf, Option<FileS
 }
 
 /// The oldest process named `kubelet`, if any. A process that ends while it is looked at is
-/// skipped; `/proc` itself unreadable is an error.
+/// skipped; no `/proc` under the host root is no process, and `/proc` unreadable an error.
 pub fn find_kubelet(host: &HostFs) -> Result<Option<KubeletProcess>, DiscoveryError> {
     let mut found: Option<KubeletProcess> = None;
+    // A host tree without /proc (no mount of it) has no process to find.
+    if !host.exists("/proc") {
+        return Ok(None);
+    }
     for name in host.list("/proc")? {
         let Ok(pid) = name.parse::<u32>() else {
             continue;
