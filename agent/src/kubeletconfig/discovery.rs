@@ -1,6 +1,6 @@
 //! Finds and reads the node's kubelet settings through the `--host-root` seam. First the running
-//! kubelet: the process named `kubelet` under `<host-root>/proc` (its `comm`, or its argv\[0\]'s
-//! base name), the oldest if several; its command line names `--config` and `--config-dir`
+//! kubelet: the process named `kubelet` under `<host-root>/proc` (its `comm`, or, for a `comm`
+//! such as `kubelet-1.35`, its argv\[0\]'s base name), the oldest if several; its command line names `--config` and `--config-dir`
 //! (relative paths are taken from its working directory, `/proc/<pid>/cwd`; every path is a host
 //! path, read under the host root) and sets flags of its own. Without a kubelet process,
 //! `--kubelet-config` when given, else the first of the places installers write the file
@@ -135,10 +135,16 @@ pub fn read(host: &HostFs, explicit: Option<&Path>) -> Reading {
     }
 }
 
-/// The current stamp of what `previous` looked at, and whether a kubelet runs now.
+/// The current stamp of what `previous` looked at, and whether a kubelet runs now. The kubelet
+/// found before is checked by its own `stat` alone (same pid, same start time); `/proc` is
+/// scanned again only when there was none or it is gone.
 pub fn restamp(host: &HostFs, previous: &Stamp) -> Stamp {
+    let still = previous.kubelet.filter(|k| {
+        let stat = host.read_string_opt(format!("/proc/{}/stat", k.pid));
+        matches!(stat, Ok(Some(stat)) if start_time(&stat) == Some(k.start_time))
+    });
     Stamp {
-        kubelet: find_kubelet(host).ok().flatten(),
+        kubelet: still.or_else(|| find_kubelet(host).ok().flatten()),
         paths: stamp_paths(
             host,
             previous.paths.iter().map(|(p, _)| p.clone()).collect(),
@@ -173,8 +179,13 @@ pub fn find_kubelet(host: &HostFs) -> Result<Option<KubeletProcess>, DiscoveryEr
             continue;
         };
         let proc = PathBuf::from(format!("/proc/{pid}"));
+        // The command line only of processes whose name starts so (`kubelet-1.35` run as
+        // `kubelet`): reading every process's would double the cost of a scan.
         let named = match host.read_string_opt(proc.join("comm")) {
-            Ok(Some(comm)) => comm.trim_end() == "kubelet" || argv0_is_kubelet(host, &proc),
+            Ok(Some(comm)) => {
+                let comm = comm.trim_end();
+                comm == "kubelet" || comm.starts_with("kubelet") && argv0_is_kubelet(host, &proc)
+            }
             _ => continue,
         };
         if !named {
