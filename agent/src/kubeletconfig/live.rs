@@ -219,6 +219,17 @@ pub fn read_once(
 /// The settings of `layers` over the kubelet's defaults, on a machine with these NUMA nodes.
 pub fn view(layers: &[&Layer], nodes: &[NodeInfo], origin: &str) -> Result<KubeletView, String> {
     let settings = KubeletSettings::resolve(layers).map_err(|e| e.to_string())?;
+    let reserved = &settings.reserved_memory;
+    if let Some(node) = reserved
+        .value
+        .keys()
+        .find(|&&n| !nodes.iter().any(|i| i.node.0 as usize == n))
+    {
+        return Err(format!(
+            "reservedMemory ({}): NUMA node {node} does not exist on this machine",
+            reserved.source
+        ));
+    }
     let numa_info = NumaInfo::from_topology(nodes, &settings.policy_options)
         .map_err(|e| format!("the Topology Manager: {e}"))?;
     Ok(KubeletView {
@@ -313,6 +324,22 @@ mod tests {
         let view = reader.load();
         assert_eq!(view.settings.policy.value, Policy::BestEffort);
         assert!(view.error.is_none() && !view.kept);
+
+        // Reserved memory on a node the machine does not have is bad input too.
+        fake::write(
+            dir.path(),
+            CONFIG,
+            &(config("none") + "reservedMemory:\n- numaNode: 1\n  limits:\n    memory: 1Gi\n"),
+        );
+        assert!(!live.tick());
+        let view = reader.load();
+        assert_eq!(view.settings.policy.value, Policy::BestEffort);
+        assert_eq!(
+            view.error.as_deref(),
+            Some(
+                "reservedMemory (file /var/lib/kubelet/config.yaml): NUMA node 1 does not exist on this machine"
+            )
+        );
 
         // A flag overrides whatever the file says.
         let flags = Layer {
