@@ -12,7 +12,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{
-    discovery::{self, Stamp},
+    discovery::{self, DiscoveryError, Found, Stamp},
     settings::{KubeletSettings, Layer, MemoryManagerPolicy, Row},
 };
 use crate::{
@@ -145,19 +145,11 @@ impl LiveKubelet {
     }
 
     /// Reads the settings afresh and publishes them (or keeps the last good ones).
-    pub fn reload(&mut self) -> bool {
+    fn reload(&mut self) -> bool {
         let reading = discovery::read(&self.host, self.explicit.as_deref());
         self.stamp = reading.stamp;
         let before = self.view.load_full();
-        let found = reading
-            .outcome
-            .map_err(|e| e.to_string())
-            .and_then(|found| {
-                let mut layers: Vec<&Layer> = found.layers.iter().collect();
-                layers.push(&self.flags);
-                view(&layers, &self.nodes, &found.origin)
-            });
-        match found {
+        match with_flags(reading.outcome, &self.flags, &self.nodes) {
             Ok(next) => {
                 log_change(&before, &next);
                 let changed = next.settings != before.settings;
@@ -190,15 +182,7 @@ pub fn read_once(
     flags: &Layer,
     nodes: &[NodeInfo],
 ) -> Result<KubeletView, LiveError> {
-    let found = discovery::read(host, explicit)
-        .outcome
-        .map_err(|e| e.to_string())
-        .and_then(|found| {
-            let mut layers: Vec<&Layer> = found.layers.iter().collect();
-            layers.push(flags);
-            view(&layers, nodes, &found.origin)
-        });
-    match found {
+    match with_flags(discovery::read(host, explicit).outcome, flags, nodes) {
         Ok(view) => Ok(view),
         Err(error) => {
             let fallback = view(
@@ -214,6 +198,18 @@ pub fn read_once(
             })
         }
     }
+}
+
+/// What a reading found with the agent's `flags` over it, or why it cannot be used.
+fn with_flags(
+    outcome: Result<Found, DiscoveryError>,
+    flags: &Layer,
+    nodes: &[NodeInfo],
+) -> Result<KubeletView, String> {
+    let found = outcome.map_err(|e| e.to_string())?;
+    let mut layers: Vec<&Layer> = found.layers.iter().collect();
+    layers.push(flags);
+    view(&layers, nodes, &found.origin)
 }
 
 /// The settings of `layers` over the kubelet's defaults, on a machine with these NUMA nodes.
