@@ -105,44 +105,26 @@ pub fn parse(pid: u32, args: &[String]) -> Result<KubeletCmdline, CmdlineError> 
     const OPTIONS: &str = "--topology-manager-policy-options";
     if let Some(options) = map(OPTIONS).map_err(err)? {
         check_options(OPTIONS, &options).map_err(err)?;
-        layer.options = Some(Sourced {
-            value: options,
-            source: source.clone(),
-        });
+        layer.options = Some(at(options, &source));
     }
     if let Some(text) = last("--memory-manager-policy") {
         let policy = parse_memory_manager_policy("--memory-manager-policy", &text).map_err(err)?;
-        layer.memory_manager_policy = Some(Sourced {
-            value: policy,
-            source: source.clone(),
-        });
+        layer.memory_manager_policy = Some(at(policy, &source));
     }
     if let Some(all) = values.get("--reserved-memory") {
-        layer.reserved_memory = Some(Sourced {
-            value: reserved_memory(all).map_err(err)?,
-            source: source.clone(),
-        });
+        layer.reserved_memory = Some(at(reserved_memory(all).map_err(err)?, &source));
     }
     for (flag, slot) in [
         ("--system-reserved", &mut layer.system_reserved),
         ("--kube-reserved", &mut layer.kube_reserved),
     ] {
         if let Some(value) = map(flag).map_err(err)? {
-            *slot = Some(Sourced {
-                value,
-                source: source.clone(),
-            });
+            *slot = Some(at(value, &source));
         }
     }
     for text in values.get("--feature-gates").into_iter().flatten() {
         for (gate, on) in parse_gates("--feature-gates", text).map_err(err)? {
-            layer.gates.insert(
-                gate,
-                Sourced {
-                    value: on,
-                    source: source.clone(),
-                },
-            );
+            layer.gates.insert(gate, at(on, &source));
         }
     }
     Ok(KubeletCmdline {
