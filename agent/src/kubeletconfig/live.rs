@@ -255,12 +255,13 @@ fn log_change(before: &KubeletView, next: &KubeletView) {
             .iter()
             .map(|(name, row)| format!("{name}={:?} ({})", row.value, row.source))
             .collect();
-        info!(
-            origin = %next.origin,
-            changed = %changed.join("; "),
-            settings = %settings.join(", "),
-            "kubelet settings"
-        );
+        let settings = settings.join(", ");
+        if changed.is_empty() {
+            info!(origin = %next.origin, settings, "kubelet settings");
+        } else {
+            let changed = changed.join("; ");
+            info!(origin = %next.origin, changed, settings, "kubelet settings");
+        }
     }
 }
 
