@@ -266,6 +266,23 @@ fn run_logs_each_hugetlb_fault_and_cgroup_event_rereads_sysfs_and_detaches() {
     );
 }
 
+/// A kubelet configuration file (kubeadm's shape, the fields that matter here) whose Memory
+/// Manager runs the static policy under `topology_policy`, in a directory removed on drop: the
+/// settings come from a file, as on a node, not from the agent's flags.
+fn static_kubelet_config(topology_policy: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("config.yaml");
+    fs::write(
+        &path,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\nmemoryManagerPolicy: Static\ntopologyManagerPolicy: {topology_policy}\nreservedMemory:\n- numaNode: 0\n  limits:\n    memory: 100Mi\n"
+        ),
+    )
+    .expect("kubelet config");
+    let path = path.to_str().expect("utf-8 path").to_owned();
+    (dir, path)
+}
+
 /// `check` on this host for `request` with extra flags: (exit code, stdout, stderr).
 fn check(request: &str, extra: &[&str]) -> (Option<i32>, String, String) {
     let mut args = vec!["check", "--request", request];
@@ -874,6 +891,7 @@ fn the_checkpoint_believes_pages_free_that_an_untracked_pod_holds() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("memory_manager_state");
     fs::write(&state, node0_checkpoint(PAGES * MI2, PAGES * MI2)).expect("checkpoint");
+    let (_config_dir, config) = static_kubelet_config("single-numa-node");
     let mut running = Agent::start(agent(&[
         "run",
         "--ebpf",
@@ -882,6 +900,8 @@ fn the_checkpoint_believes_pages_free_that_an_untracked_pod_holds() {
         "1s",
         "--kubelet-state",
         state.to_str().expect("utf-8 path"),
+        "--kubelet-config",
+        &config,
     ]));
     running.wait_for(
         "Memory Manager state read from the kubelet's checkpoint",
@@ -1034,13 +1054,19 @@ fn check_without_numa_picks_nodes_as_the_kubelet_would() {
     let lock = host_lock();
     let _pool = HugepagePool::reserve(&lock, 16);
     let total = read_u64(&format!("{NODE0_2M}/nr_hugepages"));
+    // The node's kubelet (its configuration file here) runs the static policy under `none`.
+    let (_config_dir, config) = static_kubelet_config("none");
+    let kubelet = ["--kubelet-config", config.as_str()];
     // Fits node 0: selected there (this host's one node) and verified.
-    let (code, out, err) = check("hugepages-2Mi=8Mi", &["--policy", "single-numa-node"]);
+    let (code, out, err) = check(
+        "hugepages-2Mi=8Mi",
+        &[&kubelet[..], &["--policy", "single-numa-node"]].concat(),
+    );
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("hugepages-2Mi on NUMA node(s) [0]"), "{out}");
     // More than any node holds: no hint fits, and the Memory Manager's Allocate refuses.
     let more = format!("hugepages-2Mi={}Mi", (total + 4) * 2);
-    let (code, out, err) = check(&more, &[]);
+    let (code, out, err) = check(&more, &kubelet);
     assert_eq!(code, Some(1), "{out}{err}");
     assert!(out.contains("rejected (UnexpectedAdmissionError)"), "{out}");
     assert_eq!(

@@ -48,8 +48,13 @@ fn validate(rendered: &Rendered, version: &str) -> (bool, String) {
 fn every_rendering_validates_strictly_for_the_oldest_and_newest_kubernetes() {
     let mut renderings = vec![(vec![], render(&[]))];
     renderings.push((COMPONENTS.to_vec(), render(&COMPONENTS)));
-    for layout in ["cgroupfs-driver", "hybrid-cgroup"] {
-        renderings.push((vec![layout], render(&[layout])));
+    for one in [
+        "cgroupfs-driver",
+        "hybrid-cgroup",
+        "eks-kubelet-config",
+        "gke-kubelet-config",
+    ] {
+        renderings.push((vec![one], render(&[one])));
     }
     for (components, rendered) in &renderings {
         for version in [OLDEST, NEWEST] {
@@ -287,6 +292,54 @@ fn the_daemonset_grants_only_what_the_agent_needs() {
         }
     );
     assert!(kubelet.read_only);
+    // The node's kubelet settings: its process in the host's /proc, read-only, and no policy
+    // flag of the agent's (they would override the kubelet's on every node alike).
+    let proc = agent.mount("/host/proc");
+    assert_eq!(
+        (&proc.source, proc.read_only),
+        (
+            &Source::HostPath {
+                path: "/proc".into(),
+                kind: "Directory".into()
+            },
+            true
+        )
+    );
+    for flag in [
+        "--topology-policy",
+        "--topology-policy-options",
+        "--topology-scope",
+        "--memory-manager-policy",
+        "--reserved-memory",
+        "--feature-gates",
+        "--verification",
+        "--kubelet-config",
+    ] {
+        assert_eq!(agent.arg(flag), None, "{flag}");
+    }
+    for (component, path, kind) in [
+        ("eks-kubelet-config", "/etc/kubernetes/kubelet", "Directory"),
+        (
+            "gke-kubelet-config",
+            "/home/kubernetes/kubelet-config.yaml",
+            "File",
+        ),
+    ] {
+        let rendered = render(&[component]);
+        let pod = rendered.agent();
+        let mount = pod.mount(&format!("{host_root}{path}"));
+        assert_eq!(
+            (&mount.source, mount.read_only),
+            (
+                &Source::HostPath {
+                    path: path.into(),
+                    kind: kind.into()
+                },
+                true
+            ),
+            "{component}"
+        );
+    }
     assert_eq!(
         agent
             .mount("/host/sys/fs/cgroup")

@@ -3,9 +3,10 @@
 //! Issue #14: over a copied host, whose `proc/pressure/{memory,io}` are ordinary files, the agent
 //! armed its PSI triggers by writing `some 600000 2000000` into them, then could not parse them
 //! and reported every condition Unknown. Here the real binary runs over a built host tree (two
-//! NUMA nodes, pools, pressure files, a cgroup v2 tree with a pod, a kubelet checkpoint), the API
-//! is used, the agent is stopped with SIGTERM, and every file of the tree is compared byte for
-//! byte with what was there before (nothing added, nothing removed). No host state is changed.
+//! NUMA nodes, pools, pressure files, a cgroup v2 tree with a pod, a kubelet checkpoint and
+//! configuration file), the API is used, the agent is stopped with SIGTERM, and every file of
+//! the tree is compared byte for byte with what was there before (nothing added, nothing
+//! removed). No host state is changed.
 
 use std::{
     collections::BTreeMap,
@@ -44,10 +45,15 @@ fn checkpoint() -> Vec<u8> {
 
 /// Two nodes of 2048 2 MiB pages, 1024 free each; pressure files with memory over 30 %; a cgroup
 /// v2 tree whose kubepods slice has pressure files and a Burstable pod holding 6 pages on node 0;
-/// the kubelet's checkpoint.
+/// the kubelet's checkpoint and configuration file.
 fn build(root: &Path) {
     let w = |path: &str, content: &str| put(root, path, content);
     put(root, "/var/lib/kubelet/memory_manager_state", checkpoint());
+    // The kubelet's settings, where kubeadm writes them: the static policy, so hints are given.
+    w(
+        "/var/lib/kubelet/config.yaml",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmemoryManagerPolicy: Static\ntopologyManagerPolicy: single-numa-node\nreservedMemory:\n- numaNode: 0\n  limits:\n    memory: 1Gi\n",
+    );
     two_numa_nodes(root, 16 << 20, 2048, 1024);
     w("/proc/pressure/memory", MEMORY);
     w("/proc/pressure/io", QUIET);
@@ -241,6 +247,11 @@ fn a_run_over_a_copied_host_tree_writes_nothing_into_it_and_reads_its_pressure()
     assert_eq!(answer["allowed"], true, "{answer:#}");
     let hints = post(port, "/v1/hints", &request);
     assert!(hints["hints"]["hugepages-2Mi"].is_array(), "{hints:#}");
+    let kubelet = get(port, "/v1/kubelet");
+    assert_eq!(
+        kubelet["settings"]["memoryManagerPolicy"]["source"], "file /var/lib/kubelet/config.yaml",
+        "{kubelet:#}"
+    );
     let pools = get(port, "/v1/hugepages");
     assert_eq!(pools["nodes"][1]["sizes"][0]["free"], 1024, "{pools:#}");
     let consumers = get(port, "/v1/consumers");

@@ -2,8 +2,9 @@
 //! container asks, as `POST /v1/admit` does: `hugepages-<size>` (placed and verified), `memory`
 //! (placed, never verified: KEP-5759 verifies hugepages only), and any other resource name
 //! (accepted and ignored, with a note: the Memory Manager does not place it). Without `--numa`,
-//! the NUMA nodes are those the kubelet would pick for a Guaranteed pod asking these resources
-//! (`--policy`, else `--topology-policy`), then verified there. Exit 0 admitted, 1 rejected (the
+//! the NUMA nodes are those the node's kubelet would pick for a Guaranteed pod asking these
+//! resources (`--policy`, else its Topology Manager policy; every node under its Memory Manager
+//! policy `None`), then verified there. Exit 0 admitted, 1 rejected (the
 //! KEP's message, or the kubelet's topology refusal, on stderr), 2 bad input (the flag at fault on
 //! stderr).
 
@@ -12,7 +13,7 @@ use std::{collections::BTreeMap, process::ExitCode};
 use crate::{
     admission::{
         plan,
-        verify::{Verdict, Verifier},
+        verify::{Gate, Settings, Verdict, Verifier},
     },
     config::Config,
     host::NumaNode,
@@ -20,11 +21,12 @@ use crate::{
         self, Container, Hugepages, Pod, PodSpec, PodStatus, QuantityValue, Requirements,
         ResourceList, ResourceUse,
     },
+    kubeletconfig::live::{KubeletView, read_once},
     memorymanager::{live::StateLoader, selection::Topology},
     numa::map::{MapWriter, Source},
     quantity::{self, format_binary},
     sysfs::topology,
-    topologymanager::{NumaInfo, Policy},
+    topologymanager::Policy,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -138,9 +140,29 @@ pub fn run(
             return ExitCode::FAILURE;
         }
     };
+    let kubelet = match topology::read(&config.host)
+        .map_err(|e| e.to_string())
+        .and_then(|nodes| {
+            let explicit = config.kubelet_config.as_deref();
+            read_once(&config.host, explicit, &config.kubelet_flags, &nodes)
+                .map_err(|e| e.to_string())
+        }) {
+        Ok(view) => view,
+        Err(e) => {
+            eprintln!("hugepage-agent: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(err) = &kubelet.error {
+        eprintln!(
+            "hugepage-agent: reading the kubelet's settings: {err}; using the flags over the kubelet's defaults"
+        );
+    }
+    let all = verifier.nodes();
     let groups = match numa.map(parse_numa).transpose() {
         Ok(Some(nodes)) => BTreeMap::from([(nodes, requests.pages.clone())]),
-        Ok(None) => match select(config, policy, &requests.placed, &verifier.nodes()) {
+        Ok(None) if !kubelet.pins_memory() => BTreeMap::from([(all, requests.pages.clone())]),
+        Ok(None) => match select(config, &kubelet, policy, &requests.placed, &all) {
             Ok(Selected::Groups(groups)) => groups,
             Ok(Selected::Refused { reason, message }) => {
                 println!("rejected ({reason})");
@@ -156,7 +178,15 @@ pub fn run(
     };
     let mut verdicts = Vec::new();
     for (nodes, pages) in &groups {
-        match verifier.verify(pages, nodes, config.verification) {
+        let settings = Settings {
+            gate: if kubelet.settings.verification() {
+                Gate::On
+            } else {
+                Gate::Off
+            },
+            ..config.verification
+        };
+        match verifier.verify(pages, nodes, settings) {
             Ok(v) => verdicts.push(v),
             Err(e) => return bad(&e),
         }
@@ -197,6 +227,7 @@ enum Selected {
 /// hugepages (on the kubelet's checkpoint, or the state built from sysfs).
 fn select(
     config: &Config,
+    kubelet: &KubeletView,
     policy: Option<Policy>,
     placed: &BTreeMap<String, u64>,
     all: &[NumaNode],
@@ -206,7 +237,7 @@ fn select(
     let mut loader = StateLoader::new(
         config.host.clone(),
         config.kubelet_state.clone(),
-        config.reserved_memory.clone(),
+        kubelet.settings.reserved_memory.value.clone(),
     );
     let view = loader.load(&writer.current()).map_err(|e| e.to_string())?;
     if let Some(err) = &view.checkpoint_error {
@@ -214,9 +245,7 @@ fn select(
             "hugepage-agent: the kubelet's checkpoint is refused ({err}); using the state built from sysfs"
         );
     }
-    let topology_nodes = topology::read(&config.host).map_err(|e| e.to_string())?;
-    let info = NumaInfo::from_topology(&topology_nodes, &config.topology.options)
-        .map_err(|e| e.to_string())?;
+    let config_topology = kubelet.topology();
     let list: ResourceList = placed
         .iter()
         .map(|(name, bytes)| (name.clone(), QuantityValue::Number(*bytes)))
@@ -239,11 +268,11 @@ fn select(
         ..Pod::default()
     };
     let topology = Topology {
-        info: &info,
-        policy: policy.unwrap_or(config.topology.policy),
-        options: &config.topology.options,
-        scope: config.topology.scope,
-        gates: config.topology.gates,
+        info: &kubelet.numa_info,
+        policy: policy.unwrap_or(config_topology.policy),
+        options: &config_topology.options,
+        scope: config_topology.scope,
+        gates: config_topology.gates,
     };
     let pages = pod::pod_hugepages(&pod.spec).map_err(|e| e.to_string())?;
     let plan = plan::plan(&view.state, &pod, &pages, topology, all).map_err(|e| e.to_string())?;

@@ -15,19 +15,21 @@ use crate::{
     admission::verify::{Gate, Mode, OnSysfsError, Settings},
     api::admit::DEFAULT_MAX_CONTAINERS,
     client::{AgentUrl, ClientError},
-    kubelet::features::FeatureGates,
-    logging::LogFormat,
-    memorymanager::{
-        hints::Scope,
-        machine::{MachineError, ReservedMemory, parse_reserved_memory},
-        selection::TopologyConfig,
+    kubeletconfig::{
+        cmdline,
+        settings::{
+            Layer, LayerError, MIRRORED_GATES, Source, Sourced, VERIFICATION_GATE, check_options,
+            key_values, parse_memory_manager_policy,
+        },
     },
+    logging::LogFormat,
+    memorymanager::hints::Scope,
     probes::live::FaultScope,
     psi::monitor::PsiConfig,
     sysfs::HostFs,
     telemetry::traces::{TraceConfig, TracesError},
     tls::TlsFiles,
-    topologymanager::{Policy, PolicyOptions},
+    topologymanager::Policy,
 };
 
 #[derive(Debug, Parser)]
@@ -136,9 +138,10 @@ pub struct Cli {
     pub reconcile_interval: String,
     #[arg(long, env = "HUGEPAGE_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
-    /// The MemoryManagerHugepagesVerification gate: off admits every request without reading sysfs.
-    #[arg(long, env = "HUGEPAGE_AGENT_VERIFICATION", value_enum, default_value_t = Gate::On, global = true)]
-    pub verification: Gate,
+    /// Override of the MemoryManagerHugepagesVerification gate: off admits every request without
+    /// reading sysfs (default: the kubelet's gate when it sets it, else on).
+    #[arg(long, env = "HUGEPAGE_AGENT_VERIFICATION", value_enum, global = true)]
+    pub verification: Option<Gate>,
     /// kep: available = free_hugepages; strict: minus pages reserved by mappings but not faulted.
     #[arg(long, env = "HUGEPAGE_AGENT_VERIFICATION_MODE", value_enum, default_value_t = Mode::Kep, global = true)]
     pub verification_mode: Mode,
@@ -189,24 +192,38 @@ pub struct Cli {
     /// When a sysfs file cannot be read during verification: admit (the KEP's choice) or reject.
     #[arg(long, env = "HUGEPAGE_AGENT_ON_SYSFS_ERROR", value_enum, default_value_t = OnSysfsError::Admit, global = true)]
     pub on_sysfs_error: OnSysfsError,
-    /// The kubelet's Topology Manager policy, for picking NUMA nodes when a request names none.
-    #[arg(long, env = "HUGEPAGE_AGENT_TOPOLOGY_POLICY", value_enum, default_value_t = Policy::SingleNumaNode, global = true)]
-    pub topology_policy: Policy,
-    /// The kubelet's `--topology-manager-policy-options`, e.g. `prefer-closest-numa-nodes=true`.
+    /// Override of the kubelet's Topology Manager policy (default: the node's kubelet's).
     #[arg(
         long,
-        env = "HUGEPAGE_AGENT_TOPOLOGY_POLICY_OPTIONS",
-        default_value = "",
+        env = "HUGEPAGE_AGENT_TOPOLOGY_POLICY",
+        value_enum,
         global = true
     )]
-    pub topology_policy_options: String,
-    /// The kubelet's Topology Manager scope: container or pod.
-    #[arg(long, env = "HUGEPAGE_AGENT_TOPOLOGY_SCOPE", default_value = "container", value_parser = parse_scope, global = true)]
-    pub topology_scope: Scope,
+    pub topology_policy: Option<Policy>,
+    /// Override of the kubelet's `--topology-manager-policy-options`, e.g.
+    /// `prefer-closest-numa-nodes=true`.
+    #[arg(long, env = "HUGEPAGE_AGENT_TOPOLOGY_POLICY_OPTIONS", global = true)]
+    pub topology_policy_options: Option<String>,
+    /// Override of the kubelet's Topology Manager scope: container or pod.
+    #[arg(long, env = "HUGEPAGE_AGENT_TOPOLOGY_SCOPE", value_parser = parse_scope, global = true)]
+    pub topology_scope: Option<Scope>,
+    /// Override of the kubelet's Memory Manager policy: None (nothing pinned: verified on every
+    /// NUMA node) or Static.
+    #[arg(long, env = "HUGEPAGE_AGENT_MEMORY_MANAGER_POLICY", global = true)]
+    pub memory_manager_policy: Option<String>,
     /// The kubelet Memory Manager checkpoint (default: <host-root>/var/lib/kubelet/memory_manager_state).
     #[arg(long, env = "HUGEPAGE_AGENT_KUBELET_STATE", global = true)]
     pub kubelet_state: Option<PathBuf>,
-    /// The kubelet's `--reserved-memory`, used when there is no checkpoint, e.g.
+    /// The kubelet's configuration file (a host path) when no kubelet process is found (default:
+    /// the first of the places installers write it).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_KUBELET_CONFIG",
+        value_name = "FILE",
+        global = true
+    )]
+    pub kubelet_config: Option<PathBuf>,
+    /// Override of the kubelet's `--reserved-memory`, used when there is no checkpoint, e.g.
     /// `0:memory=1Gi,hugepages-1Gi=2Gi`; repeat or separate nodes with `;`.
     #[arg(
         long,
@@ -215,9 +232,11 @@ pub struct Cli {
         global = true
     )]
     pub reserved_memory: Vec<String>,
-    /// Kubelet feature gates that change hints, e.g. `PodLevelResources=true,PodLevelResourceManagers=true`.
-    #[arg(long, env = "HUGEPAGE_AGENT_FEATURE_GATES", default_value = "", value_parser = parse_gates, global = true)]
-    pub feature_gates: FeatureGates,
+    /// Override of kubelet feature gates the agent mirrors, e.g.
+    /// `PodLevelResources=true,MemoryManagerHugepagesVerification=false`; each gate named
+    /// replaces the kubelet's.
+    #[arg(long, env = "HUGEPAGE_AGENT_FEATURE_GATES", global = true)]
+    pub feature_gates: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -242,7 +261,7 @@ pub enum CliCommand {
         #[arg(long)]
         numa: Option<String>,
         /// Topology Manager policy for picking NUMA nodes when `--numa` is not given (default:
-        /// `--topology-policy`).
+        /// the node's kubelet's, or `--topology-policy`).
         #[arg(long, value_enum)]
         policy: Option<Policy>,
         /// The whole answer as JSON on stdout.
@@ -275,11 +294,6 @@ pub enum CliCommand {
 
 fn parse_scope(text: &str) -> Result<Scope, String> {
     text.parse()
-}
-
-fn parse_gates(text: &str) -> Result<FeatureGates, String> {
-    text.parse()
-        .map_err(|e: crate::kubelet::features::FeatureGateError| e.to_string())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -331,10 +345,12 @@ pub enum ConfigError {
     Threshold { flag: &'static str, value: String },
     #[error(transparent)]
     Traces(#[from] TracesError),
-    #[error("--topology-policy-options {given:?}: {detail}")]
-    PolicyOptions { given: String, detail: String },
-    #[error("{0}")]
-    ReservedMemory(String),
+    #[error(transparent)]
+    Kubelet(#[from] LayerError),
+    #[error(
+        "--feature-gates: unrecognized feature gate {0:?}: the agent mirrors MemoryManagerHugepagesVerification, PodLevelResources and PodLevelResourceManagers"
+    )]
+    UnknownGate(String),
     #[error("{given} needs {missing}: a certificate and its private key go together")]
     TlsPair {
         given: &'static str,
@@ -395,25 +411,60 @@ pub fn exposure(
     }
 }
 
-/// Parses `name=value[,name=value…]` as the kubelet's `--topology-manager-policy-options`.
-fn policy_options(text: &str) -> Result<PolicyOptions, ConfigError> {
-    let mut map = std::collections::BTreeMap::new();
-    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, value) = pair
-            .split_once('=')
-            .ok_or_else(|| ConfigError::PolicyOptions {
-                given: text.to_owned(),
-                detail: format!("{pair:?} is not name=value"),
-            })?;
-        map.insert(
-            name.trim().to_owned(),
-            serde_json::Value::String(value.trim().to_owned()),
-        );
+/// The agent's flags that override the kubelet's settings, as one layer over them.
+fn flag_layer(cli: &Cli) -> Result<Layer, ConfigError> {
+    fn at<T>(value: T, flag: &'static str) -> Sourced<T> {
+        Sourced {
+            value,
+            source: Source::Flag(flag),
+        }
     }
-    PolicyOptions::from_map(&map).map_err(|e| ConfigError::PolicyOptions {
-        given: text.to_owned(),
-        detail: e.to_string(),
-    })
+    let mut layer = Layer {
+        policy: cli.topology_policy.map(|p| at(p, "--topology-policy")),
+        scope: cli.topology_scope.map(|s| at(s, "--topology-scope")),
+        ..Layer::default()
+    };
+    if let Some(text) = &cli.topology_policy_options {
+        const FLAG: &str = "--topology-policy-options";
+        let options = key_values(FLAG, text)?;
+        check_options(FLAG, &options)?;
+        layer.options = Some(at(options, FLAG));
+    }
+    if let Some(text) = &cli.memory_manager_policy {
+        const FLAG: &str = "--memory-manager-policy";
+        layer.memory_manager_policy = Some(at(parse_memory_manager_policy(FLAG, text)?, FLAG));
+    }
+    if !cli.reserved_memory.is_empty() {
+        let reserved = cmdline::reserved_memory(&cli.reserved_memory)?;
+        layer.reserved_memory = Some(at(reserved, "--reserved-memory"));
+    }
+    if let Some(text) = &cli.feature_gates {
+        const FLAG: &str = "--feature-gates";
+        for (name, value) in key_values(FLAG, text)? {
+            let gate = MIRRORED_GATES
+                .into_iter()
+                .find(|g| *g == name)
+                .ok_or_else(|| ConfigError::UnknownGate(name.clone()))?;
+            let on = match value.to_ascii_lowercase().as_str() {
+                "true" => true,
+                "false" => false,
+                _ => {
+                    return Err(LayerError {
+                        field: FLAG.into(),
+                        detail: format!("{name}={value}: not true or false"),
+                    }
+                    .into());
+                }
+            };
+            layer.gates.insert(gate, at(on, FLAG));
+        }
+    }
+    if let Some(gate) = cli.verification {
+        layer
+            .gates
+            .insert(VERIFICATION_GATE, at(gate == Gate::On, "--verification"));
+    }
+    Ok(layer)
 }
 
 /// The validated configuration.
@@ -434,10 +485,12 @@ pub struct Config {
     pub reject_under_pressure: bool,
     pub reservation_ttl: Duration,
     pub state_dir: PathBuf,
-    pub topology: TopologyConfig,
+    /// The agent's flags that override the node's kubelet settings.
+    pub kubelet_flags: Layer,
+    /// `--kubelet-config`: the file read when no kubelet process is found (a host path).
+    pub kubelet_config: Option<PathBuf>,
     /// The kubelet Memory Manager checkpoint, as a path on this machine.
     pub kubelet_state: PathBuf,
-    pub reserved_memory: ReservedMemory,
     /// OpenTelemetry export, from the standard `OTEL_*` variables.
     pub traces: TraceConfig,
     /// TLS for the API listener.
@@ -511,6 +564,7 @@ impl TryFrom<Cli> for Config {
         {
             return Err(ConfigError::SameListen(metrics));
         }
+        let kubelet_flags = flag_layer(&cli)?;
         let tls = tls_files(
             cli.tls_cert_file,
             cli.tls_private_key_file,
@@ -519,14 +573,6 @@ impl TryFrom<Cli> for Config {
         if matches!(cli.command, None | Some(CliCommand::Run)) {
             exposure(listen, tls.as_ref(), cli.allow_unauthenticated_clients)?;
         }
-        let topology = TopologyConfig {
-            policy: cli.topology_policy,
-            options: policy_options(&cli.topology_policy_options)?,
-            scope: cli.topology_scope,
-            gates: cli.feature_gates,
-        };
-        let reserved_memory = parse_reserved_memory(&cli.reserved_memory)
-            .map_err(|e: MachineError| ConfigError::ReservedMemory(e.to_string()))?;
         let host = HostFs::new(cli.host_root.clone());
         let kubelet_state = cli
             .kubelet_state
@@ -562,14 +608,14 @@ impl TryFrom<Cli> for Config {
                     state,
                     pod,
                     container,
-                    scope: scope.unwrap_or(cli.topology_scope),
+                    scope: scope.or(cli.topology_scope).unwrap_or(Scope::Container),
                 },
                 Some(CliCommand::Merge { input }) => Command::Merge { input },
             },
             host,
-            topology,
+            kubelet_flags,
+            kubelet_config: cli.kubelet_config,
             kubelet_state,
-            reserved_memory,
             ebpf: cli.ebpf,
             fault_scope: cli.fault_scope,
             reconcile_interval,
@@ -587,7 +633,7 @@ impl TryFrom<Cli> for Config {
             metrics_listen,
             allow_unauthenticated_clients: cli.allow_unauthenticated_clients,
             verification: Settings {
-                gate: cli.verification,
+                gate: cli.verification.unwrap_or(Gate::On),
                 mode: cli.verification_mode,
                 on_sysfs_error: cli.on_sysfs_error,
             },
@@ -632,6 +678,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kubeletconfig::settings::VERIFICATION_GATE;
 
     fn cli(args: &[&str]) -> Cli {
         Cli::try_parse_from(std::iter::once("hugepage-agent").chain(args.iter().copied()))
@@ -709,6 +756,74 @@ mod tests {
                 err.to_string().contains("'--api-threads <API_THREADS>'"),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn the_kubelet_setting_flags_are_overrides_with_no_default_of_their_own() {
+        let config = Config::try_from(cli(&[])).expect("valid");
+        assert_eq!(config.kubelet_flags, Layer::default());
+        assert_eq!(config.verification.gate, Gate::On);
+        let config = Config::try_from(cli(&[
+            "--topology-policy",
+            "best-effort",
+            "--memory-manager-policy",
+            "Static",
+            "--feature-gates",
+            "PodLevelResources=true,MemoryManagerHugepagesVerification=true",
+            "--verification",
+            "off",
+            "--reserved-memory",
+            "0:memory=1Gi",
+            "--kubelet-config",
+            "/etc/kubernetes/kubelet/config.json",
+        ]))
+        .expect("valid");
+        let flags = &config.kubelet_flags;
+        let policy = flags.policy.as_ref().expect("policy");
+        assert_eq!(
+            (policy.value, &policy.source),
+            (Policy::BestEffort, &Source::Flag("--topology-policy"))
+        );
+        assert!(flags.scope.is_none() && flags.options.is_none());
+        let gate = &flags.gates[VERIFICATION_GATE];
+        assert_eq!(
+            (gate.value, &gate.source),
+            (false, &Source::Flag("--verification")),
+            "--verification wins over --feature-gates"
+        );
+        assert!(flags.gates["PodLevelResources"].value);
+        assert_eq!(
+            flags
+                .reserved_memory
+                .as_ref()
+                .map(|r| r.value[&0]["memory"]),
+            Some(1 << 30)
+        );
+        assert_eq!(
+            config.kubelet_config.as_deref(),
+            Some(std::path::Path::new("/etc/kubernetes/kubelet/config.json"))
+        );
+        for (args, expected) in [
+            (
+                ["--feature-gates", "CPUManager=true"],
+                "--feature-gates: unrecognized feature gate \"CPUManager\"",
+            ),
+            (
+                ["--memory-manager-policy", "static"],
+                "--memory-manager-policy: \"static\" is not None or Static",
+            ),
+            (
+                ["--topology-policy-options", "closest=true"],
+                "--topology-policy-options: unknown topology policy option \"closest\"",
+            ),
+            (
+                ["--reserved-memory", "memory=1Gi"],
+                "--reserved-memory: \"memory=1Gi\": expected <numa node>:<type>=<quantity>",
+            ),
+        ] {
+            let err = Config::try_from(cli(&args)).unwrap_err().to_string();
+            assert!(err.starts_with(expected), "{err}");
         }
     }
 

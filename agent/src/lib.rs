@@ -16,6 +16,7 @@ pub mod footprint;
 pub mod host;
 pub mod kube;
 pub mod kubelet;
+pub mod kubeletconfig;
 pub mod logging;
 pub mod memorymanager;
 pub mod numa;

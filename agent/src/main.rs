@@ -7,7 +7,9 @@ use clap::Parser;
 use hugepage_agent::{
     check,
     config::{Cli, Command, Config},
-    footprint, run, status, telemetry,
+    footprint,
+    kubeletconfig::settings::KubeletSettings,
+    run, status, telemetry,
     telemetry::traces::TraceConfig,
     whatif,
 };
@@ -57,7 +59,13 @@ fn main() -> ExitCode {
             ref container,
             scope,
         } => {
-            let gates = config.topology.gates;
+            let gates = match KubeletSettings::resolve(&[&config.kubelet_flags]) {
+                Ok(settings) => settings.topology().gates,
+                Err(err) => {
+                    eprintln!("hugepage-agent: {err}");
+                    return ExitCode::from(2);
+                }
+            };
             return match whatif::hints(state, pod, container.as_deref(), scope, gates) {
                 Ok(answer) => {
                     if let Some(note) = answer.note {

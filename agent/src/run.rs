@@ -1,13 +1,14 @@
 //! `hugepage-agent run`: the wiring. What starts, in what order, what stops it: signals first
 //! (a signal that arrives once the agent says it runs must stop it cleanly), the API's socket
 //! (and the metrics listener's), the map and its refresher, the TLS material and its watcher,
-//! the reservations, PSI, the Memory Manager's state, the listeners' threads, then the probes
+//! the reservations, PSI, the node's kubelet settings, the Memory Manager's state, the
+//! listeners' threads, then the probes
 //! (or sysfs alone), readiness, and the loop ([`crate::runloop`]) until SIGINT or SIGTERM; then
 //! the listeners drain, PSI and the TLS watcher stop, and the probes detach.
 //!
 //! Each running concern lives with its state: the map's refresh in `numa::refresh`, the probes in
 //! `probes::live`, reservation release in `admission::release`, the Memory Manager's state in
-//! `memorymanager::live`; this file only builds and connects them.
+//! `memorymanager::live`, the kubelet's settings in `kubeletconfig::live`; this file only builds and connects them.
 
 use std::{
     sync::{Arc, Mutex},
@@ -30,6 +31,7 @@ use crate::{
     config::{Config, EbpfMode},
     consumers::FaultBook,
     kubelet::pods::PodCgroups,
+    kubeletconfig::live::LiveKubelet,
     memorymanager::live::{LiveState, StateLoader},
     numa::{
         map::{MapWriter, Source},
@@ -44,7 +46,6 @@ use crate::{
     sysfs::{SysfsError, topology},
     telemetry::{export::ExportStats, metrics::Metrics},
     tls::{self, TlsError},
-    topologymanager::NumaInfo,
 };
 
 /// How long in-flight API requests may take once shutdown begins.
@@ -107,20 +108,23 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
     let reservations = Arc::new(Mutex::new(store));
     let (mut psi_monitor, psi_reader) = Monitor::new(config.host.clone(), config.psi);
     psi_monitor.evaluate(std::time::SystemTime::now());
-    let numa_info =
-        NumaInfo::from_topology(&topology::read(&config.host)?, &config.topology.options)
-            .map_err(|e| RunError::State(format!("the Topology Manager: {e}")))?;
+    let kubelet = LiveKubelet::load(
+        config.host.clone(),
+        config.kubelet_config.clone(),
+        config.kubelet_flags.clone(),
+        topology::read(&config.host)?,
+    )
+    .map_err(|e| RunError::State(e.to_string()))?;
     let loader = StateLoader::new(
         config.host.clone(),
         config.kubelet_state.clone(),
-        config.reserved_memory.clone(),
+        kubelet.current().settings.reserved_memory.value.clone(),
     );
     let memory = LiveState::load(loader, &refresher.current())
         .map_err(|e| RunError::State(format!("the Memory Manager state: {e}")))?;
     let state = AppState {
         memory_manager: memory.reader(),
-        numa_info: Arc::new(numa_info),
-        topology: config.topology,
+        kubelet: kubelet.reader(),
         map,
         verifier: Arc::new(Verifier::new(config.host.clone())?),
         settings: config.verification,
@@ -158,6 +162,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         probes: LiveProbes::new(config.host.clone()),
         releaser: Releaser::new(config.host.clone(), pods, reservations),
         memory,
+        kubelet,
         faults,
         metrics,
     };

@@ -1,13 +1,13 @@
 //! The agent's loop: where each thing that happens goes. A hugetlb fault goes to the probes
 //! (retries folded), the fault book and the map's refresher; a cgroup event to the reservations'
-//! pod inventory and the probe's watch set; a due re-read, a reconcile or a changed checkpoint to
-//! the module that owns that state. Everything here runs on one task, so the map keeps its one
+//! pod inventory and the probe's watch set; a due re-read, a reconcile, a changed checkpoint or a
+//! changed kubelet to the module that owns that state. Everything here runs on one task, so the map keeps its one
 //! writer; each concern's state and rules live in its own module, which this one only calls and
 //! whose outcomes it turns into metrics.
 //!
 //! The owners: [`Refresher`] (the map), [`LiveProbes`] (the loaded probes), [`Releaser`]
 //! (reservations and pod cgroups), [`LiveState`] (the Memory Manager's state and the
-//! discrepancy).
+//! discrepancy), [`LiveKubelet`] (the kubelet's settings).
 
 use std::{
     sync::Arc,
@@ -25,6 +25,7 @@ use crate::{
         cgroup_path::{Owner, classify},
         pods::PodCgroups,
     },
+    kubeletconfig::live::LiveKubelet,
     memorymanager::live::LiveState,
     numa::refresh::{Refreshed, Refresher},
     probes::{
@@ -35,7 +36,7 @@ use crate::{
     telemetry::metrics::Metrics,
 };
 
-/// How often the kubelet's checkpoint is checked for changes (a `stat`).
+/// How often the kubelet's checkpoint (a `stat`) and its process and files are checked for changes.
 const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
 
 /// The owners of every running concern, and the metrics their outcomes update.
@@ -45,6 +46,8 @@ pub struct RunLoop {
     pub probes: LiveProbes,
     pub releaser: Releaser,
     pub memory: LiveState,
+    /// The node's kubelet settings, checked with the checkpoint.
+    pub kubelet: LiveKubelet,
     /// Hugetlb faults per cgroup, for `GET /v1/consumers`.
     pub faults: FaultBook,
     pub metrics: Arc<Metrics>,
@@ -134,8 +137,15 @@ impl RunLoop {
         self.update_discrepancy();
     }
 
-    /// Re-reads the kubelet's checkpoint if the file changed.
+    /// Re-reads the kubelet's settings if its process or files changed (a change of reserved
+    /// memory reaches the Memory Manager's state), and its checkpoint if the file changed.
     pub fn checkpoint_tick(&mut self) {
+        if self.kubelet.tick() {
+            let reserved = &self.kubelet.current().settings.reserved_memory.value;
+            self.memory
+                .set_reserved(reserved, &self.refresher.current());
+            self.update_discrepancy();
+        }
         if self.memory.checkpoint_changed() {
             self.memory.reload(&self.refresher.current());
             self.update_discrepancy();

@@ -63,6 +63,12 @@ use hugepage_agent_tests::{
     spawn_in, wait_ready, wait_timeout,
 };
 
+/// The kubelet settings every bench agent runs with (there is no kubelet on this machine).
+const KUBELET_SETTINGS: [(&str, &str); 2] = [
+    ("HUGEPAGE_AGENT_MEMORY_MANAGER_POLICY", "Static"),
+    ("HUGEPAGE_AGENT_TOPOLOGY_POLICY", "single-numa-node"),
+];
+
 const USAGE: &str = "admit-load --agent PATH --oha PATH [--rate R] [--connections C[,C...]] [--seconds S] [--rounds N] [--tracing compare | --tls compare | --versus PATH] [--cpus shared|split]";
 
 struct Args {
@@ -462,6 +468,10 @@ impl Running {
             )
             .arg("--state-dir")
             .arg(state.path())
+            // A node whose kubelet pins memory (the Static Memory Manager policy, single-numa-node):
+            // every admission takes the kubelet's hints and selection. Environment, not flags, so
+            // that a binary older than these settings (--versus) runs the same way.
+            .envs(KUBELET_SETTINGS)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log_file);

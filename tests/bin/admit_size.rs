@@ -3,7 +3,9 @@
 //!
 //! Starts the release agent with `--ebpf off` over a generated host tree (two NUMA nodes of
 //! 32 GiB of 2 MiB pages and 128 GiB of memory each, under `$TMPDIR`; nothing of this host is
-//! read or changed, no cgroup, no hugepage pool, no lock), then:
+//! read or changed, no cgroup, no hugepage pool, no lock), as on a node whose kubelet pins memory
+//! (`--memory-manager-policy Static --topology-policy single-numa-node`: every admission takes
+//! the kubelet's hints and selection), then:
 //!
 //! * **Size sweep**: `POST /v1/admit` with pods of 10, 100, 1,000, 2,000 and 4,000 containers
 //!   (`--sizes`), one request at a time over one connection, `--repetitions` times each after a
@@ -164,6 +166,14 @@ fn start(agent: &Path, root: &Path, extra: &[String]) -> Agent {
         .arg("--host-root")
         .arg(root)
         .args(["--ebpf", "off"])
+        // A node whose kubelet pins memory: every admission takes the kubelet's hints and
+        // selection (there is no kubelet here).
+        .args([
+            "--memory-manager-policy",
+            "Static",
+            "--topology-policy",
+            "single-numa-node",
+        ])
         .args(extra);
     let running = Agent::start(cmd);
     wait_ready(running.port, Duration::from_secs(30)).expect("the agent is ready within 30 s");

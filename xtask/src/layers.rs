@@ -5,7 +5,8 @@
 //! no circle: the top-level modules (`admission`, `memorymanager`, …), and the files of one
 //! folder among themselves (a parent's `mod.rs` and its children excepted: a folder's root names
 //! its children to declare them). It also holds the rules that keep pure logic pure: the
-//! Topology Manager's merge and the Memory Manager's hint generation import no reader.
+//! Topology Manager's merge, the Memory Manager's hint generation and the parsing and merging
+//! of the kubelet's settings import no reader.
 //!
 //! It reads imports as text, line comments (documentation included) left out: a doc link is not
 //! an import.
@@ -22,9 +23,18 @@ use anyhow::{Context, Result, bail};
 pub type Graph = BTreeMap<Vec<String>, BTreeSet<Vec<String>>>;
 
 /// Modules of pure logic and the modules they must not import.
-const PURE: [(&str, &[&str]); 2] = [
+const PURE: [(&str, &[&str]); 5] = [
     ("topologymanager", &["sysfs", "numa", "probes", "psi"]),
     ("memorymanager::hints", &["sysfs", "probes", "psi"]),
+    ("kubeletconfig::file", &["sysfs", "numa", "probes", "psi"]),
+    (
+        "kubeletconfig::cmdline",
+        &["sysfs", "numa", "probes", "psi"],
+    ),
+    (
+        "kubeletconfig::settings",
+        &["sysfs", "numa", "probes", "psi"],
+    ),
 ];
 
 /// Reads every `.rs` file under `src` (tests excluded: `tests.rs` and `tests/` folders).

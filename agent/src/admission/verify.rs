@@ -54,7 +54,7 @@ pub enum OnSysfsError {
     Reject,
 }
 
-/// The `MemoryManagerHugepagesVerification` gate (`--verification`).
+/// The `MemoryManagerHugepagesVerification` gate: the kubelet's, or `--verification`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Gate {
     On,
@@ -71,8 +71,7 @@ pub struct Settings {
 }
 
 /// The message of an answer given with the gate off.
-pub const GATE_OFF: &str =
-    "hugepages verification is off (--verification off): admitted without reading sysfs";
+pub const GATE_OFF: &str = "hugepages verification is off (the MemoryManagerHugepagesVerification gate; GET /v1/kubelet says who set it): admitted without reading sysfs";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum VerifyError {

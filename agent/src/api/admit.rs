@@ -25,7 +25,7 @@ use crate::{
     admission::{
         plan::{self, Plan, PlanError},
         reservations,
-        verify::{REASON_PRESSURE, Verdict, VerifyError},
+        verify::{Gate, REASON_PRESSURE, Settings, Verdict, VerifyError},
     },
     host::NumaNode,
     kube::{
@@ -38,7 +38,7 @@ use crate::{
     logging::RateLimit,
     memorymanager::{
         hints::{HintError, Scope},
-        selection::{Selection, Topology},
+        selection::{Basis, Selection, Topology},
     },
     psi::condition::NodeCondition,
     topologymanager::Policy,
@@ -239,6 +239,7 @@ fn placement(state: &AppState, parsed: &Parsed, sampled: bool) -> Result<(Plan, 
         hint.record("hugepage.numa_nodes", node_list(&nodes).as_str());
         let source = match (selected, &plan.selection.reason) {
             (false, _) => "request",
+            (true, None) if plan.selection.basis == Basis::NodeWide => "memory manager policy None",
             (true, None) => "kubelet hints and topology policy",
             (true, Some(reason)) => reason,
         };
@@ -249,23 +250,26 @@ fn placement(state: &AppState, parsed: &Parsed, sampled: bool) -> Result<(Plan, 
 
 fn select(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
     let all = state.verifier.nodes();
+    let kubelet = state.kubelet.load();
+    let unselected = |nodes: &[NumaNode], basis| {
+        let groups = BTreeMap::from([(nodes.to_vec(), parsed.pages.total.clone())]);
+        let selection = Selection::unselected(basis);
+        (Plan { groups, selection }, basis == Basis::NodeWide)
+    };
     if let Some(nodes) = &parsed.nodes {
-        let groups = BTreeMap::from([(nodes.clone(), parsed.pages.total.clone())]);
-        let selection = Selection {
-            admit: true,
-            reason: None,
-            message: None,
-            placements: Vec::new(),
-        };
-        return Ok((Plan { groups, selection }, false));
+        return Ok(unselected(nodes, Basis::Request));
+    }
+    if !kubelet.pins_memory() {
+        return Ok(unselected(&all, Basis::NodeWide));
     }
     let view = state.memory_manager.load();
+    let config = kubelet.topology();
     let topology = Topology {
-        info: &state.numa_info,
-        policy: parsed.policy.unwrap_or(state.topology.policy),
-        options: &state.topology.options,
-        scope: parsed.scope.unwrap_or(state.topology.scope),
-        gates: state.topology.gates,
+        info: &kubelet.numa_info,
+        policy: parsed.policy.unwrap_or(config.policy),
+        options: &config.options,
+        scope: parsed.scope.unwrap_or(config.scope),
+        gates: config.gates,
     };
     let plan = plan::plan(&view.state, &parsed.pod, &parsed.pages, topology, &all).map_err(
         |e| match e {
@@ -286,6 +290,14 @@ pub fn admit(state: &AppState, parsed: &Parsed) -> Result<Decided, ApiError> {
         span.record("k8s.pod.uid", parsed.pod_ref.uid.as_str());
     }
     let (plan, selected) = placement(state, parsed, sampled)?;
+    let settings = Settings {
+        gate: if state.kubelet.load().settings.verification() {
+            Gate::On
+        } else {
+            Gate::Off
+        },
+        ..state.settings
+    };
     // Held from the fresh read to the reservation: no other admission sees the pages in between.
     let mut store = state
         .reservations
@@ -299,7 +311,7 @@ pub fn admit(state: &AppState, parsed: &Parsed) -> Result<Decided, ApiError> {
         verdicts.push(
             state
                 .verifier
-                .verify(pages, nodes, state.settings)
+                .verify(pages, nodes, settings)
                 .map_err(|e| match e {
                     VerifyError::UnknownNode { .. } => {
                         ApiError::invalid("numaNodes", e.to_string())
@@ -317,7 +329,7 @@ pub fn admit(state: &AppState, parsed: &Parsed) -> Result<Decided, ApiError> {
         reason: None,
         message: None,
         numa_nodes: Vec::new(),
-        mode: state.settings.mode,
+        mode: settings.mode,
         checks: Vec::new(),
         reservation: None,
     });

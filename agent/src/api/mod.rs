@@ -1,6 +1,7 @@
 //! The HTTP API (axum): `POST /v1/admit`, `GET /v1/hugepages`, `GET /v1/consumers`,
 //! `GET /v1/reservations`, `DELETE /v1/reservations/{id}`,
-//! `GET /v1/conditions`, `GET /v1/events`, `POST /v1/hints`, `GET /v1/discrepancy`, `GET /metrics`,
+//! `GET /v1/conditions`, `GET /v1/events`, `POST /v1/hints`, `GET /v1/discrepancy`,
+//! `GET /v1/kubelet`, `GET /metrics`,
 //! `/healthz`, `/readyz`, `/openapi.json`. [`router`] builds it from an [`AppState`] so tests drive it without a socket;
 //! handlers extract, call a plain function, and map the result; errors are [`error::ApiError`].
 //! [`metrics_router`] is the plain listener's (`--metrics-listen`): `/metrics`, `/healthz` and
@@ -40,12 +41,12 @@ use crate::{
     },
     consumers::{self, FaultBook},
     host::PageSize,
-    memorymanager::{live::MemoryManagerView, selection::TopologyConfig},
+    kubeletconfig::live::KubeletView,
+    memorymanager::live::MemoryManagerView,
     numa::map::{MapReader, Snapshot},
     psi::monitor::PsiReader,
     sysfs::{HostFs, hugepages},
     telemetry::{encode::Format, metrics::Metrics, scrape},
-    topologymanager::NumaInfo,
 };
 use arc_swap::ArcSwap;
 use error::ApiError;
@@ -86,10 +87,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The kubelet Memory Manager's state, kept current by the run loop.
     pub memory_manager: Arc<ArcSwap<MemoryManagerView>>,
-    /// The machine's NUMA nodes and distances, for the Topology Manager merge.
-    pub numa_info: Arc<NumaInfo>,
-    /// The kubelet's policy, options, scope and feature gates.
-    pub topology: TopologyConfig,
+    /// The node's kubelet settings (policies, options, scope, reserved memory, feature gates)
+    /// with the machine's NUMA nodes under them, kept current by the run loop.
+    pub kubelet: Arc<ArcSwap<KubeletView>>,
     /// `--max-containers`: the most containers a pod in a request may have.
     pub max_containers: usize,
     /// Where requests with large bodies or pods are worked out, off the API threads.
@@ -101,6 +101,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admit", post(admit_handler))
         .route("/v1/hints", post(hints_handler))
         .route("/v1/discrepancy", get(discrepancy_handler))
+        .route("/v1/kubelet", get(kubelet_handler))
         .route("/v1/hugepages", get(hugepages))
         .route("/v1/consumers", get(consumers_handler))
         .route("/v1/reservations", get(reservations_list))
@@ -315,6 +316,10 @@ async fn discrepancy_handler(State(state): State<AppState>) -> Response {
     Json(topology::discrepancy(&state, consumers.as_deref())).into_response()
 }
 
+async fn kubelet_handler(State(state): State<AppState>) -> Response {
+    Json(state.kubelet.load().answer()).into_response()
+}
+
 async fn consumers_handler(State(state): State<AppState>) -> Response {
     // A walk of the cgroup tree: off the runtime's worker threads.
     let listed = tokio::task::spawn_blocking(move || {
@@ -373,6 +378,7 @@ async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> R
         psi: &state.psi.load(),
         probes: state.readiness.probes(),
         verification_sysfs_errors: state.verifier.sysfs_errors(),
+        kubelet: &state.kubelet.load().rows(),
     };
     let body = scrape::render(format, &state.metrics, &sources);
     ([(header::CONTENT_TYPE, format.content_type())], body).into_response()

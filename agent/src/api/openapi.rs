@@ -44,7 +44,7 @@ fn hints_path() -> Value {
             "200": {"description": "Hints", "content": {"application/json": {"schema": {"type": "object", "properties": {
                 "hints": {"$ref": "#/components/schemas/Hints"},
                 "containers": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "hints": {"$ref": "#/components/schemas/Hints"}}}},
-                "selection": {"type": "object"},
+                "selection": selection_schema(),
                 "source": {"enum": ["checkpoint", "sysfs"]},
                 "checkpointPath": {"type": "string"},
                 "checkpointError": {"type": "string"},
@@ -73,6 +73,35 @@ fn discrepancy_path() -> Value {
                 "explanation": {"type": "string"}
             }}}
         }}}}}}
+    }})
+}
+
+/// `GET /v1/kubelet`.
+fn kubelet_path() -> Value {
+    json!({"get": {
+        "summary": "The node's kubelet settings the agent selects NUMA nodes with, each with its value and source",
+        "description": "Read from the running kubelet (the process named kubelet: its command line, its --config file and --config-dir drop-ins), else --kubelet-config or the places installers write it, else the kubelet's defaults; the agent's flags override. Re-read when the kubelet restarts or a file changes. A reading that fails keeps the settings in use, names the file and field in `error`, and every source then says it was kept.",
+        "responses": {"200": {"description": "The settings in use", "content": {"application/json": {"schema": {"type": "object", "required": ["origin", "settings", "loadedAt"], "properties": {
+            "origin": {"type": "string", "description": "where the settings came from: the kubelet's pid and files, a file, or the kubelet's defaults"},
+            "error": {"type": "string", "description": "why the latest reading was not used (file and field named)"},
+            "settings": {"type": "object", "description": "KubeletConfiguration field name (feature gates as featureGates.<Name>) to its value and source", "additionalProperties": {"type": "object", "required": ["value", "source"], "properties": {
+                "value": {"type": "string"},
+                "source": {"type": "string", "examples": ["kubelet command line (pid 1234)", "file /var/lib/kubelet/config.yaml", "drop-in /etc/kubernetes/kubelet/config.json.d/50-numa.conf", "flag --topology-policy", "kubelet default"]}
+            }}},
+            "loadedAt": {"type": "string", "format": "date-time"}
+        }}}}}}
+    }})
+}
+
+/// How the nodes were chosen, in `selection`.
+fn selection_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "basis": {"enum": ["static-policy", "node-wide", "request"], "description": "static-policy: the Memory Manager's hints merged under the Topology Manager policy, then Allocate; node-wide: the kubelet's Memory Manager policy is None, which pins nothing, so the pod is verified on every NUMA node"},
+        "note": {"type": "string"},
+        "admit": {"type": "boolean"},
+        "reason": {"type": "string"},
+        "message": {"type": "string"},
+        "placements": {"type": "array", "items": {"type": "object"}}
     }})
 }
 
@@ -109,8 +138,8 @@ fn request_schemas(nodes: &[u32]) -> Value {
                         "resources": {"$ref": "#/components/schemas/ResourceList", "description": "requests and limits at once"}
                     }}},
                     "numaNodes": {"type": ["array", "null"], "minItems": 1, "items": {"type": "integer", "enum": nodes}, "description": "the NUMA nodes to verify, each a node of this machine (this document is this agent's: the enum lists its machine's nodes); absent or null: selected as the kubelet would"},
-                    "topologyPolicy": {"enum": ["none", "best-effort", "restricted", "single-numa-node", null], "description": "absent or null: --topology-policy"},
-                    "scope": {"enum": ["container", "pod", null], "description": "absent or null: --topology-scope"}
+                    "topologyPolicy": {"enum": ["none", "best-effort", "restricted", "single-numa-node", null], "description": "absent or null: the node's kubelet's (GET /v1/kubelet)"},
+                    "scope": {"enum": ["container", "pod", null], "description": "absent or null: the node's kubelet's (GET /v1/kubelet)"}
                 }
             },
             "Requirements": {"type": ["object", "null"], "properties": {
@@ -157,7 +186,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
         "paths": {
             "/v1/admit": {"post": {
                 "summary": "Can this pod's hugepage request be served on these NUMA nodes, right now?",
-                "description": "free_hugepages is read fresh for the selected NUMA nodes. Without numaNodes they are selected as the kubelet would: the Memory Manager's hints (static policy, on its checkpoint or the state built from sysfs) merged under the Topology Manager policy (topologyPolicy, else --topology-policy), then its Allocate; a refusal there is the kubelet's TopologyAffinityError or UnexpectedAdmissionError, and `selection` shows the hints and the merged hint. A rejection by the kernel carries the KEP-5759 message. The body is either the short form (containers' resources are requests and limits) or a whole v1.Pod.",
+                "description": "free_hugepages is read fresh for the selected NUMA nodes. Without numaNodes they are selected as the node's kubelet would (its settings: GET /v1/kubelet): the Memory Manager's hints (static policy, on its checkpoint or the state built from sysfs) merged under the Topology Manager policy (topologyPolicy, else the kubelet's), then its Allocate; a refusal there is the kubelet's TopologyAffinityError or UnexpectedAdmissionError, and `selection` shows the hints and the merged hint. Under the kubelet's Memory Manager policy None nothing is pinned: `selection.basis` is node-wide and every NUMA node is verified. A rejection by the kernel carries the KEP-5759 message. The body is either the short form (containers' resources are requests and limits) or a whole v1.Pod.",
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"oneOf": [
                     {"$ref": "#/components/schemas/AdmitShort"},
                     {"$ref": "#/components/schemas/Pod"}
@@ -172,6 +201,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
             }},
             "/v1/hints": hints_path(),
             "/v1/discrepancy": discrepancy_path(),
+            "/v1/kubelet": kubelet_path(),
             "/v1/hugepages": {"get": {
                 "summary": "The hugepage map: per NUMA node and size, and system-wide",
                 "responses": {"200": {"description": "The latest snapshot", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Snapshot"}}}}}
@@ -233,13 +263,14 @@ pub fn document(nodes: &[NumaNode]) -> Value {
             }},
             "Verdict": {"type": "object", "required": ["allowed", "numaNodes", "mode", "checks", "pod"], "properties": {
                 "allowed": {"type": "boolean"},
-                "reason": {"enum": ["FailedHugepagesVerification", "HugepagesVerificationUnavailable", "NodeUnderMemoryContentionPressure"]},
+                "reason": {"enum": ["FailedHugepagesVerification", "HugepagesVerificationUnavailable", "NodeUnderMemoryContentionPressure", "TopologyAffinityError", "UnexpectedAdmissionError"]},
                 "message": {"type": "string", "examples": ["insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 6Gi, available 4Gi"]},
                 "numaNodes": {"type": "array", "items": {"type": "integer"}},
                 "mode": {"enum": ["kep", "strict"]},
                 "checks": {"type": "array", "items": {"$ref": "#/components/schemas/Check"}},
                 "reservation": {"type": "object", "description": "made when an admitted request names a pod UID", "properties": {"id": {"type": "string"}, "expiresAt": {"type": "string", "format": "date-time"}}},
-                "pod": {"type": "object"}
+                "pod": {"type": "object"},
+                "selection": selection_schema()
             }},
             "Snapshot": {"type": "object", "properties": {
                 "generation": {"type": "integer"},

@@ -12,6 +12,10 @@ use crate::{
         reservations::Store,
         verify::{Gate, Mode, OnSysfsError},
     },
+    kubeletconfig::{
+        live::{KubeletView, view},
+        settings::{self, Layer, MemoryManagerPolicy, Sourced},
+    },
     numa::map::{MapWriter, Source},
     psi::monitor::{Monitor, PsiConfig},
     sysfs::{HostFs, fake},
@@ -22,6 +26,27 @@ const POD_1: &str = "00000000-0000-4000-8000-000000000001";
 const POD_2: &str = "00000000-0000-4000-8000-000000000002";
 const POD_B: &str = "0000000b-0000-4000-8000-00000000000b";
 const POD_C: &str = "0000000c-0000-4000-8000-00000000000c";
+
+/// The kubelet's settings with these two policies set by flags, on `host`'s NUMA nodes.
+fn kubelet_view(
+    host: &HostFs,
+    policy: crate::topologymanager::Policy,
+    memory_manager: MemoryManagerPolicy,
+) -> KubeletView {
+    let flags = Layer {
+        policy: Some(Sourced {
+            value: policy,
+            source: settings::Source::Flag("--topology-policy"),
+        }),
+        memory_manager_policy: Some(Sourced {
+            value: memory_manager,
+            source: settings::Source::Flag("--memory-manager-policy"),
+        }),
+        ..Layer::default()
+    };
+    let nodes = crate::sysfs::topology::read(host).expect("topology");
+    view(&[&flags], &nodes, "flags").expect("kubelet settings")
+}
 
 /// Two nodes with 2 GiB of free 2 MiB pages each (Story 2 after Job C took 4 of 8 GiB).
 fn state() -> (tempfile::TempDir, AppState) {
@@ -65,17 +90,11 @@ fn state() -> (tempfile::TempDir, AppState) {
     let (_writer, map) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
     let (_monitor, psi) = Monitor::new(host.clone(), PSI);
     let verifier = Arc::new(Verifier::new(host.clone()).expect("verifier"));
-    let topology = TopologyConfig {
-        policy: crate::topologymanager::Policy::SingleNumaNode,
-        options: crate::topologymanager::PolicyOptions::default(),
-        scope: crate::memorymanager::hints::Scope::Container,
-        gates: crate::kubelet::features::FeatureGates::default(),
-    };
-    let numa_info = NumaInfo::from_topology(
-        &crate::sysfs::topology::read(&host).expect("topology"),
-        &topology.options,
-    )
-    .expect("numa info");
+    let kubelet = kubelet_view(
+        &host,
+        crate::topologymanager::Policy::SingleNumaNode,
+        MemoryManagerPolicy::Static,
+    );
     let view = loader(&host, dir.path().join("memory_manager_state"))
         .load(&map.load())
         .expect("memory manager state");
@@ -106,8 +125,7 @@ fn state() -> (tempfile::TempDir, AppState) {
         )),
         host,
         memory_manager: Arc::new(ArcSwap::from_pointee(view)),
-        numa_info: Arc::new(numa_info),
-        topology,
+        kubelet: Arc::new(ArcSwap::from_pointee(kubelet)),
         metrics,
         max_containers: admit::DEFAULT_MAX_CONTAINERS as usize,
         heavy: lane::Lane::start().expect("the heavy lane"),
@@ -256,6 +274,85 @@ async fn without_nodes_the_kubelets_selection_picks_them_and_the_os_is_checked_t
     assert_eq!(
         answer["message"],
         "Resources cannot be allocated with Topology locality"
+    );
+}
+
+#[tokio::test]
+async fn under_memory_manager_policy_none_a_guaranteed_pod_is_verified_on_every_node() {
+    let (_d, state) = state();
+    let none = kubelet_view(
+        &state.host,
+        crate::topologymanager::Policy::SingleNumaNode,
+        MemoryManagerPolicy::None,
+    );
+    state.kubelet.store(Arc::new(none));
+    // 3Gi fits nowhere under single-numa-node with the static policy; under None the kubelet
+    // pins nothing and the 4Gi free on both nodes together serve it.
+    let (_, _, answer) = admit(&state, short("3Gi", None)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    assert_eq!(answer["numaNodes"], json!([0, 1]));
+    assert_eq!(answer["selection"]["basis"], "node-wide", "{answer}");
+    assert!(
+        answer["selection"]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("Memory Manager policy is None")),
+        "{answer}"
+    );
+    assert_eq!(answer["selection"]["placements"], json!([]));
+    let (_, _, hints) = send(
+        &state,
+        "POST",
+        "/v1/hints",
+        Some("application/json"),
+        short("3Gi", None).to_string(),
+    )
+    .await;
+    assert_eq!(hints["hints"], Value::Null, "{hints}");
+    assert_eq!(hints["selection"]["basis"], "node-wide");
+}
+
+#[tokio::test]
+async fn the_kubelet_settings_in_use_are_served_with_their_sources_and_as_a_metric() {
+    let (_d, state) = state();
+    let (status, _, answer) = send(&state, "GET", "/v1/kubelet", None, Body::empty()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["origin"], "flags");
+    let policy = &answer["settings"]["topologyManagerPolicy"];
+    assert_eq!(policy["value"], "single-numa-node");
+    assert_eq!(policy["source"], "flag --topology-policy");
+    let scope = &answer["settings"]["topologyManagerScope"];
+    assert_eq!(
+        (scope["value"].as_str(), scope["source"].as_str()),
+        (Some("container"), Some("kubelet default"))
+    );
+    let gate = &answer["settings"]["featureGates.MemoryManagerHugepagesVerification"];
+    assert_eq!(gate["value"], "true");
+    assert!(
+        gate["source"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("agent default")),
+        "{gate}"
+    );
+    let response = router(state.clone())
+        .oneshot(
+            Request::builder()
+                .uri("/metrics")
+                .body(Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.lines().any(|l| l
+            == "hugepage_agent_kubelet_setting_info{setting=\"memoryManagerPolicy\",value=\"Static\",source=\"flag --memory-manager-policy\"} 1"),
+        "{text}"
     );
 }
 
@@ -499,6 +596,7 @@ async fn the_openapi_document_describes_every_route() {
         "/v1/admit",
         "/v1/hints",
         "/v1/discrepancy",
+        "/v1/kubelet",
         "/v1/hugepages",
         "/v1/consumers",
         "/v1/reservations",

@@ -16,7 +16,7 @@ use crate::{
         discrepancy::{self, Discrepancy},
         hints::{self, HintError, Hints, PodFacts},
         live::MemoryManagerView,
-        selection::{self, Selection, Topology},
+        selection::{self, Basis, Selection, Topology},
     },
 };
 
@@ -59,8 +59,25 @@ pub fn hints(state: &AppState, parsed: &Parsed) -> Result<HintsAnswer, ApiError>
         admit::known_nodes(state, nodes)?;
     }
     let view = state.memory_manager.load();
-    let gates = state.topology.gates;
+    let kubelet = state.kubelet.load();
     let pod = &parsed.pod;
+    if !kubelet.pins_memory() {
+        // The None policy gives no hints: the kubelet pins nothing.
+        let containers = pod.spec.init_containers.iter().chain(&pod.spec.containers);
+        return Ok(HintsAnswer {
+            hints: None,
+            containers: containers
+                .map(|c| ContainerHints {
+                    name: c.name.clone(),
+                    hints: None,
+                })
+                .collect(),
+            selection: Selection::unselected(Basis::NodeWide),
+            state: (**view).clone(),
+        });
+    }
+    let config = kubelet.topology();
+    let gates = config.gates;
     let pod_hints = hints::pod_hints(&view.state, pod, gates).map_err(hint_error)?;
     let facts = PodFacts::of(pod, gates).map_err(request_error)?;
     let all = pod.spec.init_containers.iter().chain(&pod.spec.containers);
@@ -72,10 +89,10 @@ pub fn hints(state: &AppState, parsed: &Parsed) -> Result<HintsAnswer, ApiError>
         });
     }
     let topology = Topology {
-        info: &state.numa_info,
-        policy: parsed.policy.unwrap_or(state.topology.policy),
-        options: &state.topology.options,
-        scope: parsed.scope.unwrap_or(state.topology.scope),
+        info: &kubelet.numa_info,
+        policy: parsed.policy.unwrap_or(config.policy),
+        options: &config.options,
+        scope: parsed.scope.unwrap_or(config.scope),
         gates,
     };
     let selection = selection::select(&view.state, pod, topology).map_err(hint_error)?;

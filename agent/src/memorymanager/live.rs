@@ -1,7 +1,7 @@
 //! The Memory Manager state the running agent selects NUMA nodes with: the kubelet's checkpoint
 //! when there is one (re-read whenever the file changes; a corrupt or mismatched file is refused
 //! whole, said once in the log and in the view, and the agent falls back), else the state the
-//! kubelet would start from, built from sysfs, node meminfo and `--reserved-memory`.
+//! kubelet would start from, built from sysfs, node meminfo and the kubelet's reserved memory.
 //! [`LiveState`] keeps it current for the running agent (published through an atomic pointer
 //! that admissions read) and says how far it is from the kernel: the discrepancy per node and
 //! size, for the gauge.
@@ -167,6 +167,14 @@ impl LiveState {
         self.view.clone()
     }
 
+    /// New reserved memory (the kubelet's settings changed): the view is read again if it differs.
+    pub fn set_reserved(&mut self, reserved: &ReservedMemory, snapshot: &Snapshot) {
+        if &self.loader.reserved != reserved {
+            self.loader.reserved = reserved.clone();
+            self.reload(snapshot);
+        }
+    }
+
     /// Whether the checkpoint file changed since the last load.
     pub fn checkpoint_changed(&self) -> bool {
         self.loader.changed()
@@ -217,7 +225,7 @@ fn log_view(view: &MemoryManagerView) {
         ),
         (StateSource::Sysfs, None) => info!(
             path = %view.checkpoint_path.display(),
-            "no kubelet Memory Manager checkpoint: NUMA selection uses the state built from sysfs and --reserved-memory"
+            "no kubelet Memory Manager checkpoint: NUMA selection uses the state built from sysfs and the kubelet's reserved memory"
         ),
     }
 }

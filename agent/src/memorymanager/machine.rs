@@ -1,14 +1,13 @@
 //! The Memory Manager's machine state when there is no kubelet checkpoint, built as the kubelet
 //! builds its initial state: per NUMA node, each hugepage size's pool (`nr_hugepages` × size) and
-//! the node's `MemTotal` minus the hugepage pools for `memory`; `--reserved-memory` (the kubelet's
-//! flag, same syntax) is each table's systemReserved; allocatable and free are the total minus it.
+//! the node's `MemTotal` minus the hugepage pools for `memory`; the kubelet's reserved memory
+//! (`reservedMemory`, `--reserved-memory`; read by [`crate::kubeletconfig`]) is each table's systemReserved; allocatable and free are the total minus it.
 
 use std::collections::BTreeMap;
 
 use super::state::{MachineState, MemoryTable, NumaNodeState};
 use crate::{
     host::NumaNode,
-    kube::pod,
     numa::map::Snapshot,
     quantity,
     sysfs::{HostFs, SysfsError, meminfo},
@@ -17,17 +16,11 @@ use crate::{
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
     #[error(
-        "--reserved-memory {0:?}: expected <numa node>:<type>=<quantity>[,<type>=<quantity>…], e.g. 0:memory=1Gi,hugepages-1Gi=2Gi"
-    )]
-    Syntax(String),
-    #[error("--reserved-memory {given:?}: {detail}")]
-    Value { given: String, detail: String },
-    #[error(
-        "--reserved-memory reserves {resource} on NUMA node {node}, which the machine does not have"
+        "the kubelet's reserved memory names {resource} on NUMA node {node}, which the machine does not have"
     )]
     NoSuchResource { node: usize, resource: String },
     #[error(
-        "--reserved-memory reserves {reserved} of {resource} on NUMA node {node}, more than its {total}"
+        "the kubelet's reserved memory reserves {reserved} of {resource} on NUMA node {node}, more than its {total}"
     )]
     TooMuch {
         node: usize,
@@ -41,48 +34,6 @@ pub enum MachineError {
 
 /// NUMA node → resource → bytes reserved for the system.
 pub type ReservedMemory = BTreeMap<usize, BTreeMap<String, u64>>;
-
-/// Parses `--reserved-memory` values (each may hold several nodes separated by `;`).
-pub fn parse_reserved_memory(values: &[String]) -> Result<ReservedMemory, MachineError> {
-    let mut reserved = ReservedMemory::new();
-    for value in values {
-        for entry in value.split(';').map(str::trim).filter(|e| !e.is_empty()) {
-            let syntax = || MachineError::Syntax(entry.to_string());
-            let (node, limits) = entry.split_once(':').ok_or_else(syntax)?;
-            let node: usize = node.trim().parse().map_err(|_| syntax())?;
-            for limit in limits.split(',') {
-                let (name, amount) = limit.split_once('=').ok_or_else(syntax)?;
-                let name = name.trim();
-                let resource = if name == "memory" {
-                    name.to_string()
-                } else {
-                    match pod::page_size(name, "--reserved-memory") {
-                        Ok(Some(size)) => format!("hugepages-{}", quantity::format_binary(size.0)),
-                        _ => {
-                            return Err(MachineError::Value {
-                                given: entry.to_string(),
-                                detail: format!(
-                                    "unknown memory type {name:?}: memory or hugepages-<size>"
-                                ),
-                            });
-                        }
-                    }
-                };
-                let bytes =
-                    quantity::parse_bytes(amount.trim()).map_err(|e| MachineError::Value {
-                        given: entry.to_string(),
-                        detail: e.to_string(),
-                    })?;
-                *reserved
-                    .entry(node)
-                    .or_default()
-                    .entry(resource)
-                    .or_default() += bytes;
-            }
-        }
-    }
-    Ok(reserved)
-}
 
 /// What the machine has per node: `MemTotal` and each hugepage size's pool, in bytes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -194,26 +145,15 @@ mod tests {
 
     const GI: u64 = 1 << 30;
 
-    #[test]
-    fn parses_the_kubelets_reserved_memory_syntax() {
-        let reserved = parse_reserved_memory(&[
-            "0:memory=1Gi,hugepages-1Gi=2Gi".into(),
-            "1:memory=2Gi;2:hugepages-2048Ki=4Mi".into(),
-        ])
-        .unwrap();
-        assert_eq!(reserved[&0]["memory"], GI);
-        assert_eq!(reserved[&0]["hugepages-1Gi"], 2 * GI);
-        assert_eq!(reserved[&1]["memory"], 2 * GI);
-        assert_eq!(reserved[&2]["hugepages-2Mi"], 4 << 20);
-        for bad in [
-            "memory=1Gi",
-            "x:memory=1Gi",
-            "0:memory",
-            "0:cpu=1",
-            "0:memory=lots",
-        ] {
-            assert!(parse_reserved_memory(&[bad.into()]).is_err(), "{bad}");
+    fn reservations(entries: &[(usize, &str, u64)]) -> ReservedMemory {
+        let mut reserved = ReservedMemory::new();
+        for &(node, resource, bytes) in entries {
+            reserved
+                .entry(node)
+                .or_default()
+                .insert(resource.to_owned(), bytes);
         }
+        reserved
     }
 
     #[test]
@@ -225,7 +165,7 @@ mod tests {
                 hugepages: BTreeMap::from([("hugepages-1Gi".to_string(), 4 * GI)]),
             },
         )]);
-        let reserved = parse_reserved_memory(&["0:memory=1Gi,hugepages-1Gi=1Gi".into()]).unwrap();
+        let reserved = reservations(&[(0, "memory", GI), (0, "hugepages-1Gi", GI)]);
         let machine = initial_state(&nodes, &reserved).unwrap();
         let memory = machine[&0].memory_map["memory"];
         assert_eq!(
@@ -240,12 +180,12 @@ mod tests {
         let huge = machine[&0].memory_map["hugepages-1Gi"];
         assert_eq!((huge.total_mem_size, huge.allocatable), (4 * GI, 3 * GI));
         assert_eq!(machine[&0].cells, vec![0]);
-        let too_much = parse_reserved_memory(&["0:hugepages-1Gi=5Gi".into()]).unwrap();
+        let too_much = reservations(&[(0, "hugepages-1Gi", 5 * GI)]);
         assert!(matches!(
             initial_state(&nodes, &too_much),
             Err(MachineError::TooMuch { .. })
         ));
-        let elsewhere = parse_reserved_memory(&["3:memory=1Gi".into()]).unwrap();
+        let elsewhere = reservations(&[(3, "memory", GI)]);
         assert!(matches!(
             initial_state(&nodes, &elsewhere),
             Err(MachineError::NoSuchResource { node: 3, .. })

@@ -44,10 +44,30 @@ pub struct Placement {
     pub allocated: Option<NumaMask>,
 }
 
+/// How the NUMA nodes to verify on were chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Basis {
+    /// The Memory Manager's static policy: its hints, the Topology Manager's merge, `Allocate`.
+    StaticPolicy,
+    /// Memory Manager policy `None`: the kubelet pins no memory to NUMA nodes, so KEP-5759's
+    /// per-node check does not apply; the pod is verified on every node.
+    NodeWide,
+    /// The request named the nodes.
+    Request,
+}
+
+/// What a node-wide selection says in the answer.
+pub const NODE_WIDE_NOTE: &str = "the kubelet's Memory Manager policy is None: it pins no memory to NUMA nodes and KEP-5759's per-node check does not apply; verified on every NUMA node, as for a pod that is not Guaranteed";
+
 /// Every placement, up to and including the first that is refused.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Selection {
+    pub basis: Basis,
+    /// Why the basis is not the static policy's, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<&'static str>,
     pub admit: bool,
     /// The kubelet's reason for a refusal: `TopologyAffinityError` or `UnexpectedAdmissionError`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -65,6 +85,8 @@ pub const REASON_ALLOCATE: &str = "UnexpectedAdmissionError";
 impl Selection {
     fn admitted(placements: Vec<Placement>) -> Self {
         Selection {
+            basis: Basis::StaticPolicy,
+            note: None,
             admit: true,
             reason: None,
             message: None,
@@ -72,8 +94,22 @@ impl Selection {
         }
     }
 
+    /// Nothing selected: the nodes are the request's, or every node (`basis`).
+    pub fn unselected(basis: Basis) -> Self {
+        Selection {
+            basis,
+            note: (basis == Basis::NodeWide).then_some(NODE_WIDE_NOTE),
+            admit: true,
+            reason: None,
+            message: None,
+            placements: Vec::new(),
+        }
+    }
+
     fn refused(placements: Vec<Placement>, reason: &'static str, message: String) -> Self {
         Selection {
+            basis: Basis::StaticPolicy,
+            note: None,
             admit: false,
             reason: Some(reason),
             message: Some(message),

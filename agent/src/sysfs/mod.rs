@@ -96,6 +96,20 @@ impl HostFs {
         self.path(abs).exists()
     }
 
+    /// The target of a host symbolic link (`/proc/<pid>/cwd`), as the link holds it.
+    pub fn read_link(&self, abs: impl AsRef<Path>) -> Result<PathBuf, SysfsError> {
+        let path = self.path(abs);
+        fs::read_link(&path).map_err(|source| SysfsError::Read { path, source })
+    }
+
+    /// `lstat` of a host path; `None` when it does not exist.
+    pub fn metadata(&self, abs: impl AsRef<Path>) -> Result<Option<fs::Metadata>, SysfsError> {
+        let path = self.path(abs);
+        not_found_is_none(
+            fs::symlink_metadata(&path).map_err(|source| SysfsError::Read { path, source }),
+        )
+    }
+
     /// Names of the entries of a host directory, sorted.
     pub fn list(&self, abs: impl AsRef<Path>) -> Result<Vec<String>, SysfsError> {
         let path = self.path(abs);

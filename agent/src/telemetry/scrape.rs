@@ -1,9 +1,10 @@
 //! `GET /metrics`: what is read when Prometheus scrapes — the hugepage pools of the latest map
-//! snapshot, the agent's reservations, PSI averages and node conditions, probe state, build info
-//! — followed by the event-driven families of [`super::metrics`]. Every label value comes from
-//! the host (nodes, sizes), PSI's fixed sets, or the condition types; none from a request.
+//! snapshot, the agent's reservations, PSI averages and node conditions, probe state, build
+//! info, the kubelet settings in use — followed by the event-driven families of
+//! [`super::metrics`]. Every label value comes from the host (nodes, sizes, the kubelet's
+//! settings), PSI's fixed sets, or the condition types; none from a request.
 
-use std::time::SystemTime;
+use std::{collections::BTreeMap, time::SystemTime};
 
 use super::{
     encode::{Encoder, Format, Kind},
@@ -12,6 +13,7 @@ use super::{
 use crate::{
     admission::reservations::Reservation,
     host::PageSize,
+    kubeletconfig::settings::Row,
     numa::map::Snapshot,
     psi::{condition::Status, monitor::PsiView},
 };
@@ -27,6 +29,8 @@ pub struct Sources<'a> {
     pub probes: Option<&'a str>,
     /// Sysfs reads that failed during verification.
     pub verification_sysfs_errors: u64,
+    /// The node's kubelet settings in use: name → value and source.
+    pub kubelet: &'a BTreeMap<String, Row>,
 }
 
 /// The whole exposition.
@@ -51,6 +55,19 @@ pub fn render(format: Format, metrics: &Metrics, s: &Sources<'_>) -> String {
         "Sysfs reads that failed during verification (--on-sysfs-error decides the answer).",
     );
     e.sample(SYSFS, &[], s.verification_sysfs_errors as f64);
+    const KUBELET: &str = "hugepage_agent_kubelet_setting_info";
+    e.family(KUBELET, Kind::Gauge, "Always 1: each kubelet setting the agent selects NUMA nodes with, its value, and where it came from (kubelet command line, file, drop-in, flag, default).");
+    for (setting, row) in s.kubelet {
+        e.sample(
+            KUBELET,
+            &[
+                ("setting", setting),
+                ("value", &row.value),
+                ("source", &row.source),
+            ],
+            1.0,
+        );
+    }
     psi(&mut e, s.psi);
     metrics.encode(&mut e);
     e.finish()

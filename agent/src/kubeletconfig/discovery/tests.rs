@@ -1,0 +1,239 @@
+use std::{fs, path::Path};
+
+use super::*;
+use crate::{
+    kubeletconfig::settings::{KubeletSettings, MemoryManagerPolicy, Source},
+    sysfs::fake,
+    topologymanager::Policy,
+};
+
+fn fixture(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/kubeletconfig/testdata")
+        .join(name);
+    fs::read_to_string(path).expect("fixture")
+}
+
+/// A process `pid` under the fake `/proc`: its `comm`, argv and working directory.
+fn process(root: &Path, pid: u32, comm: &str, argv: &[&str], cwd: &str, start: u64) {
+    fake::write(root, &format!("/proc/{pid}/comm"), &format!("{comm}\n"));
+    fake::write(
+        root,
+        &format!("/proc/{pid}/cmdline"),
+        &(argv.join("\0") + "\0"),
+    );
+    let fields: Vec<String> = (4..=21).map(|i| i.to_string()).collect();
+    fake::write(
+        root,
+        &format!("/proc/{pid}/stat"),
+        &format!("{pid} ({comm}) S {} {start} 0 0\n", fields.join(" ")),
+    );
+    std::os::unix::fs::symlink(cwd, root.join(format!("proc/{pid}/cwd"))).expect("cwd link");
+}
+
+fn settings(reading: Reading) -> (String, KubeletSettings) {
+    let found = reading.outcome.expect("found");
+    let layers: Vec<&Layer> = found.layers.iter().collect();
+    (
+        found.origin,
+        KubeletSettings::resolve(&layers).expect("settings"),
+    )
+}
+
+#[test]
+fn the_running_kubelets_command_line_and_files_are_read_relative_to_its_directory() {
+    let (dir, host) = fake::tree(&[
+        ("/proc/1/comm", "systemd\n"),
+        ("/proc/1/cmdline", "/sbin/init\0"),
+        (
+            "/var/lib/kubelet/config.yaml",
+            &fixture("kubeadm-config.yaml"),
+        ),
+        (
+            "/etc/kubernetes/kubelet.conf.d/20-scope.conf",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ntopologyManagerScope: container\n",
+        ),
+        ("/etc/kubernetes/kubelet.conf.d/README", "not a drop-in"),
+    ]);
+    process(
+        dir.path(),
+        4242,
+        "kubelet",
+        &[
+            "/usr/bin/kubelet",
+            "--config",
+            "config.yaml",
+            "--config-dir=/etc/kubernetes/kubelet.conf.d",
+            "--topology-manager-policy=restricted",
+        ],
+        "/var/lib/kubelet",
+        900,
+    );
+    let reading = read(&host, None);
+    assert_eq!(
+        reading.stamp.kubelet,
+        Some(KubeletProcess {
+            pid: 4242,
+            start_time: 900
+        })
+    );
+    let (origin, s) = settings(reading);
+    assert_eq!(
+        origin,
+        "the kubelet, pid 4242, /var/lib/kubelet/config.yaml, drop-ins /etc/kubernetes/kubelet.conf.d"
+    );
+    assert_eq!(s.policy.value, Policy::Restricted);
+    assert_eq!(s.policy.source, Source::KubeletCmdline { pid: 4242 });
+    assert_eq!(
+        s.scope.source,
+        Source::DropIn("/etc/kubernetes/kubelet.conf.d/20-scope.conf".into())
+    );
+    assert_eq!(
+        s.memory_manager_policy.source,
+        Source::File("/var/lib/kubelet/config.yaml".into())
+    );
+}
+
+#[test]
+fn a_kubelet_is_known_by_argv0_too_and_the_oldest_of_several_is_taken() {
+    let (dir, host) = fake::tree(&[]);
+    process(
+        dir.path(),
+        10,
+        "kubelet-1.35",
+        &["/opt/bin/kubelet"],
+        "/",
+        300,
+    );
+    process(dir.path(), 11, "kubelet", &["kubelet"], "/", 200);
+    process(dir.path(), 12, "sh", &["sh", "-c", "kubelet"], "/", 100);
+    assert_eq!(
+        find_kubelet(&host).expect("proc"),
+        Some(KubeletProcess {
+            pid: 11,
+            start_time: 200
+        })
+    );
+    assert_eq!(
+        start_time("1 (a b) c) S 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 77 0"),
+        Some(77)
+    );
+}
+
+#[test]
+fn without_a_kubelet_the_usual_places_are_tried_and_else_the_kubelets_defaults() {
+    let (dir, host) = fake::tree(&[("/proc/1/comm", "systemd\n"), ("/proc/1/cmdline", "init\0")]);
+    let reading = read(&host, None);
+    let (origin, s) = settings(reading);
+    assert!(origin.contains("the kubelet's defaults"), "{origin}");
+    assert_eq!(s.policy.source, Source::KubeletDefault);
+    // EKS AL2023: the file and its drop-ins.
+    fake::write(
+        dir.path(),
+        "/etc/kubernetes/kubelet/config.json",
+        &fixture("eks-al2023/config.json"),
+    );
+    for name in ["40-nodeadm.conf", "50-numa.conf"] {
+        fake::write(
+            dir.path(),
+            &format!("/etc/kubernetes/kubelet/config.json.d/{name}"),
+            &fixture(&format!("eks-al2023/config.json.d/{name}")),
+        );
+    }
+    let (origin, s) = settings(read(&host, None));
+    assert_eq!(
+        origin,
+        "no kubelet process; /etc/kubernetes/kubelet/config.json, /etc/kubernetes/kubelet/config.json.d"
+    );
+    assert_eq!(s.policy.value, Policy::SingleNumaNode);
+    // kubeadm's place comes first.
+    fake::write(
+        dir.path(),
+        "/var/lib/kubelet/config.yaml",
+        &fixture("kubeadm-config.yaml"),
+    );
+    let (_, s) = settings(read(&host, None));
+    assert_eq!(s.memory_manager_policy.value, MemoryManagerPolicy::Static);
+    // --kubelet-config names one file, whatever else there is.
+    let (origin, s) = settings(read(
+        &host,
+        Some(Path::new("/etc/kubernetes/kubelet/config.json")),
+    ));
+    assert!(
+        origin.ends_with("--kubelet-config /etc/kubernetes/kubelet/config.json"),
+        "{origin}"
+    );
+    assert_eq!(s.policy.value, Policy::None);
+}
+
+#[test]
+fn bad_input_is_one_error_naming_the_file_and_a_change_is_seen_in_the_stamp() {
+    let (dir, host) = fake::tree(&[(
+        "/etc/kubelet.yaml",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ntopologyManagerPolicy: none\n",
+    )]);
+    process(
+        dir.path(),
+        77,
+        "kubelet",
+        &["kubelet", "--config=/etc/missing.yaml"],
+        "/",
+        5,
+    );
+    let reading = read(&host, None);
+    let err = reading.outcome.expect_err("missing").to_string();
+    assert_eq!(
+        err,
+        "/etc/missing.yaml (--config of the kubelet, pid 77): no such file"
+    );
+    // The file appearing is a change.
+    let stamp = reading.stamp;
+    assert_eq!(restamp(&host, &stamp), stamp);
+    fake::write(
+        dir.path(),
+        "/etc/missing.yaml",
+        "topologyManagerPolicy: [\n",
+    );
+    assert_ne!(restamp(&host, &stamp), stamp);
+    let err = read(&host, None).outcome.expect_err("syntax").to_string();
+    assert!(
+        err.starts_with("/etc/missing.yaml: not YAML or JSON"),
+        "{err}"
+    );
+    // A missing --config-dir stops the kubelet: an error here too.
+    fs::remove_dir_all(dir.path().join("proc/77")).expect("rm");
+    process(
+        dir.path(),
+        78,
+        "kubelet",
+        &["kubelet", "--config-dir", "/etc/kubelet.d"],
+        "/",
+        6,
+    );
+    let err = read(&host, None).outcome.expect_err("no dir").to_string();
+    assert_eq!(
+        err,
+        "/etc/kubelet.d (--config-dir of the kubelet, pid 78): no such file"
+    );
+    // An unreadable working directory, when a path is relative, names the /proc entry.
+    fs::remove_dir_all(dir.path().join("proc/78")).expect("rm");
+    fake::write(dir.path(), "/proc/79/comm", "kubelet\n");
+    fake::write(
+        dir.path(),
+        "/proc/79/cmdline",
+        "kubelet\0--config\0k.yaml\0",
+    );
+    fake::write(
+        dir.path(),
+        "/proc/79/stat",
+        "79 (kubelet) S 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 7 0\n",
+    );
+    let err = read(&host, None).outcome.expect_err("no cwd").to_string();
+    assert!(
+        err.starts_with(&format!(
+            "reading {}",
+            dir.path().join("proc/79/cwd").display()
+        )),
+        "{err}"
+    );
+}
