@@ -1,14 +1,14 @@
 //! `hugepage-agent run`: the wiring. What starts, in what order, what stops it: signals first
 //! (a signal that arrives once the agent says it runs must stop it cleanly), the API's socket
 //! (and the metrics listener's), the map and its refresher, the TLS material and its watcher,
-//! the reservations, PSI, the node's kubelet settings, the Memory Manager's state, the
-//! listeners' threads, then the probes
-//! (or sysfs alone), readiness, and the loop ([`crate::runloop`]) until SIGINT or SIGTERM; then
-//! the listeners drain, PSI and the TLS watcher stop, and the probes detach.
+//! the reservations, PSI, the kubelet's settings, the Memory Manager's state, the listeners'
+//! threads and the heavy lane, then the probes (or sysfs alone), readiness, and the loop
+//! ([`crate::runloop`]) until SIGINT or SIGTERM; then the listeners drain, PSI and the TLS watcher
+//! stop, and the probes detach.
 //!
 //! Each running concern lives with its state: the map's refresh in `numa::refresh`, the probes in
 //! `probes::live`, reservation release in `admission::release`, the Memory Manager's state in
-//! `memorymanager::live`, the kubelet's settings in `kubeletconfig::live`; this file only builds and connects them.
+//! `memorymanager::live`, the kubelet's settings in `kubeletconfig::live`; this file only wires.
 
 use std::{
     sync::{Arc, Mutex},
@@ -25,7 +25,7 @@ use crate::{
     admission::{release::Releaser, reservations::Store, verify::Verifier},
     api::{
         self, AppState, Readiness,
-        lane::{Lane, LaneError},
+        lane::Lane,
         server::{Endpoint, Server, ServerError},
     },
     config::{Config, EbpfMode},
@@ -67,8 +67,6 @@ pub enum RunError {
     Server(#[from] ServerError),
     #[error(transparent)]
     Tls(#[from] TlsError),
-    #[error(transparent)]
-    Lane(#[from] LaneError),
 }
 
 /// Runs the agent until a shutdown signal; `/metrics` shows the trace exporter's `traces`.
@@ -136,7 +134,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         reject_under_pressure: config.reject_under_pressure,
         metrics: metrics.clone(),
         max_containers: config.max_containers,
-        heavy: Lane::start()?,
+        heavy: Lane::start().map_err(|e| RunError::State(e.to_string()))?,
     };
     let (stop_server, stopped) = watch::channel(false);
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));
