@@ -6,7 +6,7 @@
 //! folder among themselves (a parent's `mod.rs` and its children excepted: a folder's root names
 //! its children to declare them). It also holds the rules that keep pure logic pure: the
 //! Topology Manager's merge, the Memory Manager's hint generation and the parsing and merging
-//! of the kubelet's settings import no reader.
+//! of the kubelet's settings import no reader. And `run.rs` stays the wiring: 250 lines at most.
 //!
 //! It reads imports as text, line comments (documentation included) left out: a doc link is not
 //! an import.
@@ -300,7 +300,11 @@ pub fn impure(graph: &Graph) -> Vec<(String, String)> {
     out
 }
 
-/// Prints the floors and fails on a circle or a broken purity rule.
+/// `run.rs` is the wiring only (#15): what starts, in what order, what stops it.
+const WIRING_LINES: usize = 250;
+
+/// Prints the floors and fails on a circle, a broken purity rule, or a `run.rs` grown beyond the
+/// wiring.
 pub fn check(src: &Path) -> Result<()> {
     let graph = read(src)?;
     let top = top_level(&graph);
@@ -314,6 +318,17 @@ pub fn check(src: &Path) -> Result<()> {
     for (from, to) in impure(&graph) {
         problems.push(format!(
             "{from} imports {to}, a reader: pure logic must not"
+        ));
+    }
+    let wiring = src.join("run.rs");
+    let lines = fs::read_to_string(&wiring)
+        .with_context(|| format!("reading {}", wiring.display()))?
+        .lines()
+        .count();
+    if lines > WIRING_LINES {
+        problems.push(format!(
+            "{} has {lines} lines: it is the wiring only (at most {WIRING_LINES}); move a running concern to the module that owns its state",
+            wiring.display()
         ));
     }
     for p in &problems {
