@@ -526,7 +526,14 @@ impl Running {
         );
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        wait_timeout(&mut self.child, Duration::from_secs(15))
+        let status = wait_timeout(&mut self.child, Duration::from_secs(15));
+        // The log is kept only when the agent failed: a bench leaves nothing else behind.
+        if status.success() {
+            let _ = std::fs::remove_file(&self.log);
+        } else {
+            println!("agent failed ({status}); its log: {}", self.log.display());
+        }
+        status
     }
 }
 
@@ -626,9 +633,8 @@ fn load(args: &Args, pod: &TestCgroup) {
         throughput.push(report.requests_per_sec);
     }
     let _ = std::fs::remove_file(&db);
-    let log = agent.log.clone();
     let status = agent.stop();
-    println!("agent stopped: {status}; its log: {}", log.display());
+    println!("agent stopped: {status}");
     println!(
         "p99 at {} req/s, median of {} rounds (lowest to highest):",
         args.rate, args.rounds
