@@ -299,14 +299,7 @@ async fn under_memory_manager_policy_none_a_guaranteed_pod_is_verified_on_every_
         "{answer}"
     );
     assert_eq!(answer["selection"]["placements"], json!([]));
-    let (_, _, hints) = send(
-        &state,
-        "POST",
-        "/v1/hints",
-        Some("application/json"),
-        short("3Gi", None).to_string(),
-    )
-    .await;
+    let (_, _, hints) = post(&state, "/v1/hints", &short("3Gi", None)).await;
     assert_eq!(hints["hints"], Value::Null, "{hints}");
     assert_eq!(hints["selection"]["basis"], "node-wide");
 }
@@ -359,14 +352,7 @@ async fn the_kubelet_settings_in_use_are_served_with_their_sources_and_as_a_metr
 #[tokio::test]
 async fn hints_for_a_request_on_the_live_state() {
     let (_d, state) = state();
-    let (status, _, answer) = send(
-        &state,
-        "POST",
-        "/v1/hints",
-        Some("application/json"),
-        short("3Gi", None).to_string(),
-    )
-    .await;
+    let (status, _, answer) = post(&state, "/v1/hints", &short("3Gi", None)).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     let single = |n: u64| json!({"numaNodes": [n], "preferred": true});
     let both = json!({"numaNodes": [0, 1], "preferred": false});
