@@ -14,7 +14,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::cmd;
 
@@ -97,7 +97,10 @@ impl Snapshot {
 /// Removes what the project's tests, benches and agents create on a host, and returns pools and
 /// controllers to a new machine's state (no hugepages, hugetlb not enabled for the v2 root's
 /// children, tracefs not mounted). For disposable machines of this kind only: it changes the host.
+/// Refused while another test run holds the tests' lock: resetting the host under it would break
+/// that run, and removing the lock would let a second run change the host beside it.
 pub fn reset() -> Result<Vec<String>> {
+    let _held = unheld(Path::new(TEST_LOCK))?;
     let mut done = Vec::new();
     for path in [Path::new(STATE_DIR), Path::new(TEST_LOCK)] {
         if path.exists() {
@@ -223,6 +226,26 @@ fn mount_points() -> Vec<String> {
     points
 }
 
+/// The lock file at `path`, locked by us (`flock`, as `tests/lib.rs` takes it), or `None` when
+/// there is none; an error when another process holds it.
+fn unheld(path: &Path) -> Result<Option<fs::File>> {
+    let file = match fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(fs::TryLockError::WouldBlock) => bail!(
+            "{} is held: a test run is changing this host; wait for it to end, then run fresh-test",
+            path.display()
+        ),
+        Err(fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
 fn remove(path: &Path) -> Result<()> {
     if path.is_dir() {
         fs::remove_dir_all(path)
@@ -256,6 +279,26 @@ pub fn fresh_clone() -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bug: fresh-test removed the tests' lock while another checkout's suite held it, and the
+    /// two changed the host at once (a PSI test failed). A held lock refuses the reset.
+    #[test]
+    fn a_held_test_lock_refuses_the_reset_and_a_free_one_is_taken() {
+        let path = std::env::temp_dir().join(format!("xtask-lock-test-{}", std::process::id()));
+        assert!(unheld(&path).expect("no lock file").is_none());
+        fs::write(&path, "").expect("the lock file");
+        let holder = fs::File::open(&path).expect("open");
+        holder.lock().expect("held by the other run");
+        let refused = unheld(&path).expect_err("held elsewhere");
+        assert!(
+            refused
+                .to_string()
+                .contains("is held: a test run is changing this host")
+        );
+        drop(holder);
+        assert!(unheld(&path).expect("free").is_some());
+        fs::remove_file(&path).expect("removed");
+    }
 
     fn snapshot(items: &[(&str, &str)]) -> Snapshot {
         Snapshot(
