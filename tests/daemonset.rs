@@ -34,17 +34,15 @@
 use std::{
     collections::BTreeSet,
     fs,
-    io::{BufRead, BufReader},
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
-    sync::mpsc,
     time::{Duration, Instant},
 };
 
 use hugepage_agent::quantity::format_binary;
 use hugepage_agent_tests::{
-    HostLock, HugepagePool, TestCgroup, Toucher, host_lock, node0_checkpoint, read_u64,
+    HostLock, HugepagePool, LogLines, TestCgroup, Toucher, host_lock, node0_checkpoint, read_u64,
     rendered::{AgentPod, Mount, Source, render},
     v2,
 };
@@ -503,22 +501,8 @@ impl Pod {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("start unshare (util-linux)");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
-                if tx.send(value).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut running = Running {
-            child,
-            pid: 0,
-            lines,
-            seen: Vec::new(),
-        };
+        let log = LogLines::follow(child.stderr.take().expect("stderr"));
+        let mut running = Running { child, pid: 0, log };
         running.pid = running.find_agent();
         running
     }
@@ -547,7 +531,7 @@ impl Pod {
     fn probe(&self, running: &Running, path: &str) -> (u16, String) {
         let url = format!("http://127.0.0.1:{}{path}", self.agent.port("metrics"));
         self.curl(running, &[&url])
-            .unwrap_or_else(|e| panic!("{e}; the agent logged:\n{:#?}", running.seen))
+            .unwrap_or_else(|e| panic!("{e}; the agent logged:\n{:#?}", running.log.seen))
     }
 
     /// Waits until the readiness probe passes; its body.
@@ -569,7 +553,7 @@ impl Pod {
             assert!(
                 Instant::now() < deadline,
                 "not ready within 10 s; the agent logged:\n{:#?}",
-                running.seen
+                running.log.seen
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -610,7 +594,7 @@ impl Pod {
         args.push(&url);
         let (status, text) = self
             .curl(running, &args)
-            .unwrap_or_else(|e| panic!("{e}; the agent logged:\n{:#?}", running.seen));
+            .unwrap_or_else(|e| panic!("{e}; the agent logged:\n{:#?}", running.log.seen));
         let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         (status, value)
     }
@@ -635,8 +619,7 @@ struct Running {
     child: Child,
     /// The agent's process id on the host.
     pid: u32,
-    lines: mpsc::Receiver<Value>,
-    seen: Vec<Value>,
+    log: LogLines,
 }
 
 impl Running {
@@ -658,8 +641,8 @@ impl Running {
                 return pid;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                self.drain(Duration::from_millis(500));
-                let text = format!("{:#?}", self.seen);
+                self.log.drain(Duration::from_millis(500));
+                let text = format!("{:#?}", self.log.seen);
                 let tls = ["--tls-cert-file", "--metrics-listen", "--client-ca-file"]
                     .iter()
                     .any(|flag| text.contains(&format!("unexpected argument '{flag}'")));
@@ -672,19 +655,9 @@ impl Running {
             assert!(
                 Instant::now() < deadline,
                 "no agent within 20 s: {:#?}",
-                self.seen
+                self.log.seen
             );
             std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn drain(&mut self, within: Duration) {
-        let deadline = Instant::now() + within;
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.push(line),
-                Err(_) => return,
-            }
         }
     }
 
@@ -695,29 +668,7 @@ impl Running {
         within: Duration,
         pred: impl Fn(&Value) -> bool,
     ) -> Value {
-        if let Some(found) = self
-            .seen
-            .iter()
-            .find(|v| v["message"] == message && pred(v))
-        {
-            return found.clone();
-        }
-        let deadline = Instant::now() + within;
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line["message"] == message && pred(&line) {
-                        return line;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        panic!(
-            "no log line {message:?} within {within:?}; the agent logged:\n{:#?}",
-            self.seen
-        );
+        self.log.wait_for(message, within, pred)
     }
 
     /// A field of `/proc/<agent>/status`.
@@ -741,12 +692,12 @@ impl Running {
             assert!(
                 Instant::now() < deadline,
                 "the agent did not stop within the grace period ({grace:?}): {:#?}",
-                self.seen
+                self.log.seen
             );
             std::thread::sleep(Duration::from_millis(20));
         };
-        self.drain(Duration::from_millis(300));
-        (status, std::mem::take(&mut self.seen))
+        self.log.drain(Duration::from_millis(300));
+        (status, std::mem::take(&mut self.log.seen))
     }
 }
 
@@ -787,11 +738,9 @@ fn mask(capabilities: &[String]) -> String {
     format!("{bits:016x}")
 }
 
-#[test]
-fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
-    let lock = host_lock();
-    let agent = rendered_agent();
-    let kubepods_dir = agent
+/// The kubepods cgroup whose `memory.pressure` the manifest mounts for the agent's PSI trigger.
+fn kubepods_dir(agent: &AgentPod) -> PathBuf {
+    agent
         .mounts
         .iter()
         .find_map(|m| match &m.source {
@@ -800,7 +749,14 @@ fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
             }
             _ => None,
         })
-        .expect("the kubepods memory.pressure volume");
+        .expect("the kubepods memory.pressure volume")
+}
+
+#[test]
+fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
+    let lock = host_lock();
+    let agent = rendered_agent();
+    let kubepods_dir = kubepods_dir(&agent);
     let _kubepods = Kubepods::create(&lock, &kubepods_dir);
     let _pool = HugepagePool::reserve(&lock, 8);
     let pod = Pod::new(agent);
@@ -1012,16 +968,7 @@ fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
 fn each_declared_capability_is_needed_and_its_absence_is_named() {
     let lock = host_lock();
     let agent = rendered_agent();
-    let kubepods_dir = agent
-        .mounts
-        .iter()
-        .find_map(|m| match &m.source {
-            Source::HostPath { path, .. } if m.name == "kubepods-memory-pressure" => {
-                Path::new(path).parent().map(Path::to_path_buf)
-            }
-            _ => None,
-        })
-        .expect("the kubepods memory.pressure volume");
+    let kubepods_dir = kubepods_dir(&agent);
     let _kubepods = Kubepods::create(&lock, &kubepods_dir);
     let pod = Pod::new(agent);
     let declared = pod.agent.capabilities.clone();

@@ -269,6 +269,7 @@ fn the_agent_answers_with_the_running_kubelets_policy_follows_its_restarts_and_f
     assert_eq!(admit(port)["reason"], "TopologyAffinityError");
     agent.lines_with("");
     let warnings: Vec<&str> = agent
+        .log
         .seen
         .iter()
         .filter_map(|l| l["message"].as_str())

@@ -8,7 +8,6 @@ use std::{
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, ExitStatus, Stdio},
-    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -16,6 +15,7 @@ use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
 mod flags;
 mod host_tree;
+mod log;
 pub mod mtls;
 pub mod peers;
 mod pressure;
@@ -23,6 +23,7 @@ pub mod rendered;
 mod stats;
 pub use flags::BenchFlags;
 pub use host_tree::{put, two_numa_nodes};
+pub use log::LogLines;
 pub use pressure::MemoryPressure;
 pub use stats::Percentiles;
 
@@ -367,9 +368,8 @@ pub struct Agent {
     _state: Option<tempfile::TempDir>,
     /// The port its HTTP API listens on (127.0.0.1, unless started with [`Agent::start_on`]).
     pub port: u16,
-    lines: mpsc::Receiver<serde_json::Value>,
-    /// Every line received so far.
-    pub seen: Vec<serde_json::Value>,
+    /// Its JSON log.
+    pub log: LogLines,
 }
 
 impl Agent {
@@ -402,22 +402,12 @@ impl Agent {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn the agent");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let value = serde_json::from_str(&line).unwrap_or(serde_json::Value::String(line));
-                if tx.send(value).is_err() {
-                    return;
-                }
-            }
-        });
+        let log = LogLines::follow(child.stderr.take().expect("stderr"));
         Agent {
             child,
             _state: state,
             port,
-            lines,
-            seen: Vec::new(),
+            log,
         }
     }
 
@@ -428,37 +418,14 @@ impl Agent {
         within: Duration,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let deadline = Instant::now() + within;
-        if let Some(found) = self
-            .seen
-            .iter()
-            .find(|v| v["message"] == message && pred(v))
-        {
-            return found.clone();
-        }
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line["message"] == message && pred(&line) {
-                        return line;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        panic!(
-            "no log line {message:?} within {within:?}; the agent logged:\n{:#?}",
-            self.seen
-        );
+        self.log.wait_for(message, within, pred)
     }
 
     /// Log lines with `message` seen so far (after draining what has arrived).
     pub fn lines_with(&mut self, message: &str) -> Vec<serde_json::Value> {
-        while let Ok(line) = self.lines.try_recv() {
-            self.seen.push(line);
-        }
-        self.seen
+        self.log.take_in();
+        self.log
+            .seen
             .iter()
             .filter(|v| v["message"] == message)
             .cloned()
@@ -475,11 +442,9 @@ impl Agent {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let status = wait_timeout(&mut self.child, Duration::from_secs(10));
-        self.seen.extend(self.lines.try_iter());
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
-            self.seen.push(line);
-        }
-        (status, std::mem::take(&mut self.seen))
+        // The log closes with the process; what it wrote last is in within this.
+        self.log.drain(Duration::from_millis(200));
+        (status, std::mem::take(&mut self.log.seen))
     }
 }
 
