@@ -8,6 +8,9 @@
 //!
 //! `--reserve R`: also map R 2 MiB hugetlb pages without touching them (reserved, still free).
 //!
+//! `--node N`: bind the huge pages to NUMA node N (`mbind`, `MPOL_BIND`) before touching them.
+//! `--huge-size BYTES`: the huge pages' size (default 2 MiB; 1073741824 maps 1 GiB pages).
+//!
 //! `--spin`: before the huge pages, print `spinning` and keep faulting 4 KiB pages (the same
 //! 16 MiB, discarded and touched again) until a line arrives on stdin, so that this process's
 //! faults never stop on its CPU while the test changes something.
@@ -25,6 +28,7 @@ fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let (mut cgroup, mut cpu, mut huge, mut small) = (None, None, 0usize, 0usize);
     let (mut hold, mut spin, mut reserve) = (false, false, 0usize);
+    let (mut node, mut huge_size) = (None, 2usize << 20);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--cgroup" => cgroup = args.next(),
@@ -34,6 +38,8 @@ fn run() -> Result<(), String> {
             "--hold" => hold = true,
             "--spin" => spin = true,
             "--reserve" => reserve = number(args.next())?,
+            "--node" => node = Some(number(args.next())?),
+            "--huge-size" => huge_size = number(args.next())?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -50,10 +56,12 @@ fn run() -> Result<(), String> {
     if spin {
         spin_until_stdin()?;
     }
-    let huge_addr = touch(huge, 2 << 20, libc::MAP_HUGETLB)?;
+    let huge_flags =
+        libc::MAP_HUGETLB | ((huge_size.trailing_zeros() as i32) << libc::MAP_HUGE_SHIFT);
+    let huge_addr = touch(huge, huge_size, huge_flags, node)?;
     map_only(reserve)?;
     let start = cpu_time_ns();
-    touch(small, 4096, 0)?;
+    touch(small, 4096, 0, None)?;
     let small_ns = cpu_time_ns() - start;
     println!("touched {} {:#x} {small_ns}", std::process::id(), huge_addr);
     std::io::stdout().flush().map_err(|e| e.to_string())?;
@@ -69,8 +77,9 @@ fn number(arg: Option<String>) -> Result<usize, String> {
         .map_err(|e| format!("{e}"))
 }
 
-/// Maps `count` pages of `page` bytes and writes one byte in each; returns the mapping address.
-fn touch(count: usize, page: usize, flags: i32) -> Result<usize, String> {
+/// Maps `count` pages of `page` bytes (bound to `node` if given) and writes one byte in each;
+/// returns the mapping address.
+fn touch(count: usize, page: usize, flags: i32, node: Option<usize>) -> Result<usize, String> {
     if count == 0 {
         return Ok(0);
     }
@@ -96,12 +105,43 @@ fn touch(count: usize, page: usize, flags: i32) -> Result<usize, String> {
         // SAFETY: the mapping just created; advice only.
         unsafe { libc::madvise(addr, len, libc::MADV_NOHUGEPAGE) };
     }
+    if let Some(node) = node {
+        bind(addr, len, node)?;
+    }
     let base = addr.cast::<u8>();
     for i in 0..count {
         // SAFETY: inside the mapping just created.
         unsafe { base.add(i * page).write_volatile(1) };
     }
     Ok(addr as usize)
+}
+
+/// Binds the mapping at `addr` to NUMA node `node` (`MPOL_BIND`): its pages come from there.
+fn bind(addr: *mut libc::c_void, len: usize, node: usize) -> Result<(), String> {
+    const MPOL_BIND: libc::c_long = 2;
+    if node >= 64 {
+        return Err(format!("node {node}: only nodes 0 to 63 can be bound"));
+    }
+    let mask: u64 = 1 << node;
+    // SAFETY: the mapping just created; a one-word node mask of 64 bits.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            addr,
+            len,
+            MPOL_BIND,
+            &mask as *const u64,
+            64 as libc::c_ulong,
+            0 as libc::c_uint,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "mbind to node {node}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }
 
 /// CPU time of this thread (user and system, faults included) in nanoseconds.
@@ -135,7 +175,7 @@ fn pin(cpu: usize) -> Result<(), String> {
 /// Faults 4 KiB pages without pause until stdin has a line.
 fn spin_until_stdin() -> Result<(), String> {
     const PAGES: usize = 4096;
-    let addr = touch(PAGES, 4096, 0)?;
+    let addr = touch(PAGES, 4096, 0, None)?;
     println!("spinning");
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     let mut stdin = libc::pollfd {

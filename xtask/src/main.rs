@@ -6,6 +6,8 @@
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
 //! * `test`: formatting, clippy, the build without the eBPF toolchain, and every test; then a
 //!   check that the tests left nothing on the host ([`host`]).
+//! * `vm-test`: Debian's Linux 6.1 booted under QEMU as a four-NUMA-node machine, the agent and
+//!   its checks run inside ([`vm`]); part of `test`.
 //! * `layers`: the agent's modules as floors; a circle between modules, or pure logic that
 //!   imports a reader, fails it (and `test`).
 //! * `fresh-test`: `test` as on a new machine: the host's leftovers of earlier runs removed, a
@@ -28,6 +30,7 @@ mod image;
 mod layers;
 mod manifests;
 mod setup;
+mod vm;
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
@@ -57,6 +60,8 @@ enum Task {
         #[arg(long)]
         keep_cache: bool,
     },
+    /// Boot Debian's Linux 6.1 under QEMU with 4 NUMA nodes and run the agent's checks in it.
+    VmTest,
     /// Print the agent's modules as floors; fail on a circle or on pure logic importing a reader.
     Layers,
     /// Build the agent's container image (statically linked, FROM scratch) and check it.
@@ -84,7 +89,8 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Task::Setup => {
             setup::ensure()?;
-            setup::ensure_peers().map(drop)
+            setup::ensure_peers()?;
+            vm::ensure_prerequisites()
         }
         Task::Run { args } => {
             require_root("cargo xtask run")?;
@@ -105,6 +111,7 @@ fn main() -> Result<()> {
             test(&env)
         }
         Task::FreshTest { keep_cache } => fresh_test(keep_cache),
+        Task::VmTest => vm::run(&setup::ensure()?),
         Task::Layers => layers::check(&cmd::workspace().join("agent/src")),
         Task::Image { source } => {
             let env = setup::ensure()?;

@@ -1,0 +1,135 @@
+//! `cargo xtask vm-test`: the agent on a real multi-NUMA kernel of another version. Boots
+//! Debian's Linux 6.1 ([`kernel`]) under QEMU ([`qemu`]) as the four-node machine of
+//! [`machine`], from a busybox initramfs ([`initramfs`]) whose init (`tests/vm/init`) mounts
+//! the host's debug build over 9p and runs `vm-checks` (`tests/bin/vm_checks/`), which runs the
+//! real `hugepage-agent` binary, the same code as on the host, and writes one line per check.
+//! The host prints those lines, then a closing line in libtest's format so that `cargo xtask
+//! test` and CI count them. What a failed run leaves (the console, the logs the checks kept) is
+//! in `<target>/vm-test/`.
+
+mod initramfs;
+mod kernel;
+mod machine;
+mod qemu;
+
+use std::{
+    fs,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    cmd::{self, Env},
+    setup,
+};
+
+/// Debian packages the VM test needs: QEMU (x86 system emulation) and a static busybox.
+const VM_PACKAGES: [&str; 2] = ["qemu-system-x86", "busybox-static"];
+/// The whole boot, checks included; a hung guest is killed after it.
+const BOOT_LIMIT: Duration = Duration::from_secs(480);
+
+/// The VM's prerequisites: the Debian packages and the kernel (idempotent).
+pub fn ensure_prerequisites() -> Result<()> {
+    setup::ensure_debian_packages(&VM_PACKAGES)?;
+    kernel::ensure().map(drop)
+}
+
+/// Builds, boots, checks; returns (passed, failed) and prints the closing line.
+pub fn test(env: &Env) -> Result<(u64, u64)> {
+    setup::ensure_debian_packages(&VM_PACKAGES)?;
+    let kernel = kernel::ensure()?;
+    cmd::step("the binaries the guest runs (debug build: the agent, vm-checks, toucher)");
+    cmd::cargo(
+        env,
+        &[
+            "build",
+            "--package",
+            "hugepage-agent",
+            "--package",
+            "hugepage-agent-tests",
+            "--bin",
+            "hugepage-agent",
+            "--bin",
+            "vm-checks",
+            "--bin",
+            "toucher",
+        ],
+    )?;
+    let bin = cmd::target_dir().join("debug");
+    let dir = cmd::target_dir().join("vm-test");
+    let work = dir.join("work");
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    fs::write(
+        work.join("machine.json"),
+        serde_json::to_vec_pretty(&machine::description())?,
+    )?;
+    let initramfs = dir.join("initramfs.cpio");
+    let binaries: Vec<_> = ["hugepage-agent", "vm-checks", "toucher"]
+        .iter()
+        .map(|b| bin.join(b))
+        .collect();
+    initramfs::build(
+        &initramfs,
+        &cmd::workspace().join("tests/vm/init"),
+        &kernel,
+        &binaries,
+    )?;
+    cmd::step(&format!(
+        "booting {} under QEMU (TCG, 4 NUMA nodes) and running the checks in it",
+        kernel.package
+    ));
+    let console = dir.join("console.log");
+    let started = Instant::now();
+    let outcome = qemu::run(&qemu::Boot {
+        bzimage: &kernel.bzimage,
+        initramfs: &initramfs,
+        bin: &bin,
+        work: &work,
+        console: &console,
+        limit: BOOT_LIMIT,
+    })?;
+    let elapsed = started.elapsed();
+    let (passed, mut failed) = count(&work.join("results"));
+    if outcome != qemu::Outcome::Exited(u8::from(failed > 0)) {
+        eprintln!(
+            "vm-test: the guest ended with {outcome:?} after {passed} passed and {failed} failed check(s)"
+        );
+        failed += 1;
+    }
+    println!(
+        "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s",
+        if failed == 0 { "ok" } else { "FAILED" },
+        elapsed.as_secs_f64()
+    );
+    if failed > 0 {
+        eprintln!(
+            "vm-test: the guest's console is in {}, the failed checks' logs in {}",
+            console.display(),
+            work.display()
+        );
+    }
+    Ok((passed, failed))
+}
+
+/// `cargo xtask vm-test`: fails when a check failed.
+pub fn run(env: &Env) -> Result<()> {
+    let (_, failed) = test(env)?;
+    if failed > 0 {
+        bail!("{failed} VM check(s) failed");
+    }
+    Ok(())
+}
+
+/// (passed, failed) from the guest's `results`: one `passed NAME …` or `failed NAME …` a line.
+fn count(results: &Path) -> (u64, u64) {
+    let text = fs::read_to_string(results).unwrap_or_default();
+    let lines = |word: &str| {
+        text.lines()
+            .filter(|l| l.split_whitespace().next() == Some(word))
+            .count() as u64
+    };
+    (lines("passed"), lines("failed"))
+}
