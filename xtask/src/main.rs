@@ -4,8 +4,8 @@
 //! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages, and the tests'
 //!   peers: Prometheus, an OTLP receiver's venv, schemathesis's venv, `@grafana/schema`).
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
-//! * `test`: formatting, clippy, the build without the eBPF toolchain, and every test; then a
-//!   check that the tests left nothing on the host ([`host`]).
+//! * `test`: formatting, clippy, the build without the eBPF toolchain, every test and the VM
+//!   test; then a check that the tests left nothing on the host ([`host`]).
 //! * `vm-test`: Debian's Linux 6.1 booted under QEMU as a four-NUMA-node machine, the agent and
 //!   its checks run inside ([`vm`]); part of `test`.
 //! * `layers`: the agent's modules as floors; a circle between modules, or pure logic that
@@ -170,7 +170,13 @@ fn test(env: &cmd::Env) -> Result<()> {
     cmd::step("the agent binary the tests run");
     cmd::cargo(env, &["build", "--package", "hugepage-agent"])?;
     cmd::step("every test");
-    let (passed, failed) = cmd::cargo_test(env, &["test", "--workspace"])?;
+    let (mut passed, mut failed) = cmd::cargo_test(env, &["test", "--workspace"])?;
+    cmd::step("the VM test: Linux 6.1 with 4 NUMA nodes under QEMU, the agent's checks inside");
+    let (vm_passed, vm_failed) = vm::test(env)?;
+    (passed, failed) = (passed + vm_passed, failed + vm_failed);
+    if vm_failed > 0 {
+        bail!("{vm_failed} VM check(s) failed (above)");
+    }
     cmd::step("nothing left on the host by the tests");
     let left = host::without_documented(host::Snapshot::capture().changes_since(&before));
     for line in &left {
