@@ -2,7 +2,8 @@
 //! (container scope: init containers, then app containers) or for the whole pod (pod scope),
 //! merged under the Topology Manager policy, then the static policy's `Allocate`: a merged hint
 //! without nodes takes the best default hint, a hint whose nodes lack free memory is extended to
-//! the best hint containing it, and failing either rejects the pod as the kubelet does. In
+//! the best hint containing it, a mask that would put a node pinned alone (or in another group)
+//! into a multi-node allocation is refused, and failing any rejects the pod as the kubelet does. In
 //! container scope each app container's nodes are then taken from the state (free becomes
 //! reserved node by node, the nodes become one group) before the next container's hints; init
 //! containers run before the app containers and are not charged, as the kubelet reuses their
@@ -309,24 +310,51 @@ fn allocation(
             .fold(0u64, u64::saturating_add)
             >= bytes
     });
-    if satisfied {
-        return Ok(Ok(mask));
-    }
-    let containing = list
-        .into_iter()
-        .flatten()
-        .filter(|h| h.affinity.is_some_and(|m| m.and(mask) == mask));
-    let Some(extended) = best_hint(containing) else {
-        return Ok(Err(
-            "failed to find NUMA nodes to extend the current topology hint",
-        ));
+    let mask = if satisfied {
+        mask
+    } else {
+        let containing = list
+            .into_iter()
+            .flatten()
+            .filter(|h| h.affinity.is_some_and(|m| m.and(mask) == mask));
+        let Some(extended) = best_hint(containing) else {
+            return Ok(Err(
+                "failed to find NUMA nodes to extend the current topology hint",
+            ));
+        };
+        if !extended.preferred && best.preferred {
+            return Ok(Err("failed to find the extended preferred hint"));
+        }
+        let Some(mask) = extended.affinity else {
+            return Ok(Err(
+                "failed to find NUMA nodes to extend the current topology hint",
+            ));
+        };
+        mask
     };
-    if !extended.preferred && best.preferred {
-        return Ok(Err("failed to find the extended preferred hint"));
+    if violates_numa_allocations(machine, mask) {
+        return Ok(Err("preferred hint violates NUMA node allocation"));
     }
-    Ok(extended
-        .affinity
-        .ok_or("failed to find NUMA nodes to extend the current topology hint"))
+    Ok(Ok(mask))
+}
+
+/// `isAffinityViolatingNUMAAllocations`: a node already pinned alone joins no multi-node mask,
+/// and a node of a group joins no other mask than that group. The merge can reach such a mask
+/// where the hints could not: a Memory Manager with no hint at all has "no preference", which
+/// merges to every node.
+fn violates_numa_allocations(machine: &MachineState, mask: NumaMask) -> bool {
+    let nodes = mask.nodes();
+    if nodes.len() == 1 {
+        return false;
+    }
+    nodes.iter().filter_map(|n| machine.get(n)).any(|state| {
+        if state.number_of_assignments == 0 {
+            return false;
+        }
+        let mut group = state.cells.clone();
+        group.sort_unstable();
+        group.len() == 1 || group != nodes
+    })
 }
 
 /// The first preferred hint with the fewest nodes, else the first with the fewest nodes.

@@ -108,6 +108,38 @@ fn nothing_fitting_anywhere_fails_in_allocate_like_the_kubelet() {
     );
 }
 
+/// Found on the four-node VM: with node 0 pinned alone and no mask fitting, the merge under
+/// restricted or best-effort is "no preference" over every node, whose free memory covers the
+/// request; the kubelet's `Allocate` refuses it (`isAffinityViolatingNUMAAllocations`), the
+/// agent admitted it across the pinned node.
+#[test]
+fn a_node_pinned_alone_is_not_allocated_across_nodes_through_no_preference() {
+    let huge = |free| ("hugepages-1Gi", 2 * GI, free);
+    let pinned = state(vec![
+        (0, node(&[("memory", 8 * GI, 7 * GI), huge(GI)], &[0], 2)),
+        (1, node(&[("memory", 8 * GI, 8 * GI), huge(GI)], &[1], 0)),
+    ]);
+    let pod = guaranteed(&[("a", "1Gi", "2Gi")]);
+    for policy in [Policy::Restricted, Policy::BestEffort] {
+        let selection = select_with(&pinned, &pod, policy, Scope::Container);
+        assert!(!selection.admit, "{policy:?}: {selection:?}");
+        assert_eq!(selection.reason, Some(REASON_ALLOCATE));
+        assert_eq!(
+            selection.message.as_deref(),
+            Some(
+                "Allocate failed due to [memorymanager] preferred hint violates NUMA node allocation, which is unexpected"
+            )
+        );
+    }
+    // The same nodes unpinned are one allocation across both.
+    let free = state(vec![
+        (0, node(&[("memory", 8 * GI, 8 * GI), huge(GI)], &[0], 0)),
+        (1, node(&[("memory", 8 * GI, 8 * GI), huge(GI)], &[1], 0)),
+    ]);
+    let selection = select_with(&free, &pod, Policy::BestEffort, Scope::Container);
+    assert_eq!(allocated(&selection), vec![Some(vec![0, 1])]);
+}
+
 #[test]
 fn pod_scope_places_the_sum_and_burstable_pods_get_no_hints() {
     let state = two_nodes([2 * GI, 2 * GI]);
