@@ -9,6 +9,7 @@
 
 mod kep5759;
 mod numa_consumer;
+mod selection;
 mod sysfs;
 mod topology;
 
@@ -161,6 +162,9 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
     });
     runner.check_agent("kep5759-story2-nodes-0-1", &mut agent, |agent| {
         kep5759::story2(&guest, agent.port)
+    });
+    runner.check("selection-without-numa-nodes", || {
+        selection::without_numa_nodes(&guest)
     });
     Ok(runner.failed)
 }
