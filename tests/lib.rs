@@ -654,3 +654,34 @@ pub fn http(
         .unwrap_or_default();
     (status, body)
 }
+
+/// Creates `parts` nested under `root` with the hugetlb controller enabled down to the last,
+/// as the kubelet's pod and container cgroups are; returns the guard and the innermost directory.
+pub fn pod_cgroups(root: &TestCgroup, parts: &[&str]) -> (Nested, std::path::PathBuf) {
+    root.set("cgroup.subtree_control", "+hugetlb");
+    let mut dirs = Vec::new();
+    let mut dir = root.dir.clone();
+    for (i, part) in parts.iter().enumerate() {
+        dir = dir.join(part);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        dirs.push(dir.clone());
+        if i + 1 < parts.len() {
+            std::fs::write(dir.join("cgroup.subtree_control"), "+hugetlb")
+                .unwrap_or_else(|e| panic!("enabling hugetlb in {}: {e}", dir.display()));
+        }
+    }
+    (Nested(dirs), dir)
+}
+
+/// Nested cgroup directories made by a test, removed innermost first on drop.
+pub struct Nested(pub Vec<std::path::PathBuf>);
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        for dir in self.0.iter().rev() {
+            if let Err(err) = std::fs::remove_dir(dir) {
+                eprintln!("removing {}: {err}", dir.display());
+            }
+        }
+    }
+}

@@ -9,6 +9,7 @@
 
 mod kep5759;
 mod numa_consumer;
+mod reservations;
 mod selection;
 mod sysfs;
 mod topology;
@@ -165,6 +166,12 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
     });
     runner.check("selection-without-numa-nodes", || {
         selection::without_numa_nodes(&guest)
+    });
+    runner.check("reservations-across-nodes", || {
+        reservations::across_nodes(&guest)
+    });
+    runner.check("discrepancy-node3-burstable", || {
+        reservations::discrepancy(&guest, &lock)
     });
     Ok(runner.failed)
 }

@@ -150,7 +150,8 @@ pub fn without_numa_nodes(guest: &Guest) -> CheckResult {
     }
     let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
     let state = dir.path().join("memory_manager_state");
-    std::fs::write(&state, checkpoint()).map_err(|e| format!("writing the checkpoint: {e}"))?;
+    std::fs::write(&state, checkpoint(PINNED_MI))
+        .map_err(|e| format!("writing the checkpoint: {e}"))?;
     let absent = dir.path().join("no_memory_manager_state");
     let mut seen = Vec::new();
     for (file, source, cases) in [
@@ -206,7 +207,7 @@ fn short(plain: Expect, closest: Expect) -> String {
 
 /// An agent whose Memory Manager is the static policy, on the checkpoint `state` (or sysfs when
 /// it is absent), with or without `prefer-closest-numa-nodes`.
-fn start(guest: &Guest, state: &Path, closest: bool) -> Result<Agent, String> {
+pub fn start(guest: &Guest, state: &Path, closest: bool) -> Result<Agent, String> {
     let mut cmd = guest.agent();
     cmd.args(["run", "--ebpf", "off", "--memory-manager-policy", "Static"])
         .args([
@@ -246,7 +247,7 @@ fn wait_source(port: u16, source: &str) -> Result<(), String> {
 
 /// `POST /v1/admit` of a Guaranteed pod asking `mi` MiB of 2 MiB pages and 64Mi of memory, no
 /// nodes named and no UID (nothing reserved).
-fn admit(port: u16, mi: u64, policy: &str) -> Result<Value, String> {
+pub fn admit(port: u16, mi: u64, policy: &str) -> Result<Value, String> {
     let body = json!({
         "pod": {"namespace": "vm-test", "name": "selection", "qosClass": "Guaranteed"},
         "containers": [{"name": "c", "resources": {"memory": "64Mi", "hugepages-2Mi": format!("{mi}Mi")}}],
@@ -301,32 +302,38 @@ fn verify(got: &Value, expect: Expect) -> Result<(), String> {
     Ok(())
 }
 
-/// The kubelet checkpoint described at [`FROM_CHECKPOINT`], checksum and all: every node's
-/// pool allocatable, node 2 holding a pinned pod's 48Mi of 2 MiB pages and 1Gi of memory.
-fn checkpoint() -> Vec<u8> {
+/// A kubelet checkpoint, checksum and all: every node's 2 MiB pool allocatable and free, except
+/// that a Guaranteed pod pinned to node 2 alone holds `pinned_mi` MiB of it and 1Gi of memory
+/// there (none when 0; [`FROM_CHECKPOINT`] is 48).
+pub fn checkpoint(pinned_mi: u64) -> Vec<u8> {
     use hugepage_agent::memorymanager::checkpoint::{Verification, parse, to_kubelet_json};
     let table = |total: u64, free: u64| json!({"total": total, "systemReserved": 0, "allocatable": total, "reserved": total - free, "free": free});
     let gi = 1u64 << 30;
     let node = |n: usize| {
-        let pinned = n == 2;
+        let pinned = n == 2 && pinned_mi > 0;
         let huge = POOL_MI[n] * MI;
         json!({
             "numberOfAssignments": if pinned { 2 } else { 0 },
             "memoryMap": {
                 "memory": table(4 * gi, if pinned { 3 * gi } else { 4 * gi }),
-                "hugepages-2Mi": table(huge, if pinned { huge - PINNED_MI * MI } else { huge }),
+                "hugepages-2Mi": table(huge, if pinned { huge - pinned_mi * MI } else { huge }),
             },
             "cells": [n],
         })
     };
     let uid = "18000000-0000-4000-8000-000000000002";
+    let entries = if pinned_mi > 0 {
+        json!({uid: {"pinned": [
+            {"numaAffinity": [2], "type": "memory", "size": gi},
+            {"numaAffinity": [2], "type": "hugepages-2Mi", "size": pinned_mi * MI},
+        ]}})
+    } else {
+        json!({})
+    };
     let state = json!({
         "policyName": "Static",
         "machineState": {"0": node(0), "1": node(1), "2": node(2), "3": node(3)},
-        "entries": {uid: {"pinned": [
-            {"numaAffinity": [2], "type": "memory", "size": gi},
-            {"numaAffinity": [2], "type": "hugepages-2Mi", "size": PINNED_MI * MI},
-        ]}},
+        "entries": entries,
     });
     parse(
         Path::new("vm-test checkpoint"),
