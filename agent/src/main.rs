@@ -11,7 +11,7 @@ use hugepage_agent::{
     kubeletconfig::settings::KubeletSettings,
     run, status, telemetry,
     telemetry::traces::TraceConfig,
-    whatif,
+    webhook, whatif,
 };
 
 fn main() -> ExitCode {
@@ -80,6 +80,10 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Command::Webhook(ref settings) => webhook::run(config.listen, settings).map_err(|e| {
+            tracing::error!("{e}");
+            e.to_string()
+        }),
         Command::Merge { ref input } => {
             return match whatif::merge_file(input) {
                 Ok(line) => {

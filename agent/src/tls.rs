@@ -146,7 +146,7 @@ impl Contents {
 }
 
 /// The provider every config uses: ring, TLS 1.3 and 1.2.
-fn provider() -> Arc<CryptoProvider> {
+pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(ring::default_provider())
 }
 
@@ -210,8 +210,8 @@ pub fn server_config(files: &TlsFiles, contents: &Contents) -> Result<ServerConf
     Ok(config)
 }
 
-/// Every certificate of a PEM file (at least one).
-fn certificates(
+/// Every certificate of a PEM file (at least one); errors name `flag` and `path`.
+pub fn certificates(
     flag: &'static str,
     path: &Path,
     pem: &[u8],
