@@ -386,21 +386,22 @@ impl Agent {
 
     /// [`Agent::start_as`] listening on `ip` (a free port; 127.0.0.1 reaches it for the
     /// unspecified address as well).
-    pub fn start_on(mut cmd: Command, uid: u32, ip: std::net::IpAddr) -> Agent {
+    pub fn start_on(cmd: Command, uid: u32, ip: std::net::IpAddr) -> Agent {
+        Agent::start_at(cmd, uid, std::net::SocketAddr::new(ip, free_port()))
+    }
+
+    /// [`Agent::start_as`] listening on `addr` (several agents on loopback addresses of their
+    /// own share one port, as agents on the nodes of a cluster do).
+    pub fn start_at(mut cmd: Command, uid: u32, addr: std::net::SocketAddr) -> Agent {
         let names_state = cmd.get_args().any(|a| a == "--state-dir");
         let state = (!names_state).then(|| fresh_state_dir(uid));
         if let Some(dir) = &state {
             cmd.arg("--state-dir").arg(dir.path());
         }
-        let port = free_port();
-        cmd.args([
-            "--log-format",
-            "json",
-            "--listen",
-            &std::net::SocketAddr::new(ip, port).to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        let port = addr.port();
+        cmd.args(["--log-format", "json", "--listen", &addr.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn the agent");
         let log = LogLines::follow(child.stderr.take().expect("stderr"));
         Agent {

@@ -102,6 +102,17 @@ impl Ca {
         )
     }
 
+    /// A server certificate for the DNS name `name` (a webhook's Service), for server
+    /// authentication.
+    pub fn server_named(&self, common_name: &str, name: &str) -> Pair {
+        self.leaf(
+            common_name,
+            vec![name.to_owned()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+            Validity::Default,
+        )
+    }
+
     /// A client certificate for client authentication.
     pub fn client(&self, common_name: &str) -> Pair {
         self.leaf(

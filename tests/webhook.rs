@@ -1,0 +1,414 @@
+//! `hugepage-agent webhook` as a kube-scheduler extender, for real: node agents are real
+//! `hugepage-agent run` processes, each on a loopback address of its own (`127.0.0.2`,
+//! `127.0.0.3`, … as the Nodes' `InternalIP`s), all on one port (`--agent-port`), each with its
+//! own `--host-root` tree and TLS requiring client certificates; the webhook is a real process
+//! serving HTTPS and calling them over mTLS with certificates made here. Nothing else stands in.
+//!
+//! The `ExtenderArgs` documents are written as kube-scheduler sends them with
+//! `nodeCacheCapable: false`: its `HTTPExtender.send` (`pkg/scheduler/extender.go`) marshals
+//! `extenderv1.ExtenderArgs{Pod, Nodes: &v1.NodeList{Items}}` with `encoding/json`, so the keys
+//! are the JSON tags of `k8s.io/kube-scheduler/extender/v1` (`pod`, `nodes`; `nodenames` left
+//! out) and of `k8s.io/api/core/v1` (a `NodeList` is `{"metadata":{},"items":[…]}`, a Node's
+//! `status.addresses` and `status.allocatable`, a pending pod's `status.qosClass`).
+//!
+//! Every process and file belongs to one test and goes when it ends, however it ends (the
+//! processes are killed on drop, the trees are temporary directories).
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener},
+    path::Path,
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use hugepage_agent_tests::{
+    Agent, agent_bin, free_port,
+    mtls::{self, Ca, Connection, Versions},
+    put, two_numa_nodes,
+};
+use rustls_pki_types::ServerName;
+use serde_json::{Value, json};
+
+/// The name the webhook's serving certificate carries (its Service's DNS name).
+const WEBHOOK_NAME: &str = "hugepage-agent-webhook.hugepage-agent.svc";
+const POD_UID: &str = "5d0c8ba2-3b1f-4f7a-9f35-6c1d2e3f4a5b";
+
+/// Certificates of one test, as files: the agents' CA with the agents' server certificate and
+/// the webhook's client certificate, and the webhook's CA with its serving certificate.
+struct Pki {
+    dir: tempfile::TempDir,
+    webhook: Ca,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = tempfile::tempdir().expect("a certificate directory");
+        let agents = Ca::new("hugepage-agent CA");
+        let webhook = Ca::new("webhook CA");
+        std::fs::write(dir.path().join("agents-ca.crt"), &agents.pem).expect("write the CA");
+        agents.server("agent").write(dir.path(), "agent");
+        agents
+            .client("hugepage-agent-webhook")
+            .write(dir.path(), "client");
+        webhook
+            .server_named("webhook", WEBHOOK_NAME)
+            .write(dir.path(), "webhook");
+        Pki { dir, webhook }
+    }
+
+    fn path(&self, file: &str) -> std::path::PathBuf {
+        self.dir.path().join(file)
+    }
+}
+
+/// A host tree of two NUMA nodes with 2048 2 MiB pages each (4 GiB), `free` of them free.
+fn host_tree(free: u64) -> tempfile::TempDir {
+    let tree = tempfile::tempdir().expect("a host tree");
+    let root = tree.path();
+    two_numa_nodes(root, 16 << 20, 2048, free);
+    let quiet = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n";
+    for resource in ["memory", "io", "cpu"] {
+        put(root, &format!("/proc/pressure/{resource}"), quiet);
+    }
+    tree
+}
+
+/// A node agent on `ip`:`port` over `tree`, TLS with client certificates of `pki`, the kubelet
+/// settings of a node that pins hugepages (single-numa-node, Memory Manager Static).
+fn agent(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16) -> Agent {
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg("run")
+        .arg("--host-root")
+        .arg(tree)
+        .args(["--ebpf", "off"])
+        .args(["--topology-policy", "single-numa-node"])
+        .args(["--memory-manager-policy", "Static"])
+        .arg("--tls-cert-file")
+        .arg(pki.path("agent.crt"))
+        .arg("--tls-private-key-file")
+        .arg(pki.path("agent.key"))
+        .arg("--client-ca-file")
+        .arg(pki.path("agents-ca.crt"));
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let mut agent = Agent::start_at(cmd, uid, SocketAddr::new(IpAddr::V4(ip), port));
+    agent.wait_for("agent running", Duration::from_secs(20), |_| true);
+    agent
+}
+
+/// The webhook, on a free loopback port, calling agents on `agent_port`.
+fn webhook(pki: &Pki, agent_port: u16, policy: &str, timeout: &str) -> Agent {
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg("webhook")
+        .arg("--tls-cert-file")
+        .arg(pki.path("webhook.crt"))
+        .arg("--tls-private-key-file")
+        .arg(pki.path("webhook.key"))
+        .args(["--agent-port", &agent_port.to_string()])
+        .arg("--agent-ca-file")
+        .arg(pki.path("agents-ca.crt"))
+        .arg("--agent-client-cert-file")
+        .arg(pki.path("client.crt"))
+        .arg("--agent-client-key-file")
+        .arg(pki.path("client.key"))
+        .args(["--failure-policy", policy, "--agent-timeout", timeout]);
+    let mut webhook = Agent::start(cmd);
+    webhook.wait_for("webhook running", Duration::from_secs(20), |_| true);
+    webhook
+}
+
+/// `POST path` with `body` to the webhook over HTTPS, verifying it by its CA and name.
+fn call(pki: &Pki, webhook: &Agent, path: &str, body: &Value) -> (u16, Value) {
+    let config = mtls::client_config(&[&pki.webhook], None, Versions::Any);
+    let name = ServerName::try_from(WEBHOOK_NAME).expect("a DNS name");
+    let mut connection = Connection::open_as(webhook.port, config, name).expect("connect");
+    let answer = connection
+        .request("POST", path, Some("application/json"), &body.to_string())
+        .expect("an answer");
+    let value = serde_json::from_str(&answer.body)
+        .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {:?}", answer.body));
+    (answer.status, value)
+}
+
+/// A pending pod as the API server stores it: `hugepages` of 2 MiB pages (none when `None`),
+/// Guaranteed.
+fn pod(hugepages: Option<&str>) -> Value {
+    let mut resources = json!({"cpu": "1", "memory": "1Gi"});
+    if let Some(h) = hugepages {
+        resources["hugepages-2Mi"] = json!(h);
+    }
+    json!({
+        "metadata": {
+            "name": "dpdk-0",
+            "namespace": "telco",
+            "uid": POD_UID,
+            "resourceVersion": "4711",
+            "creationTimestamp": "2026-11-24T20:00:00Z",
+            "labels": {"app": "dpdk"}
+        },
+        "spec": {
+            "containers": [{
+                "name": "forwarder",
+                "image": "registry.example/dpdk:1.0",
+                "resources": {"limits": resources, "requests": resources},
+                "terminationMessagePath": "/dev/termination-log",
+                "imagePullPolicy": "IfNotPresent"
+            }],
+            "restartPolicy": "Always",
+            "schedulerName": "default-scheduler",
+            "priority": 0
+        },
+        "status": {"phase": "Pending", "qosClass": "Guaranteed"}
+    })
+}
+
+/// A Node whose first `InternalIP` is `ip`, with `hugepages` of 2 MiB pages allocatable.
+fn node(name: &str, ip: Ipv4Addr, hugepages: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "uid": format!("uid-{name}"), "labels": {"kubernetes.io/hostname": name}},
+        "spec": {"podCIDR": "10.244.0.0/24"},
+        "status": {
+            "capacity": {"cpu": "2", "memory": "16Gi", "hugepages-2Mi": "8Gi", "hugepages-1Gi": "0", "pods": "110"},
+            "allocatable": {"cpu": "2", "memory": "15Gi", "hugepages-2Mi": hugepages, "hugepages-1Gi": "0", "pods": "110"},
+            "addresses": [
+                {"type": "Hostname", "address": name},
+                {"type": "InternalIP", "address": ip.to_string()}
+            ]
+        }
+    })
+}
+
+/// `ExtenderArgs` of the `nodes` form.
+fn args(pod: Value, nodes: &[Value]) -> Value {
+    json!({"pod": pod, "nodes": {"metadata": {}, "items": nodes}})
+}
+
+fn names(result: &Value) -> Vec<&str> {
+    result["nodes"]["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["metadata"]["name"].as_str())
+        .collect()
+}
+
+/// Five nodes: `roomy` (4 GiB free per NUMA node), `exact` (2 GiB free each), `taken` (1 GiB
+/// free each: a Burstable consumer holds the rest), `small` (1 GiB allocatable: never asked),
+/// `down` (no agent).
+struct Cluster {
+    pki: Pki,
+    port: u16,
+    _trees: Vec<tempfile::TempDir>,
+    _agents: Vec<Agent>,
+    nodes: Vec<Value>,
+}
+
+fn cluster() -> Cluster {
+    let pki = Pki::new();
+    let port = free_port();
+    let ip = |last| Ipv4Addr::new(127, 0, 0, last);
+    let mut trees = Vec::new();
+    let mut agents = Vec::new();
+    for (last, free) in [(2, 2048), (3, 1024), (4, 512)] {
+        let tree = host_tree(free);
+        agents.push(agent(&pki, tree.path(), ip(last), port));
+        trees.push(tree);
+    }
+    let nodes = vec![
+        node("roomy", ip(2), "8Gi"),
+        node("exact", ip(3), "8Gi"),
+        node("taken", ip(4), "8Gi"),
+        node("small", ip(5), "1Gi"),
+        node("down", ip(6), "8Gi"),
+    ];
+    Cluster {
+        pki,
+        port,
+        _trees: trees,
+        _agents: agents,
+        nodes,
+    }
+}
+
+#[test]
+fn filter_keeps_the_nodes_whose_agents_admit_and_fails_the_others_with_the_agents_message() {
+    let c = cluster();
+    let webhook = webhook(&c.pki, c.port, "ignore", "2s");
+    let (status, result) = call(
+        &c.pki,
+        &webhook,
+        "/scheduler/filter",
+        &args(pod(Some("2Gi")), &c.nodes),
+    );
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(names(&result), ["roomy", "exact", "down"], "{result}");
+    assert_eq!(result["nodes"]["metadata"], json!({}), "the list as sent");
+    assert_eq!(
+        result["nodes"]["items"][0], c.nodes[0],
+        "the Node objects as sent"
+    );
+    assert_eq!(
+        result["failedNodes"],
+        json!({"taken": "insufficient hugepages-2Mi on NUMA node(s) [0]: requested 2Gi, available 1Gi"}),
+        "{result}"
+    );
+    assert_eq!(
+        result["failedAndUnresolvableNodes"],
+        json!({"small": "the node's allocatable hugepages-2Mi is 1Gi, less than the pod's 2Gi: preemption cannot help"}),
+        "{result}"
+    );
+    assert!(result.get("error").is_none(), "{result}");
+    assert!(
+        result.get("nodenames").is_none(),
+        "answered in its own form"
+    );
+}
+
+#[test]
+fn prioritize_puts_the_roomiest_single_numa_fit_first() {
+    let c = cluster();
+    let webhook = webhook(&c.pki, c.port, "ignore", "2s");
+    let (status, list) = call(
+        &c.pki,
+        &webhook,
+        "/scheduler/prioritize",
+        &args(pod(Some("2Gi")), &c.nodes),
+    );
+    assert_eq!(status, 200, "{list}");
+    // roomy: one NUMA node, 2 of 4 GiB spare: 6 + floor(4 × 0.5) = 8; exact: no spare, 6.
+    assert_eq!(
+        list,
+        json!([
+            {"host": "roomy", "score": 8},
+            {"host": "exact", "score": 6},
+            {"host": "taken", "score": 0},
+            {"host": "small", "score": 0},
+            {"host": "down", "score": 0}
+        ])
+    );
+}
+
+/// A TCP listener on `ip`:`port` that accepts and never answers, counting connections.
+fn silent_listener(ip: Ipv4Addr, port: u16) -> Arc<AtomicUsize> {
+    let listener = TcpListener::bind((ip, port)).expect("bind the silent listener");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().map_while(Result::ok) {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(stream);
+        }
+    });
+    accepted
+}
+
+#[test]
+fn under_failure_policy_fail_a_silent_or_absent_agent_fails_its_node_within_the_deadline() {
+    let pki = Pki::new();
+    let port = free_port();
+    let tree = host_tree(2048);
+    let _agent = agent(&pki, tree.path(), Ipv4Addr::new(127, 0, 0, 12), port);
+    let silent = silent_listener(Ipv4Addr::new(127, 0, 0, 13), port);
+    let nodes = [
+        node("up", Ipv4Addr::new(127, 0, 0, 12), "8Gi"),
+        node("silent", Ipv4Addr::new(127, 0, 0, 13), "8Gi"),
+        node("down", Ipv4Addr::new(127, 0, 0, 14), "8Gi"),
+    ];
+    let webhook = webhook(&pki, port, "fail", "500ms");
+    let started = Instant::now();
+    let (status, result) = call(
+        &pki,
+        &webhook,
+        "/scheduler/filter",
+        &args(pod(Some("2Gi")), &nodes),
+    );
+    let took = started.elapsed();
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(names(&result), ["up"], "{result}");
+    assert!(
+        took < Duration::from_secs(2),
+        "one deadline for the call: {took:?}"
+    );
+    assert!(
+        silent.load(Ordering::SeqCst) >= 1,
+        "the silent agent was called"
+    );
+    let failed = &result["failedNodes"];
+    assert!(
+        failed["silent"].as_str().is_some_and(|m| m.starts_with(
+            "hugepage verification unavailable (--failure-policy fail): agent at 127.0.0.13:"
+        ) && m.ends_with("no answer within 500ms")),
+        "{result}"
+    );
+    assert!(
+        failed["down"]
+            .as_str()
+            .is_some_and(|m| m.contains("127.0.0.14") && m.contains("cannot connect")),
+        "{result}"
+    );
+}
+
+#[test]
+fn a_pod_without_hugepages_is_answered_with_every_node_and_no_agent_is_called() {
+    let pki = Pki::new();
+    let port = free_port();
+    let watched = silent_listener(Ipv4Addr::new(127, 0, 0, 22), port);
+    let nodes = [
+        node("a", Ipv4Addr::new(127, 0, 0, 22), "8Gi"),
+        node("b", Ipv4Addr::new(127, 0, 0, 22), "0"),
+    ];
+    let webhook = webhook(&pki, port, "fail", "2s");
+    let (status, result) = call(
+        &pki,
+        &webhook,
+        "/scheduler/filter",
+        &args(pod(None), &nodes),
+    );
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(names(&result), ["a", "b"], "{result}");
+    assert!(result.get("failedNodes").is_none(), "{result}");
+    let by_name = json!({"pod": pod(None), "nodenames": ["a", "b"]});
+    let (status, result) = call(&pki, &webhook, "/scheduler/filter", &by_name);
+    assert_eq!((status, &result), (200, &json!({"nodenames": ["a", "b"]})));
+    let (status, list) = call(
+        &pki,
+        &webhook,
+        "/scheduler/prioritize",
+        &args(pod(None), &nodes),
+    );
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(
+        list,
+        json!([{"host": "a", "score": 0}, {"host": "b", "score": 0}])
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(watched.load(Ordering::SeqCst), 0, "no agent was called");
+}
+
+#[test]
+fn the_nodenames_form_with_hugepages_is_refused_as_not_served_yet_and_bad_bodies_are_400() {
+    let pki = Pki::new();
+    let webhook = webhook(&pki, free_port(), "ignore", "2s");
+    let by_name = json!({"pod": pod(Some("2Gi")), "nodenames": ["a"]});
+    let (status, result) = call(&pki, &webhook, "/scheduler/filter", &by_name);
+    assert_eq!(status, 200);
+    assert!(
+        result["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("nodeCacheCapable: true") && e.contains("not served yet")),
+        "{result}"
+    );
+    let (status, result) = call(&pki, &webhook, "/scheduler/filter", &json!(["not", "args"]));
+    assert_eq!(status, 400);
+    assert!(
+        result["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("the body is not ExtenderArgs JSON")),
+        "{result}"
+    );
+}
