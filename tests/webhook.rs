@@ -15,12 +15,13 @@
 //! processes are killed on drop, the trees are temporary directories).
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener},
+    io::{Read, Write},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     path::Path,
     process::Command,
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -30,7 +31,8 @@ use hugepage_agent_tests::{
     mtls::{self, Ca, Connection, Versions},
     put, two_numa_nodes,
 };
-use rustls_pki_types::ServerName;
+use rustls::{ServerConfig, ServerConnection, StreamOwned};
+use rustls_pki_types::{PrivateKeyDer, ServerName, pem::PemObject};
 use serde_json::{Value, json};
 
 /// The name the webhook's serving certificate carries (its Service's DNS name).
@@ -42,6 +44,8 @@ const POD_UID: &str = "5d0c8ba2-3b1f-4f7a-9f35-6c1d2e3f4a5b";
 struct Pki {
     dir: tempfile::TempDir,
     webhook: Ca,
+    /// The agents' server certificate, for a stand-in agent that answers garbage.
+    agent: mtls::Pair,
 }
 
 impl Pki {
@@ -50,14 +54,19 @@ impl Pki {
         let agents = Ca::new("hugepage-agent CA");
         let webhook = Ca::new("webhook CA");
         std::fs::write(dir.path().join("agents-ca.crt"), &agents.pem).expect("write the CA");
-        agents.server("agent").write(dir.path(), "agent");
+        let agent = agents.server("agent");
+        agent.write(dir.path(), "agent");
         agents
             .client("hugepage-agent-webhook")
             .write(dir.path(), "client");
         webhook
             .server_named("webhook", WEBHOOK_NAME)
             .write(dir.path(), "webhook");
-        Pki { dir, webhook }
+        Pki {
+            dir,
+            webhook,
+            agent,
+        }
     }
 
     fn path(&self, file: &str) -> std::path::PathBuf {
@@ -292,32 +301,128 @@ fn prioritize_puts_the_roomiest_single_numa_fit_first() {
     );
 }
 
-/// A TCP listener on `ip`:`port` that accepts and never answers, counting connections.
-fn silent_listener(ip: Ipv4Addr, port: u16) -> Arc<AtomicUsize> {
-    let listener = TcpListener::bind((ip, port)).expect("bind the silent listener");
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for stream in listener.incoming().map_while(Result::ok) {
-            count.fetch_add(1, Ordering::SeqCst);
-            held.push(stream);
+/// A listener thread of the test's own, stopped and joined when dropped (whatever way the test
+/// ends), so that nothing it bound outlives the test.
+struct Stand {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Connections accepted.
+    accepted: Arc<AtomicUsize>,
+}
+
+impl Stand {
+    /// Accepts on `ip`:`port`, handing each connection to `serve` (which may keep it).
+    fn start(ip: Ipv4Addr, port: u16, mut serve: impl FnMut(TcpStream) + Send + 'static) -> Stand {
+        let listener = TcpListener::bind((ip, port)).expect("bind a stand-in listener");
+        let addr = listener.local_addr().expect("its address");
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (stopping, count) = (stop.clone(), accepted.clone());
+        let thread = std::thread::spawn(move || {
+            for tcp in listener.incoming().map_while(Result::ok) {
+                if stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+                serve(tcp);
+            }
+        });
+        Stand {
+            addr,
+            stop,
+            thread: Some(thread),
+            accepted,
         }
-    });
-    accepted
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Stand {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accept so that the thread sees the flag.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// On `ip`:`port`, something that accepts and never answers (it keeps every connection open).
+fn silent_listener(ip: Ipv4Addr, port: u16) -> Stand {
+    let mut held = Vec::new();
+    Stand::start(ip, port, move |tcp| held.push(tcp))
+}
+
+/// On `ip`:`port`, something that completes the TLS handshake with the agents' certificate and
+/// answers every request with 200 and a body that is not a verdict.
+fn garbage_agent(pki: &Pki, ip: Ipv4Addr, port: u16) -> Stand {
+    let key = PrivateKeyDer::from_pem_slice(pki.agent.key.as_bytes()).expect("the key PEM");
+    let config =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![pki.agent.der()], key)
+            .expect("a server config");
+    let config = Arc::new(config);
+    Stand::start(ip, port, move |tcp| {
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("a read timeout");
+        answer_garbage(config.clone(), tcp);
+    })
+}
+
+/// Reads one request (headers and `content-length` bytes) and answers it with garbage.
+fn answer_garbage(config: Arc<ServerConfig>, tcp: TcpStream) {
+    let Ok(connection) = ServerConnection::new(config) else {
+        return;
+    };
+    let mut stream = StreamOwned::new(connection, tcp);
+    let mut read = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let complete = |read: &[u8]| {
+        let end = read.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let head = String::from_utf8_lossy(&read[..end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        (read.len() >= end + 4 + length).then_some(())
+    };
+    while complete(&read).is_none() {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => read.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let body = "<html>not a verdict</html>";
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.flush();
 }
 
 #[test]
-fn under_failure_policy_fail_a_silent_or_absent_agent_fails_its_node_within_the_deadline() {
+fn under_failure_policy_fail_a_silent_absent_or_garbled_agent_fails_its_node_within_the_deadline() {
     let pki = Pki::new();
     let port = free_port();
     let tree = host_tree(2048);
     let _agent = agent(&pki, tree.path(), Ipv4Addr::new(127, 0, 0, 12), port);
     let silent = silent_listener(Ipv4Addr::new(127, 0, 0, 13), port);
+    let _garbage = garbage_agent(&pki, Ipv4Addr::new(127, 0, 0, 15), port);
     let nodes = [
         node("up", Ipv4Addr::new(127, 0, 0, 12), "8Gi"),
         node("silent", Ipv4Addr::new(127, 0, 0, 13), "8Gi"),
         node("down", Ipv4Addr::new(127, 0, 0, 14), "8Gi"),
+        node("garbage", Ipv4Addr::new(127, 0, 0, 15), "8Gi"),
     ];
     let webhook = webhook(&pki, port, "fail", "500ms");
     let started = Instant::now();
@@ -334,10 +439,7 @@ fn under_failure_policy_fail_a_silent_or_absent_agent_fails_its_node_within_the_
         took < Duration::from_secs(2),
         "one deadline for the call: {took:?}"
     );
-    assert!(
-        silent.load(Ordering::SeqCst) >= 1,
-        "the silent agent was called"
-    );
+    assert!(silent.accepted() >= 1, "the silent agent was called");
     let failed = &result["failedNodes"];
     assert!(
         failed["silent"].as_str().is_some_and(|m| m.starts_with(
@@ -349,6 +451,12 @@ fn under_failure_policy_fail_a_silent_or_absent_agent_fails_its_node_within_the_
         failed["down"]
             .as_str()
             .is_some_and(|m| m.contains("127.0.0.14") && m.contains("cannot connect")),
+        "{result}"
+    );
+    assert!(
+        failed["garbage"]
+            .as_str()
+            .is_some_and(|m| m.contains("127.0.0.15") && m.contains("the answer is not a verdict")),
         "{result}"
     );
 }
@@ -387,7 +495,7 @@ fn a_pod_without_hugepages_is_answered_with_every_node_and_no_agent_is_called() 
         json!([{"host": "a", "score": 0}, {"host": "b", "score": 0}])
     );
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(watched.load(Ordering::SeqCst), 0, "no agent was called");
+    assert_eq!(watched.accepted(), 0, "no agent was called");
 }
 
 #[test]
