@@ -143,6 +143,24 @@ fn call(pki: &Pki, webhook: &Agent, path: &str, body: &Value) -> (u16, Value) {
     (answer.status, value)
 }
 
+/// The webhook's `GET /metrics`, over HTTPS.
+fn metrics(pki: &Pki, webhook: &Agent) -> String {
+    let config = mtls::client_config(&[&pki.webhook], None, Versions::Any);
+    let name = ServerName::try_from(WEBHOOK_NAME).expect("a DNS name");
+    let mut connection = Connection::open_as(webhook.port, config, name).expect("connect");
+    let answer = connection
+        .request("GET", "/metrics", None, "")
+        .expect("an answer");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+/// The value of `series` (name and labels as written) in an exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 /// A pending pod as the API server stores it: `hugepages` of 2 MiB pages (none when `None`),
 /// Guaranteed.
 fn pod(hugepages: Option<&str>) -> Value {
@@ -275,6 +293,31 @@ fn filter_keeps_the_nodes_whose_agents_admit_and_fails_the_others_with_the_agent
         result.get("nodenames").is_none(),
         "answered in its own form"
     );
+    let text = metrics(&c.pki, &webhook);
+    for (series, value) in [
+        (
+            r#"hugepage_agent_webhook_calls_total{endpoint="filter",result="answered"}"#,
+            1.0,
+        ),
+        (r#"hugepage_agent_webhook_nodes_total{judged="fit"}"#, 2.0),
+        (
+            r#"hugepage_agent_webhook_nodes_total{judged="misfit"}"#,
+            1.0,
+        ),
+        (
+            r#"hugepage_agent_webhook_nodes_total{judged="unresolvable"}"#,
+            1.0,
+        ),
+        (
+            r#"hugepage_agent_webhook_nodes_total{judged="no_answer"}"#,
+            1.0,
+        ),
+        ("hugepage_agent_webhook_fail_open_total", 1.0),
+        ("hugepage_agent_webhook_fail_closed_total", 0.0),
+        ("hugepage_agent_webhook_agent_call_seconds_count", 4.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
 }
 
 #[test]
@@ -458,6 +501,12 @@ fn under_failure_policy_fail_a_silent_absent_or_garbled_agent_fails_its_node_wit
             .as_str()
             .is_some_and(|m| m.contains("127.0.0.15") && m.contains("the answer is not a verdict")),
         "{result}"
+    );
+    let text = metrics(&pki, &webhook);
+    assert_eq!(
+        sample(&text, "hugepage_agent_webhook_fail_closed_total"),
+        Some(3.0),
+        "{text}"
     );
 }
 

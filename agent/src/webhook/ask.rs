@@ -1,14 +1,18 @@
 //! Asking every candidate's agent at once: one task per agent, all under one deadline for the
 //! whole call (`--agent-timeout`). What an agent answered in time is its [`Heard::Answer`];
 //! a failed call, a node whose agent cannot be found, and an agent still silent at the deadline
-//! (its call is then abandoned) are [`Heard::Silent`] with the reason.
+//! (its call is then abandoned) are [`Heard::Silent`] with the reason. Each call that completes
+//! is timed in the [`Metrics`].
 
 use std::{net::SocketAddr, time::Duration};
 
 use hyper::body::Bytes;
 use tokio::{task::JoinSet, time::Instant};
 
-use super::agents::{Client, Reply};
+use super::{
+    agents::{Client, Reply},
+    metrics::Metrics,
+};
 
 /// What became of one agent's call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +29,7 @@ pub async fn ask_all(
     body: &Bytes,
     targets: &[Result<SocketAddr, String>],
     timeout: Duration,
+    metrics: &Metrics,
 ) -> Vec<Heard> {
     let deadline = Instant::now() + timeout;
     let mut heard: Vec<Option<Heard>> = vec![None; targets.len()];
@@ -33,13 +38,18 @@ pub async fn ask_all(
         match target {
             Ok(addr) => {
                 let (client, body, addr) = (client.clone(), body.clone(), *addr);
-                calls.spawn(async move { (i, client.dry_run(addr, body).await) });
+                calls.spawn(async move {
+                    let started = Instant::now();
+                    let result = client.dry_run(addr, body).await;
+                    (i, result, started.elapsed())
+                });
             }
             Err(why) => heard[i] = Some(Heard::Silent(why.clone())),
         }
     }
     while let Ok(Some(done)) = tokio::time::timeout_at(deadline, calls.join_next()).await {
-        if let Ok((i, result)) = done {
+        if let Ok((i, result, took)) = done {
+            metrics.agent_call(took);
             heard[i] = Some(match result {
                 Ok(reply) => Heard::Answer(reply),
                 Err(e) => Heard::Silent(e.to_string()),

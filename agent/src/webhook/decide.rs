@@ -13,7 +13,7 @@
 //! `h` is the smallest, over the page sizes checked, of `(available − requested) / available`.
 //! A node that does not fit, or whose agent did not answer, scores 0.
 
-use super::{FailurePolicy, agents::Reply, ask::Heard, extender::FailedNodes};
+use super::{FailurePolicy, agents::Reply, ask::Heard, extender::FailedNodes, metrics::Outcome};
 use crate::{kube::pod::Hugepages, quantity::format_binary};
 
 /// One candidate, judged.
@@ -27,6 +27,18 @@ pub enum Judged {
     Unresolvable(String),
     /// No usable answer, and why.
     Silent(String),
+}
+
+impl Judged {
+    /// What the metrics count it as.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Judged::Fits(_) => Outcome::Fit,
+            Judged::Misfit(_) => Outcome::Misfit,
+            Judged::Unresolvable(_) => Outcome::Unresolvable,
+            Judged::Silent(_) => Outcome::NoAnswer,
+        }
+    }
 }
 
 /// Why a node with `allocatable` hugepages can never hold `need`, if it cannot; `None` when its

@@ -8,7 +8,8 @@
 //! [`pod`] and [`node`] read what the webhook needs of the pod and of each `Node` (its first
 //! `InternalIP`, its allocatable hugepages); [`ask`] calls every candidate's agent at once under
 //! one deadline; [`decide`] turns the agents' answers into the filter's and prioritize's
-//! answers, plain functions with no I/O; [`scheduler`] runs those steps for one call.
+//! answers, plain functions with no I/O; [`scheduler`] runs those steps for one call;
+//! [`metrics`] counts them.
 //! Served so far: the `nodes` form of `ExtenderArgs` (`nodeCacheCapable: false`); the `nodenames`
 //! form, its Node cache and the admission webhook are not built yet.
 
@@ -16,6 +17,7 @@ pub mod agents;
 pub mod ask;
 pub mod decide;
 pub mod extender;
+pub mod metrics;
 pub mod node;
 pub mod pod;
 pub mod routes;
@@ -96,6 +98,7 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
         client,
         policy: settings.failure_policy,
         timeout: settings.agent_timeout,
+        metrics: Arc::default(),
     };
     let (stop, stopped) = watch::channel(false);
     let watcher = tokio::spawn(reloader.watch(stopped.clone()));

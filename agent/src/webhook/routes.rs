@@ -1,19 +1,21 @@
 //! The webhook's HTTP routes: `POST /scheduler/filter`, `POST /scheduler/prioritize`,
-//! `GET /healthz`, `GET /readyz`. Handlers read the body and hand it to [`super::scheduler`]; a
-//! body that is not `ExtenderArgs` JSON is a 400 whose JSON names the problem in `error` (the
-//! field both extender answers use for a failed call).
+//! `GET /metrics`, `GET /healthz`, `GET /readyz`. Handlers read the body and hand it to
+//! [`super::scheduler`], and count the call; a body that is not `ExtenderArgs` JSON is a 400
+//! whose JSON names the problem in `error` (the field both extender answers use for a failed
+//! call).
 
 use axum::{
     Json, Router,
     body::Bytes,
     extract::{DefaultBodyLimit, State},
-    http::StatusCode,
+    http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
 use serde_json::json;
 
-use super::{extender::ExtenderArgs, scheduler};
+use super::{extender::ExtenderArgs, metrics::Endpoint, scheduler};
+use crate::telemetry::encode::Format;
 
 pub use scheduler::Context;
 
@@ -24,6 +26,7 @@ pub fn router(context: Context) -> Router {
     Router::new()
         .route("/scheduler/filter", post(filter))
         .route("/scheduler/prioritize", post(prioritize))
+        .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(healthz))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -41,21 +44,36 @@ fn refused(error: String) -> Response {
 }
 
 async fn filter(State(context): State<Context>, body: Bytes) -> Response {
-    match args(&body) {
-        Ok(args) => Json(scheduler::filter(&context, args).await).into_response(),
+    let args = match args(&body) {
+        Ok(args) => args,
+        Err(error) => {
+            context.metrics.call(Endpoint::Filter, false);
+            return refused(error);
+        }
+    };
+    let result = scheduler::filter(&context, args).await;
+    context
+        .metrics
+        .call(Endpoint::Filter, result.error.is_empty());
+    Json(result).into_response()
+}
+
+async fn prioritize(State(context): State<Context>, body: Bytes) -> Response {
+    let answer = match args(&body) {
+        Ok(args) => scheduler::prioritize(&context, args).await,
+        Err(error) => Err(error),
+    };
+    context.metrics.call(Endpoint::Prioritize, answer.is_ok());
+    match answer {
+        Ok(list) => Json(list).into_response(),
         Err(error) => refused(error),
     }
 }
 
-async fn prioritize(State(context): State<Context>, body: Bytes) -> Response {
-    let args = match args(&body) {
-        Ok(args) => args,
-        Err(error) => return refused(error),
-    };
-    match scheduler::prioritize(&context, args).await {
-        Ok(list) => Json(list).into_response(),
-        Err(error) => refused(error),
-    }
+async fn metrics(State(context): State<Context>, headers: HeaderMap) -> Response {
+    let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+    let body = context.metrics.render(format);
+    ([(header::CONTENT_TYPE, format.content_type())], body).into_response()
 }
 
 async fn healthz() -> Response {

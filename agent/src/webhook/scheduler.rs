@@ -6,7 +6,7 @@
 //! `nodenames` form needs the Node cache, which is not built yet: such a call fails with an
 //! `error` saying so (a pod without hugepages is still answered with every node name).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use tracing::{debug, warn};
 
@@ -16,6 +16,7 @@ use super::{
     ask::{Heard, ask_all},
     decide::{self, Judged},
     extender::{ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList},
+    metrics::Metrics,
     node::{self, Candidate},
     pod::{self, PodRequest},
 };
@@ -27,6 +28,7 @@ pub struct Context {
     pub policy: FailurePolicy,
     /// One deadline for all the agent calls of one scheduler call.
     pub timeout: Duration,
+    pub metrics: Arc<Metrics>,
 }
 
 const NODENAMES_NOT_SERVED: &str = "the nodenames form of ExtenderArgs (nodeCacheCapable: true) is not served yet: configure the extender with nodeCacheCapable: false";
@@ -60,6 +62,11 @@ pub async fn filter(context: &Context, args: ExtenderArgs) -> ExtenderFilterResu
         Err(e) => return ExtenderFilterResult::failed(e),
     };
     let judged = judge_all(context, &pod, &candidates).await;
+    let silent = judged
+        .iter()
+        .filter(|j| matches!(j, Judged::Silent(_)))
+        .count();
+    context.metrics.unanswered(context.policy, silent);
     let sorted = decide::filter(
         candidates.iter().map(|c| c.name.as_str()).zip(&judged),
         context.policy,
@@ -137,9 +144,15 @@ async fn judge_all(context: &Context, pod: &PodRequest, candidates: &[Candidate]
         .filter(|(_, s)| s.is_none())
         .map(|(c, _)| c.agent.clone())
         .collect();
-    let mut heard = ask_all(&context.client, &pod.body, &targets, context.timeout)
-        .await
-        .into_iter();
+    let mut heard = ask_all(
+        &context.client,
+        &pod.body,
+        &targets,
+        context.timeout,
+        &context.metrics,
+    )
+    .await
+    .into_iter();
     let judged: Vec<Judged> = settled
         .into_iter()
         .map(|s| {
@@ -153,6 +166,9 @@ async fn judge_all(context: &Context, pod: &PodRequest, candidates: &[Candidate]
     if let Some((node, why)) = silent.next() {
         let others = silent.count();
         warn!(pod = %pod.name, node, others, policy = ?context.policy, "a node's agent did not answer: {why}");
+    }
+    for j in &judged {
+        context.metrics.node(j.outcome());
     }
     debug!(pod = %pod.name, judged = ?judged, "candidates judged");
     judged
