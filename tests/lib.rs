@@ -13,6 +13,7 @@ use std::{
 
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
+pub mod apiserver;
 mod flags;
 mod host_tree;
 mod log;

@@ -27,7 +27,9 @@ use std::{
 };
 
 use hugepage_agent_tests::{
-    Agent, agent_bin, free_port,
+    Agent, agent_bin,
+    apiserver::StandInApiServer,
+    free_port,
     mtls::{self, Ca, Connection, Versions},
     put, two_numa_nodes,
 };
@@ -109,10 +111,19 @@ fn agent(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16) -> Agent {
     agent
 }
 
-/// The webhook, on a free loopback port, calling agents on `agent_port`.
-fn webhook(pki: &Pki, agent_port: u16, policy: &str, timeout: &str) -> Agent {
+/// The webhook, on a free loopback port, calling agents on `agent_port`, its Node cache kept
+/// from `api`; started once it serves (its Node cache may not have synced yet).
+fn webhook(
+    pki: &Pki,
+    api: &StandInApiServer,
+    agent_port: u16,
+    policy: &str,
+    timeout: &str,
+) -> Agent {
     let mut cmd = Command::new(agent_bin());
     cmd.arg("webhook")
+        .arg("--kubeconfig")
+        .arg(api.kubeconfig(pki.dir.path()))
         .arg("--tls-cert-file")
         .arg(pki.path("webhook.crt"))
         .arg("--tls-private-key-file")
@@ -228,6 +239,8 @@ fn names(result: &Value) -> Vec<&str> {
 /// `down` (no agent).
 struct Cluster {
     pki: Pki,
+    /// The stand-in API server, holding the five Nodes.
+    api: StandInApiServer,
     port: u16,
     _trees: Vec<tempfile::TempDir>,
     _agents: Vec<Agent>,
@@ -252,8 +265,13 @@ fn cluster() -> Cluster {
         node("small", ip(5), "1Gi"),
         node("down", ip(6), "8Gi"),
     ];
+    let api = StandInApiServer::start();
+    for n in &nodes {
+        api.put_node(n.clone());
+    }
     Cluster {
         pki,
+        api,
         port,
         _trees: trees,
         _agents: agents,
@@ -264,7 +282,7 @@ fn cluster() -> Cluster {
 #[test]
 fn filter_keeps_the_nodes_whose_agents_admit_and_fails_the_others_with_the_agents_message() {
     let c = cluster();
-    let webhook = webhook(&c.pki, c.port, "ignore", "2s");
+    let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
     let (status, result) = call(
         &c.pki,
         &webhook,
@@ -323,7 +341,7 @@ fn filter_keeps_the_nodes_whose_agents_admit_and_fails_the_others_with_the_agent
 #[test]
 fn prioritize_puts_the_roomiest_single_numa_fit_first() {
     let c = cluster();
-    let webhook = webhook(&c.pki, c.port, "ignore", "2s");
+    let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
     let (status, list) = call(
         &c.pki,
         &webhook,
@@ -467,7 +485,8 @@ fn under_failure_policy_fail_a_silent_absent_or_garbled_agent_fails_its_node_wit
         node("down", Ipv4Addr::new(127, 0, 0, 14), "8Gi"),
         node("garbage", Ipv4Addr::new(127, 0, 0, 15), "8Gi"),
     ];
-    let webhook = webhook(&pki, port, "fail", "500ms");
+    let api = StandInApiServer::start();
+    let webhook = webhook(&pki, &api, port, "fail", "500ms");
     let started = Instant::now();
     let (status, result) = call(
         &pki,
@@ -519,7 +538,8 @@ fn a_pod_without_hugepages_is_answered_with_every_node_and_no_agent_is_called() 
         node("a", Ipv4Addr::new(127, 0, 0, 22), "8Gi"),
         node("b", Ipv4Addr::new(127, 0, 0, 22), "0"),
     ];
-    let webhook = webhook(&pki, port, "fail", "2s");
+    let api = StandInApiServer::start();
+    let webhook = webhook(&pki, &api, port, "fail", "2s");
     let (status, result) = call(
         &pki,
         &webhook,
@@ -548,24 +568,270 @@ fn a_pod_without_hugepages_is_answered_with_every_node_and_no_agent_is_called() 
 }
 
 #[test]
-fn the_nodenames_form_with_hugepages_is_refused_as_not_served_yet_and_bad_bodies_are_400() {
-    let pki = Pki::new();
-    let webhook = webhook(&pki, free_port(), "ignore", "2s");
-    let by_name = json!({"pod": pod(Some("2Gi")), "nodenames": ["a"]});
-    let (status, result) = call(&pki, &webhook, "/scheduler/filter", &by_name);
-    assert_eq!(status, 200);
-    assert!(
-        result["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("nodeCacheCapable: true") && e.contains("not served yet")),
+fn the_nodenames_form_is_answered_from_the_node_cache_in_its_own_form_and_bad_bodies_are_400() {
+    let c = cluster();
+    let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
+    wait_ready(&c.pki, &webhook);
+    let by_name = json!({
+        "pod": pod(Some("2Gi")),
+        "nodenames": ["roomy", "exact", "taken", "small", "down", "ghost"]
+    });
+    let (status, result) = call(&c.pki, &webhook, "/scheduler/filter", &by_name);
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(
+        result["nodenames"],
+        json!(["roomy", "exact", "down"]),
         "{result}"
     );
-    let (status, result) = call(&pki, &webhook, "/scheduler/filter", &json!(["not", "args"]));
+    assert!(
+        result.get("nodes").is_none(),
+        "answered in its own form: {result}"
+    );
+    assert_eq!(
+        result["failedNodes"],
+        json!({
+            "taken": "insufficient hugepages-2Mi on NUMA node(s) [0]: requested 2Gi, available 1Gi",
+            "ghost": "node ghost is not in the webhook's Node cache (the API server's list and watch of Nodes has not shown it)"
+        }),
+        "{result}"
+    );
+    assert_eq!(
+        result["failedAndUnresolvableNodes"],
+        json!({"small": "the node's allocatable hugepages-2Mi is 1Gi, less than the pod's 2Gi: preemption cannot help"}),
+        "{result}"
+    );
+    let (status, list) = call(&c.pki, &webhook, "/scheduler/prioritize", &by_name);
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(
+        list,
+        json!([
+            {"host": "roomy", "score": 8},
+            {"host": "exact", "score": 6},
+            {"host": "taken", "score": 0},
+            {"host": "small", "score": 0},
+            {"host": "down", "score": 0},
+            {"host": "ghost", "score": 0}
+        ])
+    );
+    let text = metrics(&c.pki, &webhook);
+    assert_eq!(
+        sample(&text, "hugepage_agent_webhook_cached_nodes"),
+        Some(5.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"hugepage_agent_webhook_nodes_total{judged="unknown"}"#
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    let (status, result) = call(
+        &c.pki,
+        &webhook,
+        "/scheduler/filter",
+        &json!(["not", "args"]),
+    );
     assert_eq!(status, 400);
     assert!(
         result["error"]
             .as_str()
             .is_some_and(|e| e.starts_with("the body is not ExtenderArgs JSON")),
         "{result}"
+    );
+}
+
+/// `GET path` on the webhook over HTTPS: the status and the body as JSON.
+fn get(pki: &Pki, webhook: &Agent, path: &str) -> (u16, Value) {
+    let config = mtls::client_config(&[&pki.webhook], None, Versions::Any);
+    let name = ServerName::try_from(WEBHOOK_NAME).expect("a DNS name");
+    let mut connection = Connection::open_as(webhook.port, config, name).expect("connect");
+    let answer = connection
+        .request("GET", path, None, "")
+        .expect("an answer");
+    let value = serde_json::from_str(&answer.body).unwrap_or(Value::Null);
+    (answer.status, value)
+}
+
+/// Waits until the webhook's `/readyz` answers 200 (its Node cache synced).
+fn wait_ready(pki: &Pki, webhook: &Agent) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(pki, webhook, "/readyz").0 != 200 {
+        assert!(Instant::now() < deadline, "the webhook never became ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The filter's answer for `names` with a pod of 2 GiB of 2 MiB pages.
+fn filter_names(c: &Cluster, webhook: &Agent, names: &[&str]) -> Value {
+    let by_name = json!({"pod": pod(Some("2Gi")), "nodenames": names});
+    let (status, result) = call(&c.pki, webhook, "/scheduler/filter", &by_name);
+    assert_eq!(status, 200, "{result}");
+    result
+}
+
+/// Polls the filter for `names` until `holds` of its answer, up to 15 s.
+fn until_filter(
+    c: &Cluster,
+    webhook: &Agent,
+    names: &[&str],
+    what: &str,
+    holds: impl Fn(&Value) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let result = filter_names(c, webhook, names);
+        if holds(&result) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never; last answer {result}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The lists of Nodes the stand-in has answered.
+fn node_lists(api: &StandInApiServer) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.starts_with("GET /api/v1/nodes") && !r.contains("watch=true"))
+        .count()
+}
+
+#[test]
+fn the_node_cache_follows_the_watch_through_its_ends_410s_and_address_changes_without_a_restart() {
+    let c = cluster();
+    let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
+    wait_ready(&c.pki, &webhook);
+    assert_eq!(node_lists(&c.api), 1, "{:?}", c.api.requests());
+    let ip = |last| Ipv4Addr::new(127, 0, 0, last);
+    let fits = |r: &Value| r["nodenames"] == json!(["late"]);
+    let refused = |r: &Value| {
+        r["failedNodes"]["late"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("insufficient hugepages-2Mi"))
+    };
+    let unknown = |r: &Value| {
+        r["failedNodes"]["late"]
+            .as_str()
+            .is_some_and(|m| m.contains("not in the webhook's Node cache"))
+    };
+    assert!(unknown(&filter_names(&c, &webhook, &["late"])));
+
+    // A Node added while the webhook runs, then its address changed: the watch brings both.
+    c.api.put_node(node("late", ip(2), "8Gi"));
+    until_filter(
+        &c,
+        &webhook,
+        &["late"],
+        "the added Node on roomy's agent",
+        fits,
+    );
+    c.api.put_node(node("late", ip(4), "8Gi"));
+    until_filter(
+        &c,
+        &webhook,
+        &["late"],
+        "the Node moved to taken's agent",
+        refused,
+    );
+
+    // The watch ended by the server: resumed from the last resourceVersion, no new list.
+    c.api.end_watches();
+    c.api.put_node(node("late", ip(2), "8Gi"));
+    until_filter(
+        &c,
+        &webhook,
+        &["late"],
+        "a change after the watch ended",
+        fits,
+    );
+    assert_eq!(
+        node_lists(&c.api),
+        1,
+        "resumed, not listed again: {:?}",
+        c.api.requests()
+    );
+    assert!(
+        c.api
+            .requests()
+            .iter()
+            .filter(|r| r.contains("watch=true"))
+            .nth(1)
+            .is_some_and(|r| r.contains("resourceVersion=") && !r.contains("resourceVersion=0&")),
+        "the second watch resumes from a resourceVersion: {:?}",
+        c.api.requests()
+    );
+
+    // History compacted: the resumed watch is told 410 Expired and the cache lists again.
+    c.api.compact();
+    c.api.end_watches();
+    c.api.put_node(node("late", ip(4), "8Gi"));
+    until_filter(
+        &c,
+        &webhook,
+        &["late"],
+        "a change after 410 Expired",
+        refused,
+    );
+    assert_eq!(
+        node_lists(&c.api),
+        2,
+        "listed again after 410: {:?}",
+        c.api.requests()
+    );
+
+    // Watches answered 410 Gone outright (until a list): listed again; a deletion is then seen.
+    c.api.gone_until_listed();
+    c.api.end_watches();
+    c.api.delete_node("late");
+    until_filter(&c, &webhook, &["late"], "the deleted Node", unknown);
+    assert_eq!(
+        node_lists(&c.api),
+        3,
+        "listed again after 410 Gone: {:?}",
+        c.api.requests()
+    );
+
+    let text = metrics(&c.pki, &webhook);
+    assert_eq!(
+        sample(&text, "hugepage_agent_webhook_cached_nodes"),
+        Some(5.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "hugepage_agent_webhook_node_watch_errors_total").is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+}
+
+#[test]
+fn readyz_waits_for_the_node_cache_and_until_then_names_are_failed_as_not_synced() {
+    let c = cluster();
+    c.api.hold_lists(true);
+    let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
+    let (status, body) = get(&c.pki, &webhook, "/readyz");
+    assert_eq!(
+        (status, &body),
+        (
+            503,
+            &json!({"status": "not ready", "why": "the Node cache has not synced yet"})
+        )
+    );
+    assert_eq!(get(&c.pki, &webhook, "/healthz").0, 200, "alive meanwhile");
+    let result = filter_names(&c, &webhook, &["roomy"]);
+    assert_eq!(
+        result["failedNodes"]["roomy"],
+        json!("node roomy: the webhook's Node cache has not synced yet"),
+        "{result}"
+    );
+    c.api.hold_lists(false);
+    wait_ready(&c.pki, &webhook);
+    assert_eq!(
+        filter_names(&c, &webhook, &["roomy"])["nodenames"],
+        json!(["roomy"])
     );
 }

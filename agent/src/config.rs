@@ -321,6 +321,10 @@ pub enum CliCommand {
         /// One deadline for all the agent calls of one scheduler call (e.g. 2s, 500ms).
         #[arg(long, env = "HUGEPAGE_AGENT_AGENT_TIMEOUT", default_value = "2s")]
         agent_timeout: String,
+        /// kubeconfig of the Kubernetes API (its current context); without it, the in-cluster
+        /// configuration of the pod the webhook runs in.
+        #[arg(long, env = "HUGEPAGE_AGENT_KUBECONFIG", value_name = "PATH")]
+        kubeconfig: Option<PathBuf>,
     },
 }
 
@@ -646,7 +650,9 @@ impl TryFrom<Cli> for Config {
                 agent_client_key_file,
                 failure_policy,
                 agent_timeout,
+                kubeconfig,
             }) => Command::Webhook(webhook::Settings {
+                kubeconfig,
                 tls: tls.clone().ok_or(ConfigError::WebhookWithoutTls)?,
                 agent_port,
                 agent_tls: ClientFiles {

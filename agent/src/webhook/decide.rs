@@ -6,7 +6,8 @@
 //! goes to `failedNodes` with the agent's message (KEP-5759's, or the kubelet's
 //! `TopologyAffinityError`); one whose agent did not answer in time (or answered nonsense, or
 //! cannot be found) stays under `--failure-policy ignore` and goes to `failedNodes` with why
-//! under `fail`.
+//! under `fail`. A node the webhook does not know (a name its Node cache does not hold) goes to
+//! `failedNodes` with that said, whatever the policy.
 //!
 //! **prioritize** ([`score`], 0 to 10): a pod that fits on one NUMA node scores 6 to 10, one
 //! that must span several 1 to 5; within each band, 4 points of headroom: `floor(4 × h)` where
@@ -27,6 +28,8 @@ pub enum Judged {
     Unresolvable(String),
     /// No usable answer, and why.
     Silent(String),
+    /// The node is not known (not in the Node cache): failed, whatever the failure policy.
+    Unknown(String),
 }
 
 impl Judged {
@@ -37,6 +40,7 @@ impl Judged {
             Judged::Misfit(_) => Outcome::Misfit,
             Judged::Unresolvable(_) => Outcome::Unresolvable,
             Judged::Silent(_) => Outcome::NoAnswer,
+            Judged::Unknown(_) => Outcome::Unknown,
         }
     }
 }
@@ -89,7 +93,7 @@ pub fn filter<'a>(
     for (i, (name, judged)) in judged.into_iter().enumerate() {
         match (judged, policy) {
             (Judged::Fits(_), _) | (Judged::Silent(_), FailurePolicy::Ignore) => out.kept.push(i),
-            (Judged::Misfit(message), _) => {
+            (Judged::Misfit(message) | Judged::Unknown(message), _) => {
                 out.failed.insert(name.to_owned(), message.clone());
             }
             (Judged::Unresolvable(message), _) => {

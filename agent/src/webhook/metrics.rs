@@ -31,7 +31,7 @@ pub enum Endpoint {
 
 const ENDPOINTS: [&str; 2] = ["filter", "prioritize"];
 const RESULTS: [&str; 2] = ["answered", "error"];
-const JUDGED: [&str; 4] = ["fit", "misfit", "unresolvable", "no_answer"];
+const JUDGED: [&str; 5] = ["fit", "misfit", "unresolvable", "no_answer", "unknown"];
 
 /// How a candidate node was judged, as `hugepage_agent_webhook_nodes_total{judged}` counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +40,8 @@ pub enum Outcome {
     Misfit,
     Unresolvable,
     NoAnswer,
+    /// Not in the Node cache.
+    Unknown,
 }
 
 #[derive(Debug)]
@@ -47,10 +49,14 @@ pub struct Metrics {
     /// Per endpoint, per result.
     calls: [[AtomicU64; 2]; 2],
     /// Per [`JUDGED`].
-    nodes: [AtomicU64; 4],
+    nodes: [AtomicU64; 5],
     fail_open: AtomicU64,
     fail_closed: AtomicU64,
     agent_calls: Histogram,
+    /// Nodes in the Node cache.
+    cached_nodes: AtomicU64,
+    /// Failed list or watch calls of the Node cache.
+    watch_errors: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -61,6 +67,8 @@ impl Default for Metrics {
             fail_open: AtomicU64::new(0),
             fail_closed: AtomicU64::new(0),
             agent_calls: Histogram::new(&AGENT_CALL_BUCKETS),
+            cached_nodes: AtomicU64::new(0),
+            watch_errors: AtomicU64::new(0),
         }
     }
 }
@@ -91,6 +99,16 @@ impl Metrics {
         self.agent_calls.observe(took);
     }
 
+    /// The Node cache holds `nodes` Nodes.
+    pub fn node_list(&self, nodes: usize) {
+        self.cached_nodes.store(nodes as u64, Ordering::Relaxed);
+    }
+
+    /// A list or watch call of the Node cache failed (it is retried).
+    pub fn node_watch_error(&self) {
+        self.watch_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The exposition.
     pub fn render(&self, format: Format) -> String {
         let mut e = Encoder::new(format);
@@ -103,7 +121,7 @@ impl Metrics {
             }
         }
         const NODES: &str = "hugepage_agent_webhook_nodes_total";
-        e.family(NODES, Kind::Counter, "Candidate nodes judged, by how: the agent's dry run fit or misfit, unresolvable by the Node's allocatable hugepages, or no answer from the agent.");
+        e.family(NODES, Kind::Counter, "Candidate nodes judged, by how: the agent's dry run fit or misfit, unresolvable by the Node's allocatable hugepages, no answer from the agent, or unknown (a name not in the Node cache).");
         for (judged, n) in JUDGED.iter().zip(&self.nodes) {
             e.sample(
                 NODES,
@@ -128,6 +146,24 @@ impl Metrics {
             "Agent dry-run calls that completed, connection and TLS handshake included.",
         );
         e.histogram(LATENCY, &[], &self.agent_calls.value());
+        const CACHED: &str = "hugepage_agent_webhook_cached_nodes";
+        e.family(
+            CACHED,
+            Kind::Gauge,
+            "Nodes in the webhook's Node cache (list+watch of the API server's Nodes).",
+        );
+        e.sample(
+            CACHED,
+            &[],
+            self.cached_nodes.load(Ordering::Relaxed) as f64,
+        );
+        const WATCH: &str = "hugepage_agent_webhook_node_watch_errors_total";
+        e.family(
+            WATCH,
+            Kind::Counter,
+            "Failed list or watch calls of the Node cache, each retried with backoff (a 410 Gone is one, followed by a new list).",
+        );
+        e.sample(WATCH, &[], self.watch_errors.load(Ordering::Relaxed) as f64);
         e.finish()
     }
 }

@@ -10,20 +10,22 @@
 //! one deadline; [`decide`] turns the agents' answers into the filter's and prioritize's
 //! answers, plain functions with no I/O; [`scheduler`] runs those steps for one call;
 //! [`metrics`] counts them.
-//! Served so far: the `nodes` form of `ExtenderArgs` (`nodeCacheCapable: false`); the `nodenames`
-//! form, its Node cache and the admission webhook are not built yet.
+//! The Kubernetes API is reached through [`kubeapi`] (`--kubeconfig`, else in-cluster); the Node
+//! cache ([`cache`]) starts with the command and `/readyz` answers 200 once it has synced.
 
 pub mod agents;
 pub mod ask;
+pub mod cache;
 pub mod decide;
 pub mod extender;
+pub mod kubeapi;
 pub mod metrics;
 pub mod node;
 pub mod pod;
 pub mod routes;
 pub mod scheduler;
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use clap::ValueEnum;
 use tokio::{
@@ -63,6 +65,8 @@ pub struct Settings {
     pub failure_policy: FailurePolicy,
     /// One deadline for all the agent calls of one scheduler call (`--agent-timeout`).
     pub agent_timeout: Duration,
+    /// The Kubernetes API's kubeconfig (`--kubeconfig`); `None`: the in-cluster configuration.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +75,8 @@ pub enum WebhookError {
     Tls(#[from] TlsError),
     #[error(transparent)]
     Server(#[from] ServerError),
+    #[error(transparent)]
+    KubeApi(#[from] kubeapi::KubeApiError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -88,19 +94,28 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
     let mut terminate = signal(SignalKind::terminate())?;
     let client = agents::Client::new(&settings.agent_tls, settings.agent_port)?;
     let (server_tls, reloader) = tls::load(&settings.tls, Arc::new(TlsStats::default()))?;
+    let kube = kubeapi::client(settings.kubeconfig.as_deref()).await?;
     let endpoint = Endpoint {
         flag: "--listen",
         threads: "webhook",
     };
     let bound = Server::bind(endpoint, listen)?;
     let addr = bound.addr();
+    let (stop, stopped) = watch::channel(false);
+    let metrics = Arc::default();
+    let (nodes, node_watch) = cache::NodeCache::start(
+        kube,
+        settings.agent_port,
+        Arc::clone(&metrics),
+        stopped.clone(),
+    );
     let context = routes::Context {
         client,
         policy: settings.failure_policy,
         timeout: settings.agent_timeout,
-        metrics: Arc::default(),
+        metrics,
+        nodes,
     };
-    let (stop, stopped) = watch::channel(false);
     let watcher = tokio::spawn(reloader.watch(stopped.clone()));
     let server = Server::start(
         bound,
@@ -124,6 +139,9 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
     let _ = stop.send(true);
     if let Err(err) = watcher.await {
         warn!("the TLS file watcher failed: {err}");
+    }
+    if let Err(err) = node_watch.await {
+        warn!("the Node watch failed: {err}");
     }
     server.drain(DRAIN).await;
     Ok(())

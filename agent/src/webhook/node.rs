@@ -1,14 +1,17 @@
 //! What the webhook reads of a `Node` object: its name, where its agent listens (the first
 //! address of type `InternalIP` in `status.addresses`, with `--agent-port`), and its allocatable
 //! hugepages per page size (`status.allocatable`, as the kubelet reports its pools). Nothing else
-//! of the object is read; a field of another shape is treated as absent and said so, never
-//! guessed.
+//! of the object is read. The same reading serves both forms of `ExtenderArgs`: a `Node` the
+//! scheduler sent (JSON, read as a `v1.Node`) and one from the webhook's cache
+//! ([`super::cache`]). A field that is missing or of another shape is said so, never guessed.
 
 use std::net::{IpAddr, SocketAddr};
 
+use k8s_openapi::api::core::v1::Node;
+use serde::Deserialize;
 use serde_json::Value;
 
-use crate::kube::pod::{self, Hugepages, ResourceList};
+use crate::kube::pod::{self, Hugepages, QuantityValue, ResourceList};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeError {
@@ -27,7 +30,7 @@ pub struct Candidate {
     pub allocatable: Option<Hugepages>,
 }
 
-/// Reads `nodes.items[index]`; the agent listens on `port` at the node's first `InternalIP`.
+/// Reads `nodes.items[index]` as the scheduler sent it; the agent listens on `port`.
 pub fn candidate(index: usize, node: &Value, port: u16) -> Result<Candidate, NodeError> {
     let name = node
         .pointer("/metadata/name")
@@ -35,34 +38,50 @@ pub fn candidate(index: usize, node: &Value, port: u16) -> Result<Candidate, Nod
         .filter(|n| !n.is_empty())
         .ok_or(NodeError::NoName { index })?
         .to_owned();
-    Ok(Candidate {
-        agent: internal_ip(node).map(|ip| SocketAddr::new(ip, port)),
-        allocatable: allocatable(node),
-        name,
+    Ok(match Node::deserialize(node) {
+        Ok(typed) => of_node(name, &typed, port),
+        Err(e) => Candidate {
+            name,
+            agent: Err(format!("the Node object is not a v1.Node: {e}")),
+            allocatable: None,
+        },
     })
 }
 
+/// The candidate `name` is, from its `Node`; the agent listens on `port`.
+pub fn of_node(name: String, node: &Node, port: u16) -> Candidate {
+    Candidate {
+        agent: internal_ip(node).map(|ip| SocketAddr::new(ip, port)),
+        allocatable: allocatable(node),
+        name,
+    }
+}
+
 /// The first `InternalIP` of `status.addresses`.
-fn internal_ip(node: &Value) -> Result<IpAddr, String> {
+fn internal_ip(node: &Node) -> Result<IpAddr, String> {
     let first = node
-        .pointer("/status/addresses")
-        .and_then(Value::as_array)
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
         .into_iter()
         .flatten()
-        .find(|a| a.get("type").and_then(Value::as_str) == Some("InternalIP"))
+        .find(|a| a.type_ == "InternalIP")
         .ok_or_else(|| "the Node has no InternalIP in status.addresses".to_owned())?;
-    let text = first.get("address").and_then(Value::as_str).unwrap_or("");
-    text.parse()
-        .map_err(|_| format!("the Node's InternalIP {text:?} is not an IP address"))
+    first.address.parse().map_err(|_| {
+        format!(
+            "the Node's InternalIP {:?} is not an IP address",
+            first.address
+        )
+    })
 }
 
 /// The hugepages of `status.allocatable`, when it is there and reads as a resource list.
-fn allocatable(node: &Value) -> Option<Hugepages> {
-    let list = node.pointer("/status/allocatable")?;
-    let list: ResourceList = serde_json::from_value(list.clone()).ok()?;
+fn allocatable(node: &Node) -> Option<Hugepages> {
+    let list = node.status.as_ref()?.allocatable.as_ref()?;
     let hugepages: ResourceList = list
-        .into_iter()
+        .iter()
         .filter(|(name, _)| name.starts_with("hugepages-"))
+        .map(|(name, q)| (name.clone(), QuantityValue::Text(q.0.clone())))
         .collect();
     pod::from_list(&hugepages, "status.allocatable").ok()
 }

@@ -1,5 +1,5 @@
 //! The webhook's HTTP routes: `POST /scheduler/filter`, `POST /scheduler/prioritize`,
-//! `GET /metrics`, `GET /healthz`, `GET /readyz`. Handlers read the body and hand it to
+//! `GET /metrics`, `GET /healthz`, `GET /readyz` (503 until the Node cache has synced). Handlers read the body and hand it to
 //! [`super::scheduler`], and count the call; a body that is not `ExtenderArgs` JSON is a 400
 //! whose JSON names the problem in `error` (the field both extender answers use for a failed
 //! call).
@@ -28,7 +28,7 @@ pub fn router(context: Context) -> Router {
         .route("/scheduler/prioritize", post(prioritize))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .route("/readyz", get(healthz))
+        .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(context)
 }
@@ -78,4 +78,18 @@ async fn metrics(State(context): State<Context>, headers: HeaderMap) -> Response
 
 async fn healthz() -> Response {
     Json(json!({"status": "ok"})).into_response()
+}
+
+/// Ready once the Node cache has synced: before, `nodenames` calls could not be answered.
+async fn readyz(State(context): State<Context>) -> Response {
+    if context.nodes.is_synced() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        let why = "the Node cache has not synced yet";
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "not ready", "why": why})),
+        )
+            .into_response()
+    }
 }

@@ -1,10 +1,11 @@
 //! The extender's two calls, from `ExtenderArgs` to the answer: read the pod ([`super::pod`])
-//! and the candidate nodes ([`super::node`]), answer a pod without hugepages at once with every
-//! node, ask the agents of the others ([`super::ask`]) and decide ([`super::decide`]).
+//! and the candidate nodes, answer a pod without hugepages at once with every node, ask the
+//! agents of the others ([`super::ask`]) and decide ([`super::decide`]).
 //!
-//! Only the `nodes` form (`nodeCacheCapable: false`) is served for pods with hugepages; the
-//! `nodenames` form needs the Node cache, which is not built yet: such a call fails with an
-//! `error` saying so (a pod without hugepages is still answered with every node name).
+//! Both forms are served, each answered in its own: `nodes` (whole `Node` objects, the
+//! scheduler's `nodeCacheCapable: false`) read by [`super::node`] with no API call, and
+//! `nodenames` (`nodeCacheCapable: true`, the shipped configuration) looked up in the
+//! [`NodeCache`]; a name the cache does not hold is failed with a message saying so.
 
 use std::{sync::Arc, time::Duration};
 
@@ -14,6 +15,7 @@ use super::{
     FailurePolicy,
     agents::Client,
     ask::{Heard, ask_all},
+    cache::NodeCache,
     decide::{self, Judged},
     extender::{ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList},
     metrics::Metrics,
@@ -29,9 +31,13 @@ pub struct Context {
     /// One deadline for all the agent calls of one scheduler call.
     pub timeout: Duration,
     pub metrics: Arc<Metrics>,
+    pub nodes: NodeCache,
 }
 
-const NODENAMES_NOT_SERVED: &str = "the nodenames form of ExtenderArgs (nodeCacheCapable: true) is not served yet: configure the extender with nodeCacheCapable: false";
+const NO_NODES: &str = "the ExtenderArgs have neither nodes nor nodenames";
+
+/// A candidate by name: found (in the arguments or the cache), or why not.
+type Looked = (String, Result<Candidate, String>);
 
 /// `POST /scheduler/filter`.
 pub async fn filter(context: &Context, args: ExtenderArgs) -> ExtenderFilterResult {
@@ -39,56 +45,70 @@ pub async fn filter(context: &Context, args: ExtenderArgs) -> ExtenderFilterResu
         Ok(pod) => pod,
         Err(e) => return ExtenderFilterResult::failed(e.to_string()),
     };
-    let Some(list) = args.nodes else {
-        return match args.node_names {
-            Some(names) if pod.need.is_empty() => ExtenderFilterResult {
-                node_names: Some(names),
-                ..ExtenderFilterResult::default()
-            },
-            Some(_) => ExtenderFilterResult::failed(NODENAMES_NOT_SERVED),
-            None => {
-                ExtenderFilterResult::failed("the ExtenderArgs have neither nodes nor nodenames")
-            }
-        };
-    };
-    if pod.need.is_empty() {
-        return ExtenderFilterResult {
+    match (args.nodes, args.node_names) {
+        (Some(list), _) if pod.need.is_empty() => ExtenderFilterResult {
             nodes: Some(list),
             ..ExtenderFilterResult::default()
-        };
+        },
+        (None, Some(names)) if pod.need.is_empty() => ExtenderFilterResult {
+            node_names: Some(names),
+            ..ExtenderFilterResult::default()
+        },
+        (Some(list), _) => match from_objects(&list, context.client.port()) {
+            Ok(looked) => {
+                let sorted = sort(context, &pod, &looked).await;
+                let mut keep = vec![false; list.items.len()];
+                for i in &sorted.kept {
+                    if let Some(k) = keep.get_mut(*i) {
+                        *k = true;
+                    }
+                }
+                let NodeList { items, rest } = list;
+                let items = items
+                    .into_iter()
+                    .zip(keep)
+                    .filter_map(|(item, keep)| keep.then_some(item))
+                    .collect();
+                ExtenderFilterResult {
+                    nodes: Some(NodeList { items, rest }),
+                    failed_nodes: sorted.failed,
+                    failed_and_unresolvable_nodes: sorted.unresolvable,
+                    ..ExtenderFilterResult::default()
+                }
+            }
+            Err(e) => ExtenderFilterResult::failed(e),
+        },
+        (None, Some(names)) => {
+            let looked = from_cache(&context.nodes, names);
+            let sorted = sort(context, &pod, &looked).await;
+            let kept = sorted
+                .kept
+                .iter()
+                .filter_map(|i| looked.get(*i).map(|(name, _)| name.clone()))
+                .collect();
+            ExtenderFilterResult {
+                node_names: Some(kept),
+                failed_nodes: sorted.failed,
+                failed_and_unresolvable_nodes: sorted.unresolvable,
+                ..ExtenderFilterResult::default()
+            }
+        }
+        (None, None) => ExtenderFilterResult::failed(NO_NODES),
     }
-    let candidates = match candidates(&list, context.client.port()) {
-        Ok(c) => c,
-        Err(e) => return ExtenderFilterResult::failed(e),
-    };
-    let judged = judge_all(context, &pod, &candidates).await;
+}
+
+/// The candidates judged and sorted by the filter's rules, agents that did not answer counted.
+async fn sort(context: &Context, pod: &PodRequest, looked: &[Looked]) -> decide::Filtered {
+    let judged = judge_all(context, pod, looked).await;
     let silent = judged
         .iter()
         .filter(|j| matches!(j, Judged::Silent(_)))
         .count();
     context.metrics.unanswered(context.policy, silent);
-    let sorted = decide::filter(
-        candidates.iter().map(|c| c.name.as_str()).zip(&judged),
+    decide::filter(
+        looked.iter().map(|(name, _)| name.as_str()).zip(&judged),
         context.policy,
-    );
-    let mut keep = vec![false; list.items.len()];
-    for i in sorted.kept {
-        if let Some(k) = keep.get_mut(i) {
-            *k = true;
-        }
-    }
-    let NodeList { items, rest } = list;
-    let items = items
-        .into_iter()
-        .zip(keep)
-        .filter_map(|(item, keep)| keep.then_some(item))
-        .collect();
-    ExtenderFilterResult {
-        nodes: Some(NodeList { items, rest }),
-        failed_nodes: sorted.failed,
-        failed_and_unresolvable_nodes: sorted.unresolvable,
-        ..ExtenderFilterResult::default()
-    }
+    )
 }
 
 /// `POST /scheduler/prioritize`: every candidate with its score, or why the call cannot be
@@ -98,51 +118,70 @@ pub async fn prioritize(
     args: ExtenderArgs,
 ) -> Result<Vec<HostPriority>, String> {
     let pod = pod::read(args.pod.as_ref()).map_err(|e| e.to_string())?;
-    let Some(list) = args.nodes else {
-        return match args.node_names {
-            Some(names) if pod.need.is_empty() => Ok(names
-                .into_iter()
-                .map(|host| HostPriority { host, score: 0 })
-                .collect()),
-            Some(_) => Err(NODENAMES_NOT_SERVED.to_owned()),
-            None => Err("the ExtenderArgs have neither nodes nor nodenames".to_owned()),
-        };
+    let looked = match (args.nodes, args.node_names) {
+        (Some(list), _) => from_objects(&list, context.client.port())?,
+        (None, Some(names)) if pod.need.is_empty() => names
+            .into_iter()
+            .map(|name| (name, Err(String::new())))
+            .collect(),
+        (None, Some(names)) => from_cache(&context.nodes, names),
+        (None, None) => return Err(NO_NODES.to_owned()),
     };
-    let candidates = candidates(&list, context.client.port())?;
     let judged = if pod.need.is_empty() {
-        vec![Judged::Silent("the pod asks for no hugepages".to_owned()); candidates.len()]
+        vec![Judged::Silent("the pod asks for no hugepages".to_owned()); looked.len()]
     } else {
-        judge_all(context, &pod, &candidates).await
+        judge_all(context, &pod, &looked).await
     };
-    Ok(candidates
+    Ok(looked
         .into_iter()
         .zip(&judged)
-        .map(|(c, j)| HostPriority {
-            host: c.name,
+        .map(|((host, _), j)| HostPriority {
+            host,
             score: decide::score(j),
         })
         .collect())
 }
 
-fn candidates(list: &NodeList, port: u16) -> Result<Vec<Candidate>, String> {
+/// The `nodes` form's candidates, read from the objects sent; a Node without a name fails the
+/// call.
+fn from_objects(list: &NodeList, port: u16) -> Result<Vec<Looked>, String> {
     list.items
         .iter()
         .enumerate()
-        .map(|(i, item)| node::candidate(i, item, port).map_err(|e| e.to_string()))
+        .map(|(i, item)| {
+            let c = node::candidate(i, item, port).map_err(|e| e.to_string())?;
+            Ok((c.name.clone(), Ok(c)))
+        })
+        .collect()
+}
+
+/// The `nodenames` form's candidates, from the cache.
+fn from_cache(cache: &NodeCache, names: Vec<String>) -> Vec<Looked> {
+    names
+        .into_iter()
+        .map(|name| {
+            let found = cache.candidate(&name);
+            (name, found)
+        })
         .collect()
 }
 
 /// Each candidate judged: by its allocatable hugepages first, then by its agent.
-async fn judge_all(context: &Context, pod: &PodRequest, candidates: &[Candidate]) -> Vec<Judged> {
-    let settled: Vec<Option<Judged>> = candidates
+async fn judge_all(context: &Context, pod: &PodRequest, looked: &[Looked]) -> Vec<Judged> {
+    let settled: Vec<Option<Judged>> = looked
         .iter()
-        .map(|c| decide::unresolvable(&pod.need, c.allocatable.as_ref()).map(Judged::Unresolvable))
+        .map(|(_, found)| match found {
+            Ok(c) => {
+                decide::unresolvable(&pod.need, c.allocatable.as_ref()).map(Judged::Unresolvable)
+            }
+            Err(why) => Some(Judged::Unknown(why.clone())),
+        })
         .collect();
-    let targets: Vec<_> = candidates
+    let targets: Vec<_> = looked
         .iter()
         .zip(&settled)
         .filter(|(_, s)| s.is_none())
-        .map(|(c, _)| c.agent.clone())
+        .filter_map(|((_, found), _)| found.as_ref().ok().map(|c| c.agent.clone()))
         .collect();
     let mut heard = ask_all(
         &context.client,
@@ -159,10 +198,13 @@ async fn judge_all(context: &Context, pod: &PodRequest, candidates: &[Candidate]
             s.unwrap_or_else(|| decide::judge(heard.next().unwrap_or(Heard::Silent(String::new()))))
         })
         .collect();
-    let mut silent = candidates.iter().zip(&judged).filter_map(|(c, j)| match j {
-        Judged::Silent(why) => Some((c.name.as_str(), why.as_str())),
-        _ => None,
-    });
+    let mut silent = looked
+        .iter()
+        .zip(&judged)
+        .filter_map(|((name, _), j)| match j {
+            Judged::Silent(why) => Some((name.as_str(), why.as_str())),
+            _ => None,
+        });
     if let Some((node, why)) = silent.next() {
         let others = silent.count();
         warn!(pod = %pod.name, node, others, policy = ?context.policy, "a node's agent did not answer: {why}");

@@ -45,3 +45,15 @@ fn a_node_without_an_internal_ip_or_allocatable_says_so_and_one_without_a_name_i
         Err(NodeError::NoName { index: 3 })
     );
 }
+
+#[test]
+fn an_object_that_is_not_a_node_is_a_candidate_without_an_agent_saying_why() {
+    let node = json!({"metadata": {"name": "n"}, "kind": "Pod", "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.7"}]}});
+    let c = candidate(0, &node, 9820).expect("a candidate");
+    let why = c.agent.expect_err("no agent for a Pod");
+    assert!(
+        why.starts_with("the Node object is not a v1.Node: invalid value: string \"Pod\""),
+        "{why}"
+    );
+    assert_eq!(c.allocatable, None);
+}
