@@ -5,8 +5,8 @@ use std::{fs, process::Command, time::Duration};
 
 use hugepage_agent::{probes::Probes, sysfs::HostFs};
 use hugepage_agent_tests::{
-    Agent, HugepagePool, HugetlbController, MemoryPressure, TestCgroup, Toucher, agent_bin,
-    free_port, fresh_state_dir, host_lock, http, node0_checkpoint, output, read_u64,
+    Agent, HugepagePool, HugetlbController, MemoryPressure, Nested, TestCgroup, Toucher, agent_bin,
+    free_port, fresh_state_dir, host_lock, http, node0_checkpoint, output, pod_cgroups, read_u64,
 };
 
 const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
@@ -620,37 +620,6 @@ fn real_memory_pressure_sets_the_condition_and_refuses_hugepage_pods_under_press
     drop(pressure);
     let (status, _) = running.terminate();
     assert!(status.success());
-}
-
-/// Creates `parts` nested under `root` with the hugetlb controller enabled down to the last,
-/// as the kubelet's pod and container cgroups are; returns the guard and the innermost directory.
-fn pod_cgroups(root: &TestCgroup, parts: &[&str]) -> (Nested, std::path::PathBuf) {
-    root.set("cgroup.subtree_control", "+hugetlb");
-    let mut dirs = Vec::new();
-    let mut dir = root.dir.clone();
-    for (i, part) in parts.iter().enumerate() {
-        dir = dir.join(part);
-        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        dirs.push(dir.clone());
-        if i + 1 < parts.len() {
-            fs::write(dir.join("cgroup.subtree_control"), "+hugetlb")
-                .unwrap_or_else(|e| panic!("enabling hugetlb in {}: {e}", dir.display()));
-        }
-    }
-    (Nested(dirs), dir)
-}
-
-/// Nested cgroup directories made by a test, removed innermost first on drop.
-struct Nested(Vec<std::path::PathBuf>);
-
-impl Drop for Nested {
-    fn drop(&mut self) {
-        for dir in self.0.iter().rev() {
-            if let Err(err) = fs::remove_dir(dir) {
-                eprintln!("removing {}: {err}", dir.display());
-            }
-        }
-    }
 }
 
 #[test]

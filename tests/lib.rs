@@ -141,6 +141,37 @@ impl Drop for TestCgroup {
     }
 }
 
+/// Creates `parts` nested under `root` with the hugetlb controller enabled down to the last,
+/// as the kubelet's pod and container cgroups are; returns the guard and the innermost directory.
+pub fn pod_cgroups(root: &TestCgroup, parts: &[&str]) -> (Nested, PathBuf) {
+    root.set("cgroup.subtree_control", "+hugetlb");
+    let mut dirs = Vec::new();
+    let mut dir = root.dir.clone();
+    for (i, part) in parts.iter().enumerate() {
+        dir = dir.join(part);
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        dirs.push(dir.clone());
+        if i + 1 < parts.len() {
+            fs::write(dir.join("cgroup.subtree_control"), "+hugetlb")
+                .unwrap_or_else(|e| panic!("enabling hugetlb in {}: {e}", dir.display()));
+        }
+    }
+    (Nested(dirs), dir)
+}
+
+/// Nested cgroup directories made by a test, removed innermost first on drop.
+pub struct Nested(pub Vec<PathBuf>);
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        for dir in self.0.iter().rev() {
+            if let Err(err) = fs::remove_dir(dir) {
+                eprintln!("removing {}: {err}", dir.display());
+            }
+        }
+    }
+}
+
 /// Makes `cmd` start inside `cgroup` (it joins before `exec`, so its first fault is already there).
 pub fn spawn_in(cmd: &mut Command, cgroup: &TestCgroup) {
     spawn_in_all(cmd, &[cgroup.dir.join("cgroup.procs")]);

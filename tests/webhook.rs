@@ -27,11 +27,11 @@ use std::{
 };
 
 use hugepage_agent_tests::{
-    Agent, agent_bin,
+    Agent, HugepagePool, HugetlbController, TestCgroup, Toucher, agent_bin,
     apiserver::StandInApiServer,
-    free_port,
+    free_port, fresh_state_dir, host_lock,
     mtls::{self, Ca, Connection, Versions},
-    put, two_numa_nodes,
+    pod_cgroups, put, require_root, two_numa_nodes,
 };
 use rustls::{ServerConfig, ServerConnection, StreamOwned};
 use rustls_pki_types::{PrivateKeyDer, ServerName, pem::PemObject};
@@ -78,9 +78,14 @@ impl Pki {
 
 /// A host tree of two NUMA nodes with 2048 2 MiB pages each (4 GiB), `free` of them free.
 fn host_tree(free: u64) -> tempfile::TempDir {
+    host_tree_of(2048, free)
+}
+
+/// A host tree of two NUMA nodes with `pages` 2 MiB pages each, `free` of them free.
+fn host_tree_of(pages: u64, free: u64) -> tempfile::TempDir {
     let tree = tempfile::tempdir().expect("a host tree");
     let root = tree.path();
-    two_numa_nodes(root, 16 << 20, 2048, free);
+    two_numa_nodes(root, 16 << 20, pages, free);
     let quiet = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n";
     for resource in ["memory", "io", "cpu"] {
         put(root, &format!("/proc/pressure/{resource}"), quiet);
@@ -91,12 +96,17 @@ fn host_tree(free: u64) -> tempfile::TempDir {
 /// A node agent on `ip`:`port` over `tree`, TLS with client certificates of `pki`, the kubelet
 /// settings of a node that pins hugepages (single-numa-node, Memory Manager Static).
 fn agent(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16) -> Agent {
+    let mut cmd = agent_command(pki, "single-numa-node");
+    cmd.arg("--host-root").arg(tree).args(["--ebpf", "off"]);
+    start_agent(cmd, ip, port, |_| true)
+}
+
+/// `hugepage-agent run` with TLS requiring client certificates of `pki`, Memory Manager Static
+/// and the Topology Manager's `topology` policy.
+fn agent_command(pki: &Pki, topology: &str) -> Command {
     let mut cmd = Command::new(agent_bin());
     cmd.arg("run")
-        .arg("--host-root")
-        .arg(tree)
-        .args(["--ebpf", "off"])
-        .args(["--topology-policy", "single-numa-node"])
+        .args(["--topology-policy", topology])
         .args(["--memory-manager-policy", "Static"])
         .arg("--tls-cert-file")
         .arg(pki.path("agent.crt"))
@@ -104,10 +114,15 @@ fn agent(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16) -> Agent {
         .arg(pki.path("agent.key"))
         .arg("--client-ca-file")
         .arg(pki.path("agents-ca.crt"));
+    cmd
+}
+
+/// Starts `cmd` on `ip`:`port` and waits for its "agent running" line that `running` accepts.
+fn start_agent(cmd: Command, ip: Ipv4Addr, port: u16, running: impl Fn(&Value) -> bool) -> Agent {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     let mut agent = Agent::start_at(cmd, uid, SocketAddr::new(IpAddr::V4(ip), port));
-    agent.wait_for("agent running", Duration::from_secs(20), |_| true);
+    agent.wait_for("agent running", Duration::from_secs(20), running);
     agent
 }
 
@@ -175,15 +190,20 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 /// A pending pod as the API server stores it: `hugepages` of 2 MiB pages (none when `None`),
 /// Guaranteed.
 fn pod(hugepages: Option<&str>) -> Value {
+    pod_as("dpdk-0", POD_UID, hugepages)
+}
+
+/// [`pod`] with its own name and UID.
+fn pod_as(name: &str, uid: &str, hugepages: Option<&str>) -> Value {
     let mut resources = json!({"cpu": "1", "memory": "1Gi"});
     if let Some(h) = hugepages {
         resources["hugepages-2Mi"] = json!(h);
     }
     json!({
         "metadata": {
-            "name": "dpdk-0",
+            "name": name,
             "namespace": "telco",
-            "uid": POD_UID,
+            "uid": uid,
             "resourceVersion": "4711",
             "creationTimestamp": "2026-11-24T20:00:00Z",
             "labels": {"app": "dpdk"}
@@ -834,4 +854,311 @@ fn readyz_waits_for_the_node_cache_and_until_then_names_are_failed_as_not_synced
         filter_names(&c, &webhook, &["roomy"])["nodenames"],
         json!(["roomy"])
     );
+}
+
+/// An `AdmissionReview` as kube-apiserver sends it for the binding kube-scheduler creates
+/// (`DefaultBinder`: a `v1.Binding` named and namespaced as the pod, with its UID, targeting the
+/// Node): `pods/binding` CREATE, `admission.k8s.io/v1` (`types.go` of `k8s.io/api/admission/v1`).
+fn binding_review(pod: &Value, node: &str, dry_run: bool) -> Value {
+    let meta = &pod["metadata"];
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("review-{}-{node}-{dry_run}", meta["name"].as_str().unwrap_or("")),
+            "kind": {"group": "", "version": "v1", "kind": "Binding"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding",
+            "requestKind": {"group": "", "version": "v1", "kind": "Binding"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestSubResource": "binding",
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "operation": "CREATE",
+            "userInfo": {"username": "system:kube-scheduler", "groups": ["system:authenticated"]},
+            "object": {
+                "kind": "Binding",
+                "apiVersion": "v1",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"], "creationTimestamp": null},
+                "target": {"kind": "Node", "name": node}
+            },
+            "oldObject": null,
+            "dryRun": dry_run,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    })
+}
+
+/// `POST /admission/validate` with `review`: the answer's `response`, after checking that it is
+/// an `AdmissionReview` answering this request's `uid`.
+fn validate(pki: &Pki, webhook: &Agent, review: &Value) -> Value {
+    let (status, answer) = call(pki, webhook, "/admission/validate?timeout=5s", review);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1", "{answer}");
+    assert_eq!(answer["kind"], "AdmissionReview", "{answer}");
+    assert_eq!(
+        answer["response"]["uid"], review["request"]["uid"],
+        "{answer}"
+    );
+    answer["response"].clone()
+}
+
+/// KEP-5759's Story 2 across three nodes, end to end: the extender, then the binding.
+///
+/// * `busy` (a tree: two NUMA nodes of 64 MiB, a Burstable consumer holding half of each) is
+///   filtered out with the KEP's message for NUMA nodes `[0,1]`;
+/// * `wide` (a tree: two NUMA nodes of 64 MiB, all free) fits only across both NUMA nodes;
+/// * `real` is this host: 128 MiB of 2 MiB pages on its one NUMA node, of which a Burstable
+///   consumer (a child process in a pod cgroup) really holds 16 MiB.
+///
+/// The single-NUMA fit (`real`) is prioritized first; job B's binding there reserves on its
+/// agent; job C's binding to the same node is denied with the exact message; dry runs never
+/// reserve; once B's container has faulted its pages and exited, C's binding is admitted.
+#[test]
+fn story_2_across_three_nodes_filter_prioritize_bind_deny_and_admit_after_release() {
+    const B: &str = "b1000000-0000-4000-8000-00000000000b";
+    const C: &str = "c1000000-0000-4000-8000-00000000000c";
+    const CONSUMER: &str = "d1000000-0000-4000-8000-00000000000d";
+    const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
+    require_root();
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 64);
+    let _controller = HugetlbController::enable(&lock);
+    let pki = Pki::new();
+    let port = free_port();
+    let ip = |last| Ipv4Addr::new(127, 0, 0, last);
+
+    let busy = host_tree_of(32, 16);
+    let wide = host_tree_of(32, 32);
+    let mut agents = Vec::new();
+    for (tree, last) in [(&busy, 31), (&wide, 32)] {
+        let mut cmd = agent_command(&pki, "best-effort");
+        cmd.arg("--host-root")
+            .arg(tree.path())
+            .args(["--ebpf", "off"]);
+        agents.push(start_agent(cmd, ip(last), port, |_| true));
+    }
+    let root = TestCgroup::create(&lock, "webhook-story2");
+    let (_consumer_cgroup, consumer_dir) = pod_cgroups(
+        &root,
+        &["kubepods", "burstable", &format!("pod{CONSUMER}"), ID],
+    );
+    let _consumer = Toucher::run(TOUCHER, Some(&consumer_dir), 8, 0);
+    let state = fresh_state_dir(0);
+    let mut cmd = agent_command(&pki, "best-effort");
+    cmd.args([
+        "--ebpf",
+        "on",
+        "--reconcile-interval",
+        "1h",
+        "--reservation-ttl",
+        "1h",
+    ])
+    .arg("--state-dir")
+    .arg(state.path());
+    let mut real = start_agent(cmd, ip(33), port, |l| l["source"] == "ebpf+sysfs");
+    let free = hugepage_agent_tests::read_u64(
+        "/sys/devices/system/node/node0/hugepages/hugepages-2048kB/free_hugepages",
+    );
+    assert_eq!(free, 56, "64 pages, 8 held by the consumer");
+
+    let api = StandInApiServer::start();
+    for n in [
+        node("busy", ip(31), "128Mi"),
+        node("wide", ip(32), "128Mi"),
+        node("real", ip(33), "128Mi"),
+    ] {
+        api.put_node(n);
+    }
+    let job_b = pod_as("job-b", B, Some("96Mi"));
+    let job_c = pod_as("job-c", C, Some("96Mi"));
+    api.put_pod(job_b.clone());
+    api.put_pod(job_c.clone());
+    let webhook = webhook(&pki, &api, port, "ignore", "2s");
+    wait_ready(&pki, &webhook);
+
+    // The scheduler's extender calls for job B.
+    let by_name = json!({"pod": job_b, "nodenames": ["busy", "wide", "real"]});
+    let (status, result) = call(&pki, &webhook, "/scheduler/filter", &by_name);
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(result["nodenames"], json!(["wide", "real"]), "{result}");
+    assert_eq!(
+        result["failedNodes"],
+        json!({"busy": "insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 96Mi, available 64Mi"}),
+        "{result}"
+    );
+    let (status, list) = call(&pki, &webhook, "/scheduler/prioritize", &by_name);
+    assert_eq!(status, 200, "{list}");
+    // real: one NUMA node, 16 of 112 MiB spare: 6 + floor(4 × 0.14) = 6; wide: both NUMA
+    // nodes, 32 of 128 MiB spare: 1 + 1 = 2.
+    assert_eq!(
+        list,
+        json!([
+            {"host": "busy", "score": 0},
+            {"host": "wide", "score": 2},
+            {"host": "real", "score": 6}
+        ])
+    );
+
+    // Dry runs of both bindings are admitted and reserve nothing.
+    for job in [&job_b, &job_c] {
+        let response = validate(&pki, &webhook, &binding_review(job, "real", true));
+        assert_eq!(response["allowed"], true, "{response}");
+    }
+    // B's binding reserves on real's agent; C's is then denied with the KEP's message.
+    let response = validate(&pki, &webhook, &binding_review(&job_b, "real", false));
+    assert_eq!(
+        response,
+        json!({"uid": "review-job-b-real-false", "allowed": true})
+    );
+    let reserved = std::fs::read_to_string(state.path().join("reservations.json"))
+        .expect("the agent's reservations file");
+    assert!(
+        reserved.contains(B),
+        "B's pages are reserved by its UID: {reserved}"
+    );
+    assert!(
+        !reserved.contains(C),
+        "the dry runs reserved nothing: {reserved}"
+    );
+    let denial = json!({
+        "uid": "review-job-c-real-false",
+        "allowed": false,
+        "status": {
+            "code": 403,
+            "reason": "FailedHugepagesVerification",
+            "message": "insufficient hugepages-2Mi on NUMA node(s) [0]: requested 96Mi, available 16Mi"
+        }
+    });
+    let response = validate(&pki, &webhook, &binding_review(&job_c, "real", false));
+    assert_eq!(response, denial);
+
+    // B's container faults its pages: the kernel shows them taken, the reservation ends; C is
+    // still denied. B exits: its pages are free again and C's binding is admitted.
+    let b_root = TestCgroup::create(&lock, "webhook-story2-b");
+    let (_b_cgroup, container_b) = pod_cgroups(&b_root, &["kubepods", &format!("pod{B}"), ID]);
+    let b_process = Toucher::run(TOUCHER, Some(&container_b), 48, 0);
+    real.wait_for("reservation released", Duration::from_secs(5), |l| {
+        l["pod_uid"] == B && l["reason"] == "Faulted"
+    });
+    let response = validate(&pki, &webhook, &binding_review(&job_c, "real", false));
+    assert_eq!(response, denial);
+    drop(b_process);
+    let response = validate(&pki, &webhook, &binding_review(&job_c, "real", false));
+    assert_eq!(response["allowed"], true, "{response}");
+
+    let text = metrics(&pki, &webhook);
+    for (verdict, n) in [("allowed", 4.0), ("denied", 2.0), ("fail_open", 0.0)] {
+        let series = format!("hugepage_agent_webhook_admissions_total{{verdict=\"{verdict}\"}}");
+        assert_eq!(sample(&text, &series), Some(n), "{series} in\n{text}");
+    }
+    drop(agents);
+}
+
+/// Everything the admission webhook is sent but should not judge is allowed at once; a pod
+/// created on a node is judged; an agent that cannot be asked follows the failure policy with
+/// a warning or a denial saying why; an unreadable review is a 400.
+#[test]
+fn admission_passes_what_is_not_its_business_and_follows_the_failure_policy_when_unverified() {
+    let c = cluster();
+    let open = webhook(&c.pki, &c.api, c.port, "ignore", "500ms");
+    let closed = webhook(&c.pki, &c.api, c.port, "fail", "500ms");
+    wait_ready(&c.pki, &open);
+    wait_ready(&c.pki, &closed);
+    let plain = pod_as("plain", "e1000000-0000-4000-8000-00000000000e", None);
+    c.api.put_pod(plain.clone());
+    let response = validate(&c.pki, &open, &binding_review(&plain, "taken", false));
+    assert_eq!(response["allowed"], true, "no hugepages: {response}");
+
+    // A pod created with spec.nodeName: judged on that node without a binding.
+    let mut placed = pod_as(
+        "placed",
+        "f1000000-0000-4000-8000-00000000000f",
+        Some("2Gi"),
+    );
+    placed["spec"]["nodeName"] = json!("taken");
+    let review = |object: &Value, operation: &str| {
+        json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": format!("review-{operation}"),
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "telco",
+                "operation": operation,
+                "userInfo": {"username": "system:node:taken"},
+                "object": object,
+                "dryRun": false
+            }
+        })
+    };
+    let response = validate(&c.pki, &open, &review(&placed, "CREATE"));
+    assert_eq!(
+        response["status"]["message"],
+        "insufficient hugepages-2Mi on NUMA node(s) [0]: requested 2Gi, available 1Gi",
+        "{response}"
+    );
+    let response = validate(&c.pki, &open, &review(&placed, "UPDATE"));
+    assert_eq!(
+        response["allowed"], true,
+        "an update is not judged: {response}"
+    );
+
+    // The node `down` has no agent; the pod `missing` is not in the API.
+    let job = pod_as("job", "a2000000-0000-4000-8000-00000000000a", Some("2Gi"));
+    c.api.put_pod(job.clone());
+    let response = validate(&c.pki, &open, &binding_review(&job, "down", false));
+    assert_eq!(response["allowed"], true, "{response}");
+    let warning = response["warnings"][0].as_str().unwrap_or_default();
+    assert!(
+        warning.starts_with("hugepages not verified on node down (admitted under --failure-policy ignore): agent at 127.0.0.6:")
+            && warning.contains("cannot connect"),
+        "{response}"
+    );
+    let response = validate(&c.pki, &closed, &binding_review(&job, "down", false));
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(response["status"]["code"], 500, "{response}");
+    assert!(
+        response["status"]["message"].as_str().is_some_and(|m| m.starts_with(
+            "hugepage verification unavailable on node down (--failure-policy fail): agent at 127.0.0.6:"
+        )),
+        "{response}"
+    );
+    let missing = pod_as(
+        "missing",
+        "a3000000-0000-4000-8000-00000000000a",
+        Some("2Gi"),
+    );
+    let response = validate(&c.pki, &closed, &binding_review(&missing, "roomy", false));
+    assert!(
+        response["status"]["message"].as_str().is_some_and(|m| m
+            .contains("pod telco/missing cannot be read through the API")
+            && m.contains("not found")),
+        "{response}"
+    );
+    let response = validate(&c.pki, &open, &binding_review(&job, "ghost", false));
+    assert!(
+        response["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("node ghost is not in the webhook's Node cache")),
+        "{response}"
+    );
+
+    let (status, answer) = call(
+        &c.pki,
+        &open,
+        "/admission/validate",
+        &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
+    );
+    assert_eq!(
+        (status, answer),
+        (400, json!({"error": "the AdmissionReview has no request"}))
+    );
+    let text = metrics(&c.pki, &open);
+    for (verdict, n) in [("not_checked", 2.0), ("denied", 1.0), ("fail_open", 2.0)] {
+        let series = format!("hugepage_agent_webhook_admissions_total{{verdict=\"{verdict}\"}}");
+        assert_eq!(sample(&text, &series), Some(n), "{series} in\n{text}");
+    }
 }

@@ -1,10 +1,11 @@
 //! The client side of mTLS with the node agents (`--agent-ca-file`, `--agent-client-cert-file`,
-//! `--agent-client-key-file`) and the one call the extender makes: `POST /v1/admit?dryRun=true`.
+//! `--agent-client-key-file`) and the one call made to them: `POST /v1/admit` (`?dryRun=true`).
 //!
 //! An agent is dialled at its node's `InternalIP` and verified by the CA and the fixed name
 //! [`SERVER_NAME`] that every agent's certificate carries (see [`crate::tls`]); the webhook
 //! presents its client certificate. Each call opens its own connection (HTTP/1.1); the files are
-//! read once, at start-up. An answer is read up to [`ANSWER_LIMIT`] bytes; anything but a
+//! read once, at start-up. The extender asks for dry runs; the admission webhook for the real
+//! admission, which reserves. An answer is read up to [`ANSWER_LIMIT`] bytes; anything but a
 //! 200 with the verdict's JSON is an error naming the agent's address.
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
@@ -121,8 +122,14 @@ impl Client {
         self.port
     }
 
-    /// `POST /v1/admit?dryRun=true` with `body` (a `v1.Pod`) to the agent at `addr`.
-    pub async fn dry_run(&self, addr: SocketAddr, body: Bytes) -> Result<Reply, CallError> {
+    /// `POST /v1/admit` with `body` (a `v1.Pod`) to the agent at `addr`: a dry run (no
+    /// reservation) when `dry_run`, else the real admission, which reserves by the pod's UID.
+    pub async fn admit(
+        &self,
+        addr: SocketAddr,
+        body: Bytes,
+        dry_run: bool,
+    ) -> Result<Reply, CallError> {
         let tcp = TcpStream::connect(addr)
             .await
             .map_err(|source| CallError::Connect { addr, source })?;
@@ -144,7 +151,12 @@ impl Client {
             .await
             .map_err(http)?;
         tokio::spawn(connection);
-        let request = Request::post("/v1/admit?dryRun=true")
+        let path = if dry_run {
+            "/v1/admit?dryRun=true"
+        } else {
+            "/v1/admit"
+        };
+        let request = Request::post(path)
             .header(HOST, SERVER_NAME)
             .header(CONTENT_TYPE, "application/json")
             .body(Full::new(body))

@@ -1,5 +1,5 @@
 //! The webhook's own metrics, served at `GET /metrics` (Prometheus text, OpenMetrics when asked):
-//! scheduler calls by endpoint and result, candidate nodes by how they were judged, the nodes
+//! calls by endpoint and result, admission requests by verdict, candidate nodes by how they were judged, the nodes
 //! kept (fail-open) or filtered out (fail-closed) because their agent did not answer, and the
 //! latency of the agent calls that completed (a call abandoned at the deadline is counted as a
 //! node without an answer, not timed). Every series exists from the start at zero; no label
@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use super::FailurePolicy;
+use super::{FailurePolicy, admission::Verdict};
 use crate::telemetry::{
     encode::{Encoder, Format, Kind},
     metrics::Histogram,
@@ -27,9 +27,19 @@ pub const AGENT_CALL_BUCKETS: [f64; 11] = [
 pub enum Endpoint {
     Filter,
     Prioritize,
+    Validate,
 }
 
-const ENDPOINTS: [&str; 2] = ["filter", "prioritize"];
+const ENDPOINTS: [&str; 3] = ["filter", "prioritize", "validate"];
+/// Per [`Verdict`], in its order.
+const VERDICTS: [&str; 6] = [
+    "allowed",
+    "denied",
+    "not_checked",
+    "fail_open",
+    "fail_closed",
+    "invalid",
+];
 const RESULTS: [&str; 2] = ["answered", "error"];
 const JUDGED: [&str; 5] = ["fit", "misfit", "unresolvable", "no_answer", "unknown"];
 
@@ -47,7 +57,9 @@ pub enum Outcome {
 #[derive(Debug)]
 pub struct Metrics {
     /// Per endpoint, per result.
-    calls: [[AtomicU64; 2]; 2],
+    calls: [[AtomicU64; 2]; 3],
+    /// Admission requests per [`VERDICTS`].
+    admissions: [AtomicU64; 6],
     /// Per [`JUDGED`].
     nodes: [AtomicU64; 5],
     fail_open: AtomicU64,
@@ -63,6 +75,7 @@ impl Default for Metrics {
     fn default() -> Metrics {
         Metrics {
             calls: Default::default(),
+            admissions: Default::default(),
             nodes: Default::default(),
             fail_open: AtomicU64::new(0),
             fail_closed: AtomicU64::new(0),
@@ -78,6 +91,11 @@ impl Metrics {
     pub fn call(&self, endpoint: Endpoint, answered: bool) {
         let e = endpoint as usize;
         self.calls[e][usize::from(!answered)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An admission request answered.
+    pub fn admission(&self, verdict: Verdict) {
+        self.admissions[verdict as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// One candidate judged.
@@ -113,12 +131,21 @@ impl Metrics {
     pub fn render(&self, format: Format) -> String {
         let mut e = Encoder::new(format);
         const CALLS: &str = "hugepage_agent_webhook_calls_total";
-        e.family(CALLS, Kind::Counter, "Scheduler extender calls, per endpoint and result (error: the answer carried an error or was a 400).");
+        e.family(CALLS, Kind::Counter, "Calls, per endpoint (the extender's filter and prioritize, the admission webhook's validate) and result (error: the answer carried an error or was a 400).");
         for (endpoint, per) in ENDPOINTS.iter().zip(&self.calls) {
             for (result, n) in RESULTS.iter().zip(per) {
                 let labels = [("endpoint", *endpoint), ("result", *result)];
                 e.sample(CALLS, &labels, n.load(Ordering::Relaxed) as f64);
             }
+        }
+        const ADMISSIONS: &str = "hugepage_agent_webhook_admissions_total";
+        e.family(ADMISSIONS, Kind::Counter, "Admission requests (bindings, pods created on a node) by verdict: allowed or denied by the node's agent, not_checked (nothing to verify), fail_open or fail_closed (not verified: --failure-policy), invalid (unreadable).");
+        for (verdict, n) in VERDICTS.iter().zip(&self.admissions) {
+            e.sample(
+                ADMISSIONS,
+                &[("verdict", verdict)],
+                n.load(Ordering::Relaxed) as f64,
+            );
         }
         const NODES: &str = "hugepage_agent_webhook_nodes_total";
         e.family(NODES, Kind::Counter, "Candidate nodes judged, by how: the agent's dry run fit or misfit, unresolvable by the Node's allocatable hugepages, no answer from the agent, or unknown (a name not in the Node cache).");

@@ -1,5 +1,6 @@
-//! `hugepage-agent webhook`: the cluster side, a kube-scheduler extender that asks the node
-//! agents before a node is chosen. This module is the command's wiring: the HTTPS listener
+//! `hugepage-agent webhook`: the cluster side. A kube-scheduler extender that asks the node
+//! agents before a node is chosen, and a validating admission webhook that has the chosen
+//! node's agent admit (and reserve) when the pod is bound. This module is the command's wiring: the HTTPS listener
 //! (`--listen`, `--tls-cert-file`, `--tls-private-key-file`, re-read on change by
 //! [`crate::tls`]'s reloader), the mTLS client of the agents ([`agents`]), the routes
 //! ([`routes`]), and the stop on SIGINT or SIGTERM.
@@ -7,21 +8,24 @@
 //! What each part does: [`extender`] is the wire format of `k8s.io/kube-scheduler/extender/v1`;
 //! [`pod`] and [`node`] read what the webhook needs of the pod and of each `Node` (its first
 //! `InternalIP`, its allocatable hugepages); [`ask`] calls every candidate's agent at once under
-//! one deadline; [`decide`] turns the agents' answers into the filter's and prioritize's
+//! one deadline; [`admission`] judges a binding ([`review`] is its wire format); [`decide`] turns the agents' answers into the filter's and prioritize's
 //! answers, plain functions with no I/O; [`scheduler`] runs those steps for one call;
 //! [`metrics`] counts them.
 //! The Kubernetes API is reached through [`kubeapi`] (`--kubeconfig`, else in-cluster); the Node
 //! cache ([`cache`]) starts with the command and `/readyz` answers 200 once it has synced.
 
+pub mod admission;
 pub mod agents;
 pub mod ask;
 pub mod cache;
+pub mod context;
 pub mod decide;
 pub mod extender;
 pub mod kubeapi;
 pub mod metrics;
 pub mod node;
 pub mod pod;
+pub mod review;
 pub mod routes;
 pub mod scheduler;
 
@@ -104,7 +108,7 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
     let (stop, stopped) = watch::channel(false);
     let metrics = Arc::default();
     let (nodes, node_watch) = cache::NodeCache::start(
-        kube,
+        kube.clone(),
         settings.agent_port,
         Arc::clone(&metrics),
         stopped.clone(),
@@ -115,6 +119,7 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
         timeout: settings.agent_timeout,
         metrics,
         nodes,
+        kube,
     };
     let watcher = tokio::spawn(reloader.watch(stopped.clone()));
     let server = Server::start(

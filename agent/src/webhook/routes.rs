@@ -1,4 +1,5 @@
 //! The webhook's HTTP routes: `POST /scheduler/filter`, `POST /scheduler/prioritize`,
+//! `POST /admission/validate` (an `AdmissionReview` that cannot be read is a 400 naming why),
 //! `GET /metrics`, `GET /healthz`, `GET /readyz` (503 until the Node cache has synced). Handlers read the body and hand it to
 //! [`super::scheduler`], and count the call; a body that is not `ExtenderArgs` JSON is a 400
 //! whose JSON names the problem in `error` (the field both extender answers use for a failed
@@ -14,10 +15,16 @@ use axum::{
 };
 use serde_json::json;
 
-use super::{extender::ExtenderArgs, metrics::Endpoint, scheduler};
+use super::{
+    admission,
+    extender::ExtenderArgs,
+    metrics::Endpoint,
+    review::{self, AdmissionReview},
+    scheduler,
+};
 use crate::telemetry::encode::Format;
 
-pub use scheduler::Context;
+pub use super::context::Context;
 
 /// The largest `ExtenderArgs`: a thousand whole `Node` objects take a few megabytes.
 pub const BODY_LIMIT: usize = 64 << 20;
@@ -26,6 +33,7 @@ pub fn router(context: Context) -> Router {
     Router::new()
         .route("/scheduler/filter", post(filter))
         .route("/scheduler/prioritize", post(prioritize))
+        .route("/admission/validate", post(validate))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -68,6 +76,41 @@ async fn prioritize(State(context): State<Context>, body: Bytes) -> Response {
         Ok(list) => Json(list).into_response(),
         Err(error) => refused(error),
     }
+}
+
+async fn validate(State(context): State<Context>, body: Bytes) -> Response {
+    let review: AdmissionReview = match serde_json::from_slice(&body) {
+        Ok(review) => review,
+        Err(e) => {
+            context.metrics.call(Endpoint::Validate, false);
+            return refused(format!("the body is not an AdmissionReview: {e}"));
+        }
+    };
+    let request = match review.request {
+        Some(request)
+            if review.api_version == review::API_VERSION && review.kind == review::KIND =>
+        {
+            request
+        }
+        Some(_) => {
+            context.metrics.call(Endpoint::Validate, false);
+            return refused(format!(
+                "the body is a {} {}, not an {} {}",
+                review.api_version,
+                review.kind,
+                review::API_VERSION,
+                review::KIND
+            ));
+        }
+        None => {
+            context.metrics.call(Endpoint::Validate, false);
+            return refused("the AdmissionReview has no request".to_owned());
+        }
+    };
+    let (response, verdict) = admission::validate(&context, request).await;
+    context.metrics.call(Endpoint::Validate, true);
+    context.metrics.admission(verdict);
+    Json(response.into_review()).into_response()
 }
 
 async fn metrics(State(context): State<Context>, headers: HeaderMap) -> Response {

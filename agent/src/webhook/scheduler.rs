@@ -7,32 +7,17 @@
 //! `nodenames` (`nodeCacheCapable: true`, the shipped configuration) looked up in the
 //! [`NodeCache`]; a name the cache does not hold is failed with a message saying so.
 
-use std::{sync::Arc, time::Duration};
-
 use tracing::{debug, warn};
 
 use super::{
-    FailurePolicy,
-    agents::Client,
     ask::{Heard, ask_all},
     cache::NodeCache,
+    context::Context,
     decide::{self, Judged},
     extender::{ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList},
-    metrics::Metrics,
     node::{self, Candidate},
     pod::{self, PodRequest},
 };
-
-/// What a call needs besides its arguments.
-#[derive(Debug, Clone)]
-pub struct Context {
-    pub client: Client,
-    pub policy: FailurePolicy,
-    /// One deadline for all the agent calls of one scheduler call.
-    pub timeout: Duration,
-    pub metrics: Arc<Metrics>,
-    pub nodes: NodeCache,
-}
 
 const NO_NODES: &str = "the ExtenderArgs have neither nodes nor nodenames";
 
