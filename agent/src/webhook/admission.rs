@@ -23,6 +23,7 @@ use tracing::{info, warn};
 use super::{
     FailurePolicy,
     context::Context,
+    metrics::Verdict,
     pod,
     review::{AdmissionRequest, AdmissionResponse, Status},
 };
@@ -40,23 +41,6 @@ pub enum Subject {
     Placed { pod: Value, node: String },
     /// Not for the webhook to judge, and why.
     Pass(&'static str),
-}
-
-/// How a request was answered, as the metrics count it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// The agent admitted (and reserved, unless a dry run).
-    Allowed,
-    /// The agent refused.
-    Denied,
-    /// Nothing to check: not a binding or placed pod, or no hugepages.
-    NotChecked,
-    /// Not verified and allowed (`--failure-policy ignore`).
-    FailOpen,
-    /// Not verified and denied (`--failure-policy fail`).
-    FailClosed,
-    /// The request could not be read.
-    Invalid,
 }
 
 /// What `request` asks to be judged, or what is wrong with it.

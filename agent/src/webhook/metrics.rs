@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use super::{FailurePolicy, admission::Verdict};
+use super::FailurePolicy;
 use crate::telemetry::{
     encode::{Encoder, Format, Kind},
     metrics::Histogram,
@@ -52,6 +52,24 @@ pub enum Outcome {
     NoAnswer,
     /// Not in the Node cache.
     Unknown,
+}
+
+/// How an admission request was answered, as
+/// `hugepage_agent_webhook_admissions_total{verdict}` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The agent admitted (and reserved, unless a dry run).
+    Allowed,
+    /// The agent refused.
+    Denied,
+    /// Nothing to check: not a binding or placed pod, or no hugepages.
+    NotChecked,
+    /// Not verified and allowed (`--failure-policy ignore`).
+    FailOpen,
+    /// Not verified and denied (`--failure-policy fail`).
+    FailClosed,
+    /// The request could not be read.
+    Invalid,
 }
 
 #[derive(Debug)]
