@@ -1162,3 +1162,76 @@ fn admission_passes_what_is_not_its_business_and_follows_the_failure_policy_when
         assert_eq!(sample(&text, &series), Some(n), "{series} in\n{text}");
     }
 }
+
+#[test]
+fn a_serving_certificate_rotated_mid_run_reaches_new_connections_without_a_restart() {
+    let c = cluster();
+    let mut webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
+    let port = webhook.port;
+    let open = |pki: &Pki| {
+        let config = mtls::client_config(&[&pki.webhook], None, Versions::Any);
+        let name = ServerName::try_from(WEBHOOK_NAME).expect("a DNS name");
+        Connection::open_as(port, config, name).expect("connect")
+    };
+    let before = open(&c.pki).server_certificate();
+    // cert-manager renews the Secret: a new key and certificate, each file replaced whole.
+    let renewed = c.pki.webhook.server_named("webhook renewed", WEBHOOK_NAME);
+    for (file, pem) in [
+        ("webhook.key", &renewed.key),
+        ("webhook.crt", &renewed.cert),
+    ] {
+        let staged = c.pki.path(&format!("{file}.new"));
+        std::fs::write(&staged, pem).expect("stage the renewed file");
+        std::fs::rename(&staged, c.pki.path(file)).expect("replace the file");
+    }
+    webhook.wait_for(
+        "TLS files reloaded: new connections get the new material",
+        Duration::from_secs(10),
+        |_| true,
+    );
+    let mut after = open(&c.pki);
+    assert_eq!(after.server_certificate(), Some(renewed.der()));
+    assert_ne!(before, after.server_certificate());
+    let answer = after
+        .request("GET", "/readyz", None, "")
+        .expect("an answer");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+}
+
+#[test]
+fn a_binding_whose_agent_is_silent_past_the_deadline_follows_the_policy_within_it() {
+    let c = cluster();
+    let silent = silent_listener(Ipv4Addr::new(127, 0, 0, 41), c.port);
+    c.api
+        .put_node(node("mute", Ipv4Addr::new(127, 0, 0, 41), "8Gi"));
+    let job = pod_as(
+        "mute-job",
+        "a4000000-0000-4000-8000-00000000000a",
+        Some("2Gi"),
+    );
+    c.api.put_pod(job.clone());
+    for (policy, allowed) in [("fail", false), ("ignore", true)] {
+        let webhook = webhook(&c.pki, &c.api, c.port, policy, "300ms");
+        wait_ready(&c.pki, &webhook);
+        let started = Instant::now();
+        let response = validate(&c.pki, &webhook, &binding_review(&job, "mute", false));
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "{policy}: {took:?}");
+        assert_eq!(response["allowed"], allowed, "{policy}: {response}");
+        let expected = format!("agent at 127.0.0.41:{}: no answer within 300ms", c.port);
+        let why = if allowed {
+            response["warnings"][0].as_str()
+        } else {
+            response["status"]["message"].as_str()
+        };
+        assert!(
+            why.is_some_and(|w| w.ends_with(&expected)),
+            "{policy}: {response}"
+        );
+        let text = metrics(&c.pki, &webhook);
+        let verdict = if allowed { "fail_open" } else { "fail_closed" };
+        let series = format!("hugepage_agent_webhook_admissions_total{{verdict=\"{verdict}\"}}");
+        assert_eq!(sample(&text, &series), Some(1.0), "{series} in\n{text}");
+    }
+    assert!(silent.accepted() >= 2, "the silent agent was called");
+}
