@@ -15,6 +15,7 @@ use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
 mod flags;
 mod host_tree;
+pub mod https;
 mod log;
 pub mod mtls;
 pub mod peers;

@@ -11,6 +11,8 @@
 //! out) and of `k8s.io/api/core/v1` (a `NodeList` is `{"metadata":{},"items":[…]}`, a Node's
 //! `status.addresses` and `status.allocatable`, a pending pod's `status.qosClass`).
 //!
+//! HTTP/2 is checked by a hyper client that negotiated `h2` (`https.rs`).
+//!
 //! Every process and file belongs to one test and goes when it ends, however it ends (the
 //! processes are killed on drop, the trees are temporary directories).
 
@@ -28,6 +30,7 @@ use std::{
 
 use hugepage_agent_tests::{
     Agent, agent_bin, free_port,
+    https::Https,
     mtls::{self, Ca, Connection, Versions},
     put, two_numa_nodes,
 };
@@ -568,4 +571,49 @@ fn the_nodenames_form_with_hugepages_is_refused_as_not_served_yet_and_bad_bodies
             .is_some_and(|e| e.starts_with("the body is not ExtenderArgs JSON")),
         "{result}"
     );
+}
+
+/// A client config trusting the webhook's CA and offering `alpn`.
+fn offering(pki: &Pki, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    let mut config = (*mtls::client_config(&[&pki.webhook], None, Versions::Any)).clone();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+/// A connection to the webhook offering `alpn`.
+fn connect(pki: &Pki, webhook: &Agent, alpn: &[&[u8]]) -> Https {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, webhook.port));
+    Https::connect(addr, offering(pki, alpn), WEBHOOK_NAME)
+}
+
+#[test]
+fn over_http2_the_webhook_answers_as_over_http_1_1_and_accepts_the_apiservers_timeout_query() {
+    let c = cluster();
+    let webhook = webhook(&c.pki, c.port, "ignore", "2s");
+    let mut h2 = connect(&c.pki, &webhook, &[b"h2", b"http/1.1"]);
+    assert_eq!(h2.alpn.as_deref(), Some(&b"h2"[..]), "HTTP/2 chosen");
+    let mut h1 = connect(&c.pki, &webhook, &[b"http/1.1"]);
+    assert_eq!(h1.alpn.as_deref(), Some(&b"http/1.1"[..]));
+    let body = args(pod(Some("2Gi")), &c.nodes).to_string();
+    for path in [
+        "/scheduler/filter?timeout=10s",
+        "/scheduler/prioritize?timeout=10s",
+    ] {
+        let (status, over_h2) = h2.request("POST", path, &[], &body);
+        assert_eq!(status, 200, "{path} over HTTP/2: {over_h2}");
+        let (status, over_h1) = h1.request("POST", path, &[], &body);
+        assert_eq!(status, 200, "{path} over HTTP/1.1: {over_h1}");
+        let (over_h2, over_h1): (Value, Value) = (
+            serde_json::from_str(&over_h2).expect("JSON"),
+            serde_json::from_str(&over_h1).expect("JSON"),
+        );
+        assert_eq!(over_h2, over_h1, "{path}");
+    }
+    let (_, filtered) = h2.request("POST", "/scheduler/filter?timeout=10s", &[], &body);
+    let filtered: Value = serde_json::from_str(&filtered).expect("JSON");
+    assert_eq!(names(&filtered), ["roomy", "exact", "down"], "{filtered}");
+    for client in [&mut h2, &mut h1] {
+        let (status, health) = client.request("GET", "/healthz", &[], "");
+        assert_eq!((status, health.as_str()), (200, r#"{"status":"ok"}"#));
+    }
 }

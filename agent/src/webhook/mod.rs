@@ -1,7 +1,7 @@
 //! `hugepage-agent webhook`: the cluster side, a kube-scheduler extender that asks the node
 //! agents before a node is chosen. This module is the command's wiring: the HTTPS listener
 //! (`--listen`, `--tls-cert-file`, `--tls-private-key-file`, re-read on change by
-//! [`crate::tls`]'s reloader), the mTLS client of the agents ([`agents`]), the routes
+//! [`crate::tls`]'s reloader; HTTP/2 and HTTP/1.1), the mTLS client of the agents ([`agents`]), the routes
 //! ([`routes`]), and the stop on SIGINT or SIGTERM.
 //!
 //! What each part does: [`extender`] is the wire format of `k8s.io/kube-scheduler/extender/v1`;
@@ -34,7 +34,7 @@ use tracing::{info, warn};
 
 use crate::{
     api::server::{Endpoint, Server, ServerError},
-    tls::{self, TlsError, TlsFiles, TlsStats},
+    tls::{self, Alpn, TlsError, TlsFiles, TlsStats},
 };
 
 /// The listener's threads: the work is waiting on agents, so two serve many calls at once.
@@ -87,7 +87,8 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let client = agents::Client::new(&settings.agent_tls, settings.agent_port)?;
-    let (server_tls, reloader) = tls::load(&settings.tls, Arc::new(TlsStats::default()))?;
+    let (server_tls, reloader) =
+        tls::load(&settings.tls, Alpn::H2Http1, Arc::new(TlsStats::default()))?;
     let endpoint = Endpoint {
         flag: "--listen",
         threads: "webhook",
