@@ -11,7 +11,9 @@
 //! out) and of `k8s.io/api/core/v1` (a `NodeList` is `{"metadata":{},"items":[…]}`, a Node's
 //! `status.addresses` and `status.allocatable`, a pending pod's `status.qosClass`).
 //!
-//! HTTP/2 is checked by a hyper client that negotiated `h2` (`https.rs`).
+//! The transport is checked as the peers see it: the webhook's connections to an agent in the
+//! kernel's `/proc/net/tcp`, its client files rotated under it, and HTTP/2 by a hyper client
+//! that negotiated `h2` (`https.rs`).
 //!
 //! Every process and file belongs to one test and goes when it ends, however it ends (the
 //! processes are killed on drop, the trees are temporary directories).
@@ -49,6 +51,8 @@ struct Pki {
     webhook: Ca,
     /// The agents' server certificate, for a stand-in agent that answers garbage.
     agent: mtls::Pair,
+    /// The webhook's client certificate, as first written.
+    client: mtls::Pair,
 }
 
 impl Pki {
@@ -59,9 +63,8 @@ impl Pki {
         std::fs::write(dir.path().join("agents-ca.crt"), &agents.pem).expect("write the CA");
         let agent = agents.server("agent");
         agent.write(dir.path(), "agent");
-        agents
-            .client("hugepage-agent-webhook")
-            .write(dir.path(), "client");
+        let client = agents.client("hugepage-agent-webhook");
+        client.write(dir.path(), "client");
         webhook
             .server_named("webhook", WEBHOOK_NAME)
             .write(dir.path(), "webhook");
@@ -69,6 +72,7 @@ impl Pki {
             dir,
             webhook,
             agent,
+            client,
         }
     }
 
@@ -571,6 +575,145 @@ fn the_nodenames_form_with_hugepages_is_refused_as_not_served_yet_and_bad_bodies
             .is_some_and(|e| e.starts_with("the body is not ExtenderArgs JSON")),
         "{result}"
     );
+}
+
+/// The local ports of the established connections to `agent` (the webhook's: nothing else here
+/// dials it), from `/proc/net/tcp`.
+fn connections_to(agent: SocketAddr) -> Vec<u16> {
+    let IpAddr::V4(ip) = agent.ip() else {
+        panic!("an IPv4 agent: {agent}");
+    };
+    // The kernel prints an IPv4 address as its 32 bits in memory order, in hex.
+    let remote = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(ip.octets()),
+        agent.port()
+    );
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, rem, state) = (fields.get(1)?, fields.get(2)?, fields.get(3)?);
+            (*rem == remote && *state == "01")
+                .then(|| u16::from_str_radix(local.rsplit(':').next()?, 16).ok())?
+        })
+        .collect()
+}
+
+/// A filter call for the one node `name` at `ip`: the nodes kept, and the `failedNodes`.
+fn filter_one(pki: &Pki, webhook: &Agent, name: &str, ip: Ipv4Addr) -> (Vec<String>, Value) {
+    let (status, result) = call(
+        pki,
+        webhook,
+        "/scheduler/filter",
+        &args(pod(Some("2Gi")), &[node(name, ip, "8Gi")]),
+    );
+    assert_eq!(status, 200, "{result}");
+    let kept = names(&result).into_iter().map(str::to_owned).collect();
+    (kept, result["failedNodes"].clone())
+}
+
+#[test]
+fn calls_to_an_agent_reuse_one_connection_and_one_the_agent_closed_is_replaced() {
+    let pki = Pki::new();
+    let port = free_port();
+    let tree = host_tree(2048);
+    let ip = Ipv4Addr::new(127, 0, 0, 31);
+    let addr = SocketAddr::new(IpAddr::V4(ip), port);
+    let first = agent(&pki, tree.path(), ip, port);
+    let webhook = webhook(&pki, port, "fail", "2s");
+    let mut used = Vec::new();
+    for _ in 0..3 {
+        assert_eq!(filter_one(&pki, &webhook, "n", ip).0, ["n"]);
+        let open = connections_to(addr);
+        assert_eq!(open.len(), 1, "one connection kept alive: {open:?}");
+        used.extend(open);
+    }
+    used.dedup();
+    assert_eq!(used.len(), 1, "every call on the same connection: {used:?}");
+
+    // The agent restarts: its connection is gone, and the next call dials anew.
+    drop(first);
+    let _second = agent(&pki, tree.path(), ip, port);
+    let (kept, failed) = filter_one(&pki, &webhook, "n", ip);
+    assert_eq!(kept, ["n"], "no call on the closed connection: {failed}");
+    let open = connections_to(addr);
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_ne!(open, used, "a new connection");
+}
+
+/// Writes `pair` as the webhook's client certificate and key, each file replaced at once (a new
+/// inode, as a Secret volume's update makes).
+fn rotate_client(pki: &Pki, cert: &str, key: &str) {
+    for (file, pem) in [("client.crt", cert), ("client.key", key)] {
+        let path = pki.path(file);
+        let tmp = path.with_extension("new");
+        std::fs::write(&tmp, pem).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+    }
+}
+
+const CLIENT_RELOADED: &str =
+    "agent client TLS files reloaded: new connections to the agents get the new material";
+const CLIENT_REJECTED: &str =
+    "agent client TLS files changed but cannot be used; the previous material is still used";
+
+#[test]
+fn rotated_agent_client_files_are_used_without_a_restart_and_bad_ones_keep_the_previous() {
+    let pki = Pki::new();
+    let port = free_port();
+    let tree = host_tree(2048);
+    let ip = Ipv4Addr::new(127, 0, 0, 41);
+    let _agent = agent(&pki, tree.path(), ip, port);
+    let mut webhook = webhook(&pki, port, "fail", "2s");
+    assert_eq!(filter_one(&pki, &webhook, "n", ip).0, ["n"]);
+
+    // A broken certificate: refused, logged once with the file named, the previous kept.
+    let good_key = std::fs::read_to_string(pki.path("client.key")).expect("the key");
+    rotate_client(&pki, "-----BEGIN CERTIFICATE-----\ntruncated\n", &good_key);
+    let warning = webhook.wait_for(CLIENT_REJECTED, Duration::from_secs(10), |_| true);
+    let why = warning["error"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with(&format!(
+            "--agent-client-cert-file {}: ",
+            pki.path("client.crt").display()
+        )),
+        "{warning}"
+    );
+    assert_eq!(filter_one(&pki, &webhook, "n", ip).0, ["n"]);
+
+    // A certificate of a CA the agents do not trust: used for the calls after the reload,
+    // which the agent refuses.
+    let stranger = Ca::new("not the agents' CA").client("hugepage-agent-webhook");
+    rotate_client(&pki, &stranger.cert, &stranger.key);
+    webhook.wait_for(CLIENT_RELOADED, Duration::from_secs(10), |_| true);
+    let (kept, failed) = filter_one(&pki, &webhook, "n", ip);
+    assert!(kept.is_empty(), "{failed}");
+    assert!(
+        failed["n"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("agent at {ip}:{port}: "))),
+        "{failed}"
+    );
+
+    // Back to a certificate of the agents' CA: calls pass again, still without a restart.
+    rotate_client(&pki, &pki.client.cert, &pki.client.key);
+    let mut reloads = || webhook.lines_with(CLIENT_RELOADED).len();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reloads() < 2 {
+        assert!(Instant::now() < deadline, "no second reload");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(filter_one(&pki, &webhook, "n", ip).0, ["n"]);
+    let text = metrics(&pki, &webhook);
+    for (result, want) in [("reloaded", 2.0), ("rejected", 1.0)] {
+        let series = format!(
+            r#"hugepage_agent_webhook_tls_reloads_total{{files="agent_client",result="{result}"}}"#
+        );
+        assert_eq!(sample(&text, &series), Some(want), "{series} in\n{text}");
+    }
 }
 
 /// A client config trusting the webhook's CA and offering `alpn`.

@@ -24,8 +24,8 @@
 //! every minute regardless ([`FULL_READ_EVERY`]), makes it read the files; contents equal to what
 //! is served change nothing, new contents are built into a new config and swapped in, and
 //! contents that fail keep the old config and are reported once ([`Polled::Rejected`]) until the
-//! files change again. The reloader is generic over the files it watches ([`Material`]); the
-//! served ones are [`Serving`].
+//! files change again. The reloader is generic over the files it watches ([`Material`]): the
+//! served files here ([`Serving`]), the webhook's client side of mTLS with the agents elsewhere.
 
 use std::{
     io,

@@ -2,18 +2,24 @@
 //! scheduler calls by endpoint and result, candidate nodes by how they were judged, the nodes
 //! kept (fail-open) or filtered out (fail-closed) because their agent did not answer, and the
 //! latency of the agent calls that completed (a call abandoned at the deadline is counted as a
-//! node without an answer, not timed). Every series exists from the start at zero; no label
-//! carries a pod or a node.
+//! node without an answer, not timed); the reloads of its TLS files, served and agent client
+//! ones. Every series exists from the start at zero; no label carries a pod or a node.
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
 use super::FailurePolicy;
-use crate::telemetry::{
-    encode::{Encoder, Format, Kind},
-    metrics::Histogram,
+use crate::{
+    telemetry::{
+        encode::{Encoder, Format, Kind},
+        metrics::Histogram,
+    },
+    tls::TlsStats,
 };
 
 /// From a connection on the same network to an agent that waits on nothing: milliseconds, up
@@ -51,6 +57,10 @@ pub struct Metrics {
     fail_open: AtomicU64,
     fail_closed: AtomicU64,
     agent_calls: Histogram,
+    /// The served files' reloads (`--tls-cert-file`, `--tls-private-key-file`).
+    pub tls: Arc<TlsStats>,
+    /// The agent client files' reloads (`--agent-ca-file`, `--agent-client-*-file`).
+    pub agent_tls: Arc<TlsStats>,
 }
 
 impl Default for Metrics {
@@ -61,6 +71,8 @@ impl Default for Metrics {
             fail_open: AtomicU64::new(0),
             fail_closed: AtomicU64::new(0),
             agent_calls: Histogram::new(&AGENT_CALL_BUCKETS),
+            tls: Arc::default(),
+            agent_tls: Arc::default(),
         }
     }
 }
@@ -128,6 +140,17 @@ impl Metrics {
             "Agent dry-run calls that completed, connection and TLS handshake included.",
         );
         e.histogram(LATENCY, &[], &self.agent_calls.value());
+        const RELOADS: &str = "hugepage_agent_webhook_tls_reloads_total";
+        e.family(RELOADS, Kind::Counter, "Changed TLS files, served or the agent client's: loaded (reloaded), or refused and the previous material kept (rejected).");
+        for (files, stats) in [("serving", &self.tls), ("agent_client", &self.agent_tls)] {
+            for (result, n) in [
+                ("reloaded", stats.reloads()),
+                ("rejected", stats.rejections()),
+            ] {
+                let labels = [("files", files), ("result", result)];
+                e.sample(RELOADS, &labels, n as f64);
+            }
+        }
         e.finish()
     }
 }

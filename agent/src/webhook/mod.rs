@@ -1,8 +1,9 @@
 //! `hugepage-agent webhook`: the cluster side, a kube-scheduler extender that asks the node
 //! agents before a node is chosen. This module is the command's wiring: the HTTPS listener
 //! (`--listen`, `--tls-cert-file`, `--tls-private-key-file`, re-read on change by
-//! [`crate::tls`]'s reloader; HTTP/2 and HTTP/1.1), the mTLS client of the agents ([`agents`]), the routes
-//! ([`routes`]), and the stop on SIGINT or SIGTERM.
+//! [`crate::tls`]'s reloader; HTTP/2 and HTTP/1.1), the mTLS client of the agents ([`agents`],
+//! over pooled connections ([`dial`]), its files re-read on change too ([`agent_tls`])), the
+//! routes ([`routes`]), and the stop on SIGINT or SIGTERM.
 //!
 //! What each part does: [`extender`] is the wire format of `k8s.io/kube-scheduler/extender/v1`;
 //! [`pod`] and [`node`] read what the webhook needs of the pod and of each `Node` (its first
@@ -13,9 +14,11 @@
 //! Served so far: the `nodes` form of `ExtenderArgs` (`nodeCacheCapable: false`); the `nodenames`
 //! form, its Node cache and the admission webhook are not built yet.
 
+pub mod agent_tls;
 pub mod agents;
 pub mod ask;
 pub mod decide;
+pub mod dial;
 pub mod extender;
 pub mod metrics;
 pub mod node;
@@ -34,7 +37,7 @@ use tracing::{info, warn};
 
 use crate::{
     api::server::{Endpoint, Server, ServerError},
-    tls::{self, Alpn, TlsError, TlsFiles, TlsStats},
+    tls::{self, Alpn, TlsError, TlsFiles},
 };
 
 /// The listener's threads: the work is waiting on agents, so two serve many calls at once.
@@ -86,9 +89,13 @@ pub fn run(listen: SocketAddr, settings: &Settings) -> Result<(), WebhookError> 
 async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), WebhookError> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let client = agents::Client::new(&settings.agent_tls, settings.agent_port)?;
-    let (server_tls, reloader) =
-        tls::load(&settings.tls, Alpn::H2Http1, Arc::new(TlsStats::default()))?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let (client, client_reloader) = agents::Client::new(
+        &settings.agent_tls,
+        settings.agent_port,
+        metrics.agent_tls.clone(),
+    )?;
+    let (server_tls, reloader) = tls::load(&settings.tls, Alpn::H2Http1, metrics.tls.clone())?;
     let endpoint = Endpoint {
         flag: "--listen",
         threads: "webhook",
@@ -99,10 +106,11 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
         client,
         policy: settings.failure_policy,
         timeout: settings.agent_timeout,
-        metrics: Arc::default(),
+        metrics,
     };
     let (stop, stopped) = watch::channel(false);
     let watcher = tokio::spawn(reloader.watch(stopped.clone()));
+    let client_watcher = tokio::spawn(client_reloader.watch(stopped.clone()));
     let server = Server::start(
         bound,
         THREADS,
@@ -123,8 +131,10 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
     };
     info!(signal, "shutting down");
     let _ = stop.send(true);
-    if let Err(err) = watcher.await {
-        warn!("the TLS file watcher failed: {err}");
+    for watcher in [watcher, client_watcher] {
+        if let Err(err) = watcher.await {
+            warn!("a TLS file watcher failed: {err}");
+        }
     }
     server.drain(DRAIN).await;
     Ok(())
