@@ -12,8 +12,8 @@
 //! `status.addresses` and `status.allocatable`, a pending pod's `status.qosClass`).
 //!
 //! The transport is checked as the peers see it: the webhook's connections to an agent in the
-//! kernel's `/proc/net/tcp`, its client files rotated under it, and HTTP/2 by a hyper client
-//! that negotiated `h2` (`https.rs`).
+//! kernel's `/proc/net/tcp`, its client files rotated under it, HTTP/2 by a hyper client that
+//! negotiated `h2` (`https.rs`), and its spans and the agent's in the real OTLP receiver.
 //!
 //! Every process and file belongs to one test and goes when it ends, however it ends (the
 //! processes are killed on drop, the trees are temporary directories).
@@ -34,6 +34,7 @@ use hugepage_agent_tests::{
     Agent, agent_bin, free_port,
     https::Https,
     mtls::{self, Ca, Connection, Versions},
+    peers::OtlpReceiver,
     put, two_numa_nodes,
 };
 use rustls::{ServerConfig, ServerConnection, StreamOwned};
@@ -96,6 +97,11 @@ fn host_tree(free: u64) -> tempfile::TempDir {
 /// A node agent on `ip`:`port` over `tree`, TLS with client certificates of `pki`, the kubelet
 /// settings of a node that pins hugepages (single-numa-node, Memory Manager Static).
 fn agent(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16) -> Agent {
+    agent_with(pki, tree, ip, port, &[])
+}
+
+/// [`agent`] with the `OTEL_*` variables of `env` (none other set).
+fn agent_with(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16, env: &[(&str, &str)]) -> Agent {
     let mut cmd = Command::new(agent_bin());
     cmd.arg("run")
         .arg("--host-root")
@@ -109,6 +115,7 @@ fn agent(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16) -> Agent {
         .arg(pki.path("agent.key"))
         .arg("--client-ca-file")
         .arg(pki.path("agents-ca.crt"));
+    otel(&mut cmd, env);
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     let mut agent = Agent::start_at(cmd, uid, SocketAddr::new(IpAddr::V4(ip), port));
@@ -116,8 +123,27 @@ fn agent(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16) -> Agent {
     agent
 }
 
+/// Sets `env` on `cmd`, and no other `OTEL_*` variable of the tests' environment.
+fn otel(cmd: &mut Command, env: &[(&str, &str)]) {
+    for (var, _) in std::env::vars_os().filter(|(v, _)| v.to_string_lossy().starts_with("OTEL_")) {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+}
+
 /// The webhook, on a free loopback port, calling agents on `agent_port`.
 fn webhook(pki: &Pki, agent_port: u16, policy: &str, timeout: &str) -> Agent {
+    webhook_with(pki, agent_port, policy, timeout, &[])
+}
+
+/// [`webhook`] with the `OTEL_*` variables of `env` (none other set).
+fn webhook_with(
+    pki: &Pki,
+    agent_port: u16,
+    policy: &str,
+    timeout: &str,
+    env: &[(&str, &str)],
+) -> Agent {
     let mut cmd = Command::new(agent_bin());
     cmd.arg("webhook")
         .arg("--tls-cert-file")
@@ -132,6 +158,7 @@ fn webhook(pki: &Pki, agent_port: u16, policy: &str, timeout: &str) -> Agent {
         .arg("--agent-client-key-file")
         .arg(pki.path("client.key"))
         .args(["--failure-policy", policy, "--agent-timeout", timeout]);
+    otel(&mut cmd, env);
     let mut webhook = Agent::start(cmd);
     webhook.wait_for("webhook running", Duration::from_secs(20), |_| true);
     webhook
@@ -759,4 +786,95 @@ fn over_http2_the_webhook_answers_as_over_http_1_1_and_accepts_the_apiservers_ti
         let (status, health) = client.request("GET", "/healthz", &[], "");
         assert_eq!((status, health.as_str()), (200, r#"{"status":"ok"}"#));
     }
+}
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+#[test]
+fn one_trace_spans_the_caller_the_webhook_and_the_agent_and_is_forwarded_without_export() {
+    let mut receiver = OtlpReceiver::start();
+    let endpoint = format!("http://127.0.0.1:{}", receiver.http);
+    let exporting = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ];
+    let pki = Pki::new();
+    let port = free_port();
+    let tree = host_tree(2048);
+    let ip = Ipv4Addr::new(127, 0, 0, 51);
+    let _agent = agent_with(&pki, tree.path(), ip, port, &exporting);
+    let named = [
+        exporting[0],
+        exporting[1],
+        ("OTEL_SERVICE_NAME", "hugepage-agent-webhook"),
+    ];
+    let traced = webhook_with(&pki, port, "fail", "2s", &named);
+    let body = args(pod(Some("2Gi")), &[node("n", ip, "8Gi")]).to_string();
+    let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    let mut client = connect(&pki, &traced, &[b"h2", b"http/1.1"]);
+    let (status, answer) = client.request(
+        "POST",
+        "/scheduler/filter?timeout=5s",
+        &[("traceparent", &traceparent)],
+        &body,
+    );
+    assert_eq!(status, 200, "{answer}");
+
+    let wait = Duration::from_secs(20);
+    let in_trace =
+        |name: &'static str| move |s: &Value| s["name"] == name && s["trace_id"] == TRACE_ID;
+    let filter = receiver.wait_span(wait, in_trace("extender filter"));
+    assert_eq!(filter["parent_span_id"], CALLER_SPAN, "{filter:#}");
+    assert_eq!(filter["kind"], 2, "SPAN_KIND_SERVER: {filter:#}");
+    assert_eq!(
+        filter["resource"]["service.name"], "hugepage-agent-webhook",
+        "{filter:#}"
+    );
+    let call = receiver.wait_span(wait, in_trace("agent call"));
+    assert_eq!(call["parent_span_id"], filter["span_id"], "{call:#}");
+    assert_eq!(call["kind"], 3, "SPAN_KIND_CLIENT: {call:#}");
+    let a = &call["attributes"];
+    assert_eq!(a["server.address"], ip.to_string(), "{call:#}");
+    assert_eq!(a["hugepage.dry_run"], true, "{call:#}");
+    assert_eq!(a["admission.allowed"], true, "{call:#}");
+    let admission = receiver.wait_span(wait, in_trace("admission"));
+    assert_eq!(
+        admission["parent_span_id"], call["span_id"],
+        "{admission:#}"
+    );
+    assert_eq!(
+        admission["resource"]["service.name"], "hugepage-agent",
+        "{admission:#}"
+    );
+
+    // A webhook that exports nothing still forwards the caller's context: the agent's span is
+    // the caller's child.
+    let untraced = webhook(&pki, port, "fail", "2s");
+    let (other_trace, other_caller) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let traceparent = format!("00-{other_trace}-{other_caller}-01");
+    let mut client = connect(&pki, &untraced, &[b"http/1.1"]);
+    let (status, answer) = client.request(
+        "POST",
+        "/scheduler/filter",
+        &[("traceparent", &traceparent)],
+        &body,
+    );
+    assert_eq!(status, 200, "{answer}");
+    let admission = receiver.wait_span(wait, |s| {
+        s["name"] == "admission" && s["trace_id"] == other_trace
+    });
+    assert_eq!(admission["parent_span_id"], other_caller, "{admission:#}");
+    receiver.collect(Duration::from_millis(500));
+    let exported: Vec<&Value> = receiver
+        .seen
+        .iter()
+        .filter(|s| {
+            s["trace_id"] == other_trace && s["resource"]["service.name"] != "hugepage-agent"
+        })
+        .collect();
+    assert!(
+        exported.is_empty(),
+        "the webhook exported nothing: {exported:#?}"
+    );
 }

@@ -11,7 +11,8 @@
 //! after a reload uses the new material, and the old pool's connections close.
 //!
 //! An answer is read up to [`ANSWER_LIMIT`] bytes; anything but a 200 with the verdict's JSON is
-//! an error naming the agent's address.
+//! an error naming the agent's address. Each call is a span carrying the trace onwards
+//! ([`super::trace`]).
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
@@ -28,9 +29,13 @@ use hyper_util::{
 };
 use rustls::ClientConfig;
 use serde::Deserialize;
+use tracing::Instrument;
 
 pub use super::agent_tls::ClientFiles;
-use super::dial::{DialError, Dialer};
+use super::{
+    dial::{DialError, Dialer},
+    trace,
+};
 use crate::tls::{Current, Reloader, SERVER_NAME, TlsError, TlsStats, watched};
 
 /// The most an agent's answer may be.
@@ -171,18 +176,43 @@ impl Client {
         }
     }
 
-    /// The request, its answer, and the answer read.
     async fn call(&self, addr: SocketAddr, run: Run, body: Bytes) -> Result<Reply, CallError> {
+        let span = trace::agent_call(addr, ADMIT, run == Run::Dry);
+        let result = self
+            .exchange(addr, run, body, &span)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(reply) => {
+                span.record("admission.allowed", reply.allowed);
+            }
+            Err(e) => {
+                span.record("otel.status_code", "error");
+                span.record("error.message", e.to_string());
+            }
+        }
+        result
+    }
+
+    /// The request, its answer, and the answer read.
+    async fn exchange(
+        &self,
+        addr: SocketAddr,
+        run: Run,
+        body: Bytes,
+        span: &tracing::Span,
+    ) -> Result<Reply, CallError> {
         let query = match run {
             Run::Dry => "?dryRun=true",
             Run::Reserve => "",
         };
         let http = |detail: String| CallError::Http { addr, detail };
-        let request = Request::post(format!("https://{addr}{ADMIT}{query}"))
+        let mut request = Request::post(format!("https://{addr}{ADMIT}{query}"))
             .header(HOST, SERVER_NAME)
             .header(CONTENT_TYPE, "application/json")
             .body(Full::new(body))
             .map_err(|e| http(e.to_string()))?;
+        request.headers_mut().extend(trace::outgoing(span));
         let response = self
             .pool()
             .http
@@ -190,6 +220,7 @@ impl Client {
             .await
             .map_err(|e| failed(addr, &e))?;
         let status = response.status();
+        span.record("http.response.status_code", status.as_u16());
         let bytes = Limited::new(response.into_body(), ANSWER_LIMIT)
             .collect()
             .await

@@ -3,7 +3,8 @@
 //! kept (fail-open) or filtered out (fail-closed) because their agent did not answer, and the
 //! latency of the agent calls that completed (a call abandoned at the deadline is counted as a
 //! node without an answer, not timed); the reloads of its TLS files, served and agent client
-//! ones. Every series exists from the start at zero; no label carries a pod or a node.
+//! ones; and the trace exporter's spans exported and dropped. Every series exists from the start
+//! at zero; no label carries a pod or a node.
 
 use std::{
     sync::{
@@ -17,6 +18,7 @@ use super::FailurePolicy;
 use crate::{
     telemetry::{
         encode::{Encoder, Format, Kind},
+        export::ExportStats,
         metrics::Histogram,
     },
     tls::TlsStats,
@@ -61,10 +63,18 @@ pub struct Metrics {
     pub tls: Arc<TlsStats>,
     /// The agent client files' reloads (`--agent-ca-file`, `--agent-client-*-file`).
     pub agent_tls: Arc<TlsStats>,
+    traces: Arc<ExportStats>,
 }
 
 impl Default for Metrics {
     fn default() -> Metrics {
+        Metrics::new(Arc::default())
+    }
+}
+
+impl Metrics {
+    /// Counting from zero; `traces` are the trace exporter's counters.
+    pub fn new(traces: Arc<ExportStats>) -> Metrics {
         Metrics {
             calls: Default::default(),
             nodes: Default::default(),
@@ -73,11 +83,10 @@ impl Default for Metrics {
             agent_calls: Histogram::new(&AGENT_CALL_BUCKETS),
             tls: Arc::default(),
             agent_tls: Arc::default(),
+            traces,
         }
     }
-}
 
-impl Metrics {
     /// A scheduler call answered (or failed with an `error`).
     pub fn call(&self, endpoint: Endpoint, answered: bool) {
         let e = endpoint as usize;
@@ -151,6 +160,7 @@ impl Metrics {
                 e.sample(RELOADS, &labels, n as f64);
             }
         }
+        self.traces.encode(&mut e);
         e.finish()
     }
 }

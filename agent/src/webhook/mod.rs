@@ -3,7 +3,8 @@
 //! (`--listen`, `--tls-cert-file`, `--tls-private-key-file`, re-read on change by
 //! [`crate::tls`]'s reloader; HTTP/2 and HTTP/1.1), the mTLS client of the agents ([`agents`],
 //! over pooled connections ([`dial`]), its files re-read on change too ([`agent_tls`])), the
-//! routes ([`routes`]), and the stop on SIGINT or SIGTERM.
+//! routes ([`routes`], each call continuing the caller's trace ([`trace`])), and the stop on
+//! SIGINT or SIGTERM.
 //!
 //! What each part does: [`extender`] is the wire format of `k8s.io/kube-scheduler/extender/v1`;
 //! [`pod`] and [`node`] read what the webhook needs of the pod and of each `Node` (its first
@@ -25,6 +26,7 @@ pub mod node;
 pub mod pod;
 pub mod routes;
 pub mod scheduler;
+pub mod trace;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
@@ -37,6 +39,7 @@ use tracing::{info, warn};
 
 use crate::{
     api::server::{Endpoint, Server, ServerError},
+    telemetry::export::ExportStats,
     tls::{self, Alpn, TlsError, TlsFiles},
 };
 
@@ -78,18 +81,27 @@ pub enum WebhookError {
     Io(#[from] std::io::Error),
 }
 
-/// Runs the webhook on `listen` over TLS until SIGINT or SIGTERM.
-pub fn run(listen: SocketAddr, settings: &Settings) -> Result<(), WebhookError> {
+/// Runs the webhook on `listen` over TLS until SIGINT or SIGTERM; `/metrics` shows the trace
+/// exporter's `traces`.
+pub fn run(
+    listen: SocketAddr,
+    settings: &Settings,
+    traces: Arc<ExportStats>,
+) -> Result<(), WebhookError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(run_async(listen, settings))
+        .block_on(run_async(listen, settings, traces))
 }
 
-async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), WebhookError> {
+async fn run_async(
+    listen: SocketAddr,
+    settings: &Settings,
+    traces: Arc<ExportStats>,
+) -> Result<(), WebhookError> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let metrics = Arc::new(metrics::Metrics::default());
+    let metrics = Arc::new(metrics::Metrics::new(traces));
     let (client, client_reloader) = agents::Client::new(
         &settings.agent_tls,
         settings.agent_port,

@@ -2,7 +2,9 @@
 //! `GET /metrics`, `GET /healthz`, `GET /readyz`. Handlers read the body and hand it to
 //! [`super::scheduler`], and count the call; a body that is not `ExtenderArgs` JSON is a 400
 //! whose JSON names the problem in `error` (the field both extender answers use for a failed
-//! call).
+//! call). Each scheduler call is a server span continuing the caller's trace
+//! ([`super::trace::continued`]). Query parameters are ignored (the kube-apiserver appends
+//! `?timeout=`).
 
 use axum::{
     Json, Router,
@@ -14,7 +16,7 @@ use axum::{
 };
 use serde_json::json;
 
-use super::{extender::ExtenderArgs, metrics::Endpoint, scheduler};
+use super::{extender::ExtenderArgs, metrics::Endpoint, scheduler, trace};
 use crate::telemetry::encode::Format;
 
 pub use scheduler::Context;
@@ -43,7 +45,7 @@ fn refused(error: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response()
 }
 
-async fn filter(State(context): State<Context>, body: Bytes) -> Response {
+async fn filter(State(context): State<Context>, headers: HeaderMap, body: Bytes) -> Response {
     let args = match args(&body) {
         Ok(args) => args,
         Err(error) => {
@@ -51,16 +53,18 @@ async fn filter(State(context): State<Context>, body: Bytes) -> Response {
             return refused(error);
         }
     };
-    let result = scheduler::filter(&context, args).await;
+    let span = tracing::debug_span!("extender filter", otel.kind = "server");
+    let result = trace::continued(span, &headers, scheduler::filter(&context, args)).await;
     context
         .metrics
         .call(Endpoint::Filter, result.error.is_empty());
     Json(result).into_response()
 }
 
-async fn prioritize(State(context): State<Context>, body: Bytes) -> Response {
+async fn prioritize(State(context): State<Context>, headers: HeaderMap, body: Bytes) -> Response {
+    let span = tracing::debug_span!("extender prioritize", otel.kind = "server");
     let answer = match args(&body) {
-        Ok(args) => scheduler::prioritize(&context, args).await,
+        Ok(args) => trace::continued(span, &headers, scheduler::prioritize(&context, args)).await,
         Err(error) => Err(error),
     };
     context.metrics.call(Endpoint::Prioritize, answer.is_ok());
