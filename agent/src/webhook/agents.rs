@@ -1,6 +1,6 @@
-//! The webhook's calls to the node agents: `POST /v1/admit?dryRun=true` for the extender
-//! ([`Client::dry_run`]) and `POST /v1/admit`, which reserves, for the admission webhook
-//! ([`Client::admit`]), one function with the query as its parameter.
+//! The webhook's calls to the node agents, one function with the query as its parameter
+//! ([`Client::admit`]): `POST /v1/admit?dryRun=true` for the extender (and for admission
+//! requests that are dry runs), `POST /v1/admit`, which reserves, for the admission webhook.
 //!
 //! Connections are kept alive and reused, pooled by agent address (hyper's pool): at most
 //! [`IDLE_PER_AGENT`] idle ones per agent, each closed after [`IDLE_TIMEOUT`] unused; one that
@@ -87,15 +87,6 @@ pub struct CheckReply {
     pub available_bytes: u64,
 }
 
-/// Which admission is asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Run {
-    /// Verification and NUMA selection only (`?dryRun=true`).
-    Dry,
-    /// Verification and, when admitted, the reservation by pod UID.
-    Reserve,
-}
-
 /// The connections of one client config.
 struct Pool {
     config: Arc<ClientConfig>,
@@ -148,15 +139,30 @@ impl Client {
         self.port
     }
 
-    /// `POST /v1/admit?dryRun=true` with `body` (a `v1.Pod`) to the agent at `addr`.
-    pub async fn dry_run(&self, addr: SocketAddr, body: Bytes) -> Result<Reply, CallError> {
-        self.call(addr, Run::Dry, body).await
-    }
-
-    /// `POST /v1/admit` with `body` (a `v1.Pod`) to the agent at `addr`: a pod admitted is
-    /// reserved by its UID.
-    pub async fn admit(&self, addr: SocketAddr, body: Bytes) -> Result<Reply, CallError> {
-        self.call(addr, Run::Reserve, body).await
+    /// `POST /v1/admit` with `body` (a `v1.Pod`) to the agent at `addr`: a dry run when
+    /// `dry_run` (`?dryRun=true`: verification and NUMA selection only), else the real
+    /// admission, which reserves a pod admitted by its UID.
+    pub async fn admit(
+        &self,
+        addr: SocketAddr,
+        body: Bytes,
+        dry_run: bool,
+    ) -> Result<Reply, CallError> {
+        let span = trace::agent_call(addr, ADMIT, dry_run);
+        let result = self
+            .exchange(addr, body, dry_run, &span)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(reply) => {
+                span.record("admission.allowed", reply.allowed);
+            }
+            Err(e) => {
+                span.record("otel.status_code", "error");
+                span.record("error.message", e.to_string());
+            }
+        }
+        result
     }
 
     /// The pool of the client config in use (a new one after a reload).
@@ -176,36 +182,15 @@ impl Client {
         }
     }
 
-    async fn call(&self, addr: SocketAddr, run: Run, body: Bytes) -> Result<Reply, CallError> {
-        let span = trace::agent_call(addr, ADMIT, run == Run::Dry);
-        let result = self
-            .exchange(addr, run, body, &span)
-            .instrument(span.clone())
-            .await;
-        match &result {
-            Ok(reply) => {
-                span.record("admission.allowed", reply.allowed);
-            }
-            Err(e) => {
-                span.record("otel.status_code", "error");
-                span.record("error.message", e.to_string());
-            }
-        }
-        result
-    }
-
     /// The request, its answer, and the answer read.
     async fn exchange(
         &self,
         addr: SocketAddr,
-        run: Run,
         body: Bytes,
+        dry_run: bool,
         span: &tracing::Span,
     ) -> Result<Reply, CallError> {
-        let query = match run {
-            Run::Dry => "?dryRun=true",
-            Run::Reserve => "",
-        };
+        let query = if dry_run { "?dryRun=true" } else { "" };
         let http = |detail: String| CallError::Http { addr, detail };
         let mut request = Request::post(format!("https://{addr}{ADMIT}{query}"))
             .header(HOST, SERVER_NAME)

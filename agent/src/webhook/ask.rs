@@ -42,7 +42,7 @@ pub async fn ask_all(
                 let (client, body, addr) = (client.clone(), body.clone(), *addr);
                 calls.spawn(trace::carried(async move {
                     let started = Instant::now();
-                    let result = client.dry_run(addr, body).await;
+                    let result = client.admit(addr, body, true).await;
                     (i, result, started.elapsed())
                 }));
             }

@@ -113,19 +113,19 @@ fn client(files: &ClientFiles) -> Client {
 const POD: &[u8] = br#"{"metadata":{"name":"p"}}"#;
 
 #[tokio::test]
-async fn dry_run_and_admit_differ_by_the_query_only_and_share_one_connection() {
+async fn dry_runs_and_a_real_admission_differ_by_the_query_only_and_share_one_connection() {
     let (_dir, files, server) = pki();
     let agent = stand(server, Duration::from_secs(60)).await;
     let client = client(&files);
     for _ in 0..2 {
         let reply = client
-            .dry_run(agent.addr, Bytes::from_static(POD))
+            .admit(agent.addr, Bytes::from_static(POD), true)
             .await
             .expect("a verdict");
         assert!(reply.allowed);
     }
     let reply = client
-        .admit(agent.addr, Bytes::from_static(POD))
+        .admit(agent.addr, Bytes::from_static(POD), false)
         .await
         .expect("a verdict");
     assert_eq!(reply.numa_nodes, [0]);
@@ -147,7 +147,9 @@ async fn a_connection_the_agent_closed_is_dropped_and_the_next_call_dials_anew()
     let agent = stand(server, Duration::from_millis(200)).await;
     let client = client(&files);
     for round in 1..=3 {
-        let reply = client.dry_run(agent.addr, Bytes::from_static(POD)).await;
+        let reply = client
+            .admit(agent.addr, Bytes::from_static(POD), true)
+            .await;
         assert!(reply.is_ok_and(|r| r.allowed), "round {round}");
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
@@ -161,7 +163,7 @@ async fn an_agent_not_listening_is_an_error_naming_it_and_saying_so() {
     let addr = closed.local_addr().expect("its address");
     drop(closed);
     let err = client(&files)
-        .dry_run(addr, Bytes::from_static(POD))
+        .admit(addr, Bytes::from_static(POD), true)
         .await
         .expect_err("nobody listens");
     let text = err.to_string();
