@@ -16,6 +16,7 @@ use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 pub mod apiserver;
 mod flags;
 mod host_tree;
+pub mod https;
 mod log;
 pub mod mtls;
 pub mod peers;

@@ -11,6 +11,10 @@
 //! out) and of `k8s.io/api/core/v1` (a `NodeList` is `{"metadata":{},"items":[…]}`, a Node's
 //! `status.addresses` and `status.allocatable`, a pending pod's `status.qosClass`).
 //!
+//! The transport is checked as the peers see it: the webhook's connections to an agent in the
+//! kernel's `/proc/net/tcp`, its client files rotated under it, HTTP/2 by a hyper client that
+//! negotiated `h2` (`https.rs`), and its spans and the agent's in the real OTLP receiver.
+//!
 //! Every process and file belongs to one test and goes when it ends, however it ends (the
 //! processes are killed on drop, the trees are temporary directories).
 
@@ -30,7 +34,9 @@ use hugepage_agent_tests::{
     Agent, HugepagePool, HugetlbController, TestCgroup, Toucher, agent_bin,
     apiserver::StandInApiServer,
     free_port, fresh_state_dir, host_lock,
+    https::Https,
     mtls::{self, Ca, Connection, Versions},
+    peers::OtlpReceiver,
     pod_cgroups, put, require_root, two_numa_nodes,
 };
 use rustls::{ServerConfig, ServerConnection, StreamOwned};
@@ -48,6 +54,8 @@ struct Pki {
     webhook: Ca,
     /// The agents' server certificate, for a stand-in agent that answers garbage.
     agent: mtls::Pair,
+    /// The webhook's client certificate, as first written.
+    client: mtls::Pair,
 }
 
 impl Pki {
@@ -58,9 +66,8 @@ impl Pki {
         std::fs::write(dir.path().join("agents-ca.crt"), &agents.pem).expect("write the CA");
         let agent = agents.server("agent");
         agent.write(dir.path(), "agent");
-        agents
-            .client("hugepage-agent-webhook")
-            .write(dir.path(), "client");
+        let client = agents.client("hugepage-agent-webhook");
+        client.write(dir.path(), "client");
         webhook
             .server_named("webhook", WEBHOOK_NAME)
             .write(dir.path(), "webhook");
@@ -68,6 +75,7 @@ impl Pki {
             dir,
             webhook,
             agent,
+            client,
         }
     }
 
@@ -96,14 +104,19 @@ fn host_tree_of(pages: u64, free: u64) -> tempfile::TempDir {
 /// A node agent on `ip`:`port` over `tree`, TLS with client certificates of `pki`, the kubelet
 /// settings of a node that pins hugepages (single-numa-node, Memory Manager Static).
 fn agent(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16) -> Agent {
-    let mut cmd = agent_command(pki, "single-numa-node");
+    agent_with(pki, tree, ip, port, &[])
+}
+
+/// [`agent`] with the `OTEL_*` variables of `env` (none other set).
+fn agent_with(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16, env: &[(&str, &str)]) -> Agent {
+    let mut cmd = agent_command(pki, "single-numa-node", env);
     cmd.arg("--host-root").arg(tree).args(["--ebpf", "off"]);
     start_agent(cmd, ip, port, |_| true)
 }
 
-/// `hugepage-agent run` with TLS requiring client certificates of `pki`, Memory Manager Static
-/// and the Topology Manager's `topology` policy.
-fn agent_command(pki: &Pki, topology: &str) -> Command {
+/// `hugepage-agent run` with TLS requiring client certificates of `pki`, Memory Manager Static,
+/// the Topology Manager's `topology` policy and the `OTEL_*` variables of `env` (none other set).
+fn agent_command(pki: &Pki, topology: &str, env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(agent_bin());
     cmd.arg("run")
         .args(["--topology-policy", topology])
@@ -114,6 +127,7 @@ fn agent_command(pki: &Pki, topology: &str) -> Command {
         .arg(pki.path("agent.key"))
         .arg("--client-ca-file")
         .arg(pki.path("agents-ca.crt"));
+    otel(&mut cmd, env);
     cmd
 }
 
@@ -126,6 +140,14 @@ fn start_agent(cmd: Command, ip: Ipv4Addr, port: u16, running: impl Fn(&Value) -
     agent
 }
 
+/// Sets `env` on `cmd`, and no other `OTEL_*` variable of the tests' environment.
+fn otel(cmd: &mut Command, env: &[(&str, &str)]) {
+    for (var, _) in std::env::vars_os().filter(|(v, _)| v.to_string_lossy().starts_with("OTEL_")) {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+}
+
 /// The webhook, on a free loopback port, calling agents on `agent_port`, its Node cache kept
 /// from `api`; started once it serves (its Node cache may not have synced yet).
 fn webhook(
@@ -134,6 +156,18 @@ fn webhook(
     agent_port: u16,
     policy: &str,
     timeout: &str,
+) -> Agent {
+    webhook_with(pki, api, agent_port, policy, timeout, &[])
+}
+
+/// [`webhook`] with the `OTEL_*` variables of `env` (none other set).
+fn webhook_with(
+    pki: &Pki,
+    api: &StandInApiServer,
+    agent_port: u16,
+    policy: &str,
+    timeout: &str,
+    env: &[(&str, &str)],
 ) -> Agent {
     let mut cmd = Command::new(agent_bin());
     cmd.arg("webhook")
@@ -151,6 +185,7 @@ fn webhook(
         .arg("--agent-client-key-file")
         .arg(pki.path("client.key"))
         .args(["--failure-policy", policy, "--agent-timeout", timeout]);
+    otel(&mut cmd, env);
     let mut webhook = Agent::start(cmd);
     webhook.wait_for("webhook running", Duration::from_secs(20), |_| true);
     webhook
@@ -933,7 +968,7 @@ fn story_2_across_three_nodes_filter_prioritize_bind_deny_and_admit_after_releas
     let wide = host_tree_of(32, 32);
     let mut agents = Vec::new();
     for (tree, last) in [(&busy, 31), (&wide, 32)] {
-        let mut cmd = agent_command(&pki, "best-effort");
+        let mut cmd = agent_command(&pki, "best-effort", &[]);
         cmd.arg("--host-root")
             .arg(tree.path())
             .args(["--ebpf", "off"]);
@@ -946,7 +981,7 @@ fn story_2_across_three_nodes_filter_prioritize_bind_deny_and_admit_after_releas
     );
     let _consumer = Toucher::run(TOUCHER, Some(&consumer_dir), 8, 0);
     let state = fresh_state_dir(0);
-    let mut cmd = agent_command(&pki, "best-effort");
+    let mut cmd = agent_command(&pki, "best-effort", &[]);
     cmd.args([
         "--ebpf",
         "on",
@@ -1234,4 +1269,282 @@ fn a_binding_whose_agent_is_silent_past_the_deadline_follows_the_policy_within_i
         assert_eq!(sample(&text, &series), Some(1.0), "{series} in\n{text}");
     }
     assert!(silent.accepted() >= 2, "the silent agent was called");
+}
+
+/// The local ports of the established connections to `agent` (the webhook's: nothing else here
+/// dials it), from `/proc/net/tcp`.
+fn connections_to(agent: SocketAddr) -> Vec<u16> {
+    let IpAddr::V4(ip) = agent.ip() else {
+        panic!("an IPv4 agent: {agent}");
+    };
+    // The kernel prints an IPv4 address as its 32 bits in memory order, in hex.
+    let remote = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(ip.octets()),
+        agent.port()
+    );
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, rem, state) = (fields.get(1)?, fields.get(2)?, fields.get(3)?);
+            (*rem == remote && *state == "01")
+                .then(|| u16::from_str_radix(local.rsplit(':').next()?, 16).ok())?
+        })
+        .collect()
+}
+
+/// A filter call for the one node `name` at `ip`: the nodes kept, and the `failedNodes`.
+fn filter_one(pki: &Pki, webhook: &Agent, name: &str, ip: Ipv4Addr) -> (Vec<String>, Value) {
+    let (status, result) = call(
+        pki,
+        webhook,
+        "/scheduler/filter",
+        &args(pod(Some("2Gi")), &[node(name, ip, "8Gi")]),
+    );
+    assert_eq!(status, 200, "{result}");
+    let kept = names(&result).into_iter().map(str::to_owned).collect();
+    (kept, result["failedNodes"].clone())
+}
+
+#[test]
+fn calls_to_an_agent_reuse_one_connection_and_one_the_agent_closed_is_replaced() {
+    let pki = Pki::new();
+    let api = StandInApiServer::start();
+    let port = free_port();
+    let tree = host_tree(2048);
+    let ip = Ipv4Addr::new(127, 0, 0, 31);
+    let addr = SocketAddr::new(IpAddr::V4(ip), port);
+    let first = agent(&pki, tree.path(), ip, port);
+    let webhook = webhook(&pki, &api, port, "fail", "2s");
+    let mut used = Vec::new();
+    for _ in 0..3 {
+        assert_eq!(filter_one(&pki, &webhook, "n", ip).0, ["n"]);
+        let open = connections_to(addr);
+        assert_eq!(open.len(), 1, "one connection kept alive: {open:?}");
+        used.extend(open);
+    }
+    used.dedup();
+    assert_eq!(used.len(), 1, "every call on the same connection: {used:?}");
+
+    // The agent restarts: its connection is gone, and the next call dials anew.
+    drop(first);
+    let _second = agent(&pki, tree.path(), ip, port);
+    let (kept, failed) = filter_one(&pki, &webhook, "n", ip);
+    assert_eq!(kept, ["n"], "no call on the closed connection: {failed}");
+    let open = connections_to(addr);
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_ne!(open, used, "a new connection");
+}
+
+/// Writes `pair` as the webhook's client certificate and key, each file replaced at once (a new
+/// inode, as a Secret volume's update makes).
+fn rotate_client(pki: &Pki, cert: &str, key: &str) {
+    for (file, pem) in [("client.crt", cert), ("client.key", key)] {
+        let path = pki.path(file);
+        let tmp = path.with_extension("new");
+        std::fs::write(&tmp, pem).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+    }
+}
+
+const CLIENT_RELOADED: &str =
+    "agent client TLS files reloaded: new connections to the agents get the new material";
+const CLIENT_REJECTED: &str =
+    "agent client TLS files changed but cannot be used; the previous material is still used";
+
+#[test]
+fn rotated_agent_client_files_are_used_without_a_restart_and_bad_ones_keep_the_previous() {
+    let pki = Pki::new();
+    let api = StandInApiServer::start();
+    let port = free_port();
+    let tree = host_tree(2048);
+    let ip = Ipv4Addr::new(127, 0, 0, 41);
+    let _agent = agent(&pki, tree.path(), ip, port);
+    let mut webhook = webhook(&pki, &api, port, "fail", "2s");
+    assert_eq!(filter_one(&pki, &webhook, "n", ip).0, ["n"]);
+
+    // A broken certificate: refused, logged once with the file named, the previous kept.
+    let good_key = std::fs::read_to_string(pki.path("client.key")).expect("the key");
+    rotate_client(&pki, "-----BEGIN CERTIFICATE-----\ntruncated\n", &good_key);
+    let warning = webhook.wait_for(CLIENT_REJECTED, Duration::from_secs(10), |_| true);
+    let why = warning["error"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with(&format!(
+            "--agent-client-cert-file {}: ",
+            pki.path("client.crt").display()
+        )),
+        "{warning}"
+    );
+    assert_eq!(filter_one(&pki, &webhook, "n", ip).0, ["n"]);
+
+    // A certificate of a CA the agents do not trust: used for the calls after the reload,
+    // which the agent refuses.
+    let stranger = Ca::new("not the agents' CA").client("hugepage-agent-webhook");
+    rotate_client(&pki, &stranger.cert, &stranger.key);
+    webhook.wait_for(CLIENT_RELOADED, Duration::from_secs(10), |_| true);
+    let (kept, failed) = filter_one(&pki, &webhook, "n", ip);
+    assert!(kept.is_empty(), "{failed}");
+    assert!(
+        failed["n"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("agent at {ip}:{port}: "))),
+        "{failed}"
+    );
+
+    // Back to a certificate of the agents' CA: calls pass again, still without a restart.
+    rotate_client(&pki, &pki.client.cert, &pki.client.key);
+    let mut reloads = || webhook.lines_with(CLIENT_RELOADED).len();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reloads() < 2 {
+        assert!(Instant::now() < deadline, "no second reload");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(filter_one(&pki, &webhook, "n", ip).0, ["n"]);
+    let text = metrics(&pki, &webhook);
+    for (result, want) in [("reloaded", 2.0), ("rejected", 1.0)] {
+        let series = format!(
+            r#"hugepage_agent_webhook_tls_reloads_total{{files="agent_client",result="{result}"}}"#
+        );
+        assert_eq!(sample(&text, &series), Some(want), "{series} in\n{text}");
+    }
+}
+
+/// A client config trusting the webhook's CA and offering `alpn`.
+fn offering(pki: &Pki, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    let mut config = (*mtls::client_config(&[&pki.webhook], None, Versions::Any)).clone();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+/// A connection to the webhook offering `alpn`.
+fn connect(pki: &Pki, webhook: &Agent, alpn: &[&[u8]]) -> Https {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, webhook.port));
+    Https::connect(addr, offering(pki, alpn), WEBHOOK_NAME)
+}
+
+#[test]
+fn over_http2_the_webhook_answers_as_over_http_1_1_and_accepts_the_apiservers_timeout_query() {
+    let c = cluster();
+    let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
+    let mut h2 = connect(&c.pki, &webhook, &[b"h2", b"http/1.1"]);
+    assert_eq!(h2.alpn.as_deref(), Some(&b"h2"[..]), "HTTP/2 chosen");
+    let mut h1 = connect(&c.pki, &webhook, &[b"http/1.1"]);
+    assert_eq!(h1.alpn.as_deref(), Some(&b"http/1.1"[..]));
+    let body = args(pod(Some("2Gi")), &c.nodes).to_string();
+    for path in [
+        "/scheduler/filter?timeout=10s",
+        "/scheduler/prioritize?timeout=10s",
+    ] {
+        let (status, over_h2) = h2.request("POST", path, &[], &body);
+        assert_eq!(status, 200, "{path} over HTTP/2: {over_h2}");
+        let (status, over_h1) = h1.request("POST", path, &[], &body);
+        assert_eq!(status, 200, "{path} over HTTP/1.1: {over_h1}");
+        let (over_h2, over_h1): (Value, Value) = (
+            serde_json::from_str(&over_h2).expect("JSON"),
+            serde_json::from_str(&over_h1).expect("JSON"),
+        );
+        assert_eq!(over_h2, over_h1, "{path}");
+    }
+    let (_, filtered) = h2.request("POST", "/scheduler/filter?timeout=10s", &[], &body);
+    let filtered: Value = serde_json::from_str(&filtered).expect("JSON");
+    assert_eq!(names(&filtered), ["roomy", "exact", "down"], "{filtered}");
+    for client in [&mut h2, &mut h1] {
+        let (status, health) = client.request("GET", "/healthz", &[], "");
+        assert_eq!((status, health.as_str()), (200, r#"{"status":"ok"}"#));
+    }
+}
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+#[test]
+fn one_trace_spans_the_caller_the_webhook_and_the_agent_and_is_forwarded_without_export() {
+    let mut receiver = OtlpReceiver::start();
+    let endpoint = format!("http://127.0.0.1:{}", receiver.http);
+    let exporting = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ];
+    let pki = Pki::new();
+    let api = StandInApiServer::start();
+    let port = free_port();
+    let tree = host_tree(2048);
+    let ip = Ipv4Addr::new(127, 0, 0, 51);
+    let _agent = agent_with(&pki, tree.path(), ip, port, &exporting);
+    let named = [
+        exporting[0],
+        exporting[1],
+        ("OTEL_SERVICE_NAME", "hugepage-agent-webhook"),
+    ];
+    let traced = webhook_with(&pki, &api, port, "fail", "2s", &named);
+    let body = args(pod(Some("2Gi")), &[node("n", ip, "8Gi")]).to_string();
+    let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    let mut client = connect(&pki, &traced, &[b"h2", b"http/1.1"]);
+    let (status, answer) = client.request(
+        "POST",
+        "/scheduler/filter?timeout=5s",
+        &[("traceparent", &traceparent)],
+        &body,
+    );
+    assert_eq!(status, 200, "{answer}");
+
+    let wait = Duration::from_secs(20);
+    let in_trace =
+        |name: &'static str| move |s: &Value| s["name"] == name && s["trace_id"] == TRACE_ID;
+    let filter = receiver.wait_span(wait, in_trace("extender filter"));
+    assert_eq!(filter["parent_span_id"], CALLER_SPAN, "{filter:#}");
+    assert_eq!(filter["kind"], 2, "SPAN_KIND_SERVER: {filter:#}");
+    assert_eq!(
+        filter["resource"]["service.name"], "hugepage-agent-webhook",
+        "{filter:#}"
+    );
+    let call = receiver.wait_span(wait, in_trace("agent call"));
+    assert_eq!(call["parent_span_id"], filter["span_id"], "{call:#}");
+    assert_eq!(call["kind"], 3, "SPAN_KIND_CLIENT: {call:#}");
+    let a = &call["attributes"];
+    assert_eq!(a["server.address"], ip.to_string(), "{call:#}");
+    assert_eq!(a["hugepage.dry_run"], true, "{call:#}");
+    assert_eq!(a["admission.allowed"], true, "{call:#}");
+    let admission = receiver.wait_span(wait, in_trace("admission"));
+    assert_eq!(
+        admission["parent_span_id"], call["span_id"],
+        "{admission:#}"
+    );
+    assert_eq!(
+        admission["resource"]["service.name"], "hugepage-agent",
+        "{admission:#}"
+    );
+
+    // A webhook that exports nothing still forwards the caller's context: the agent's span is
+    // the caller's child.
+    let untraced = webhook(&pki, &api, port, "fail", "2s");
+    let (other_trace, other_caller) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let traceparent = format!("00-{other_trace}-{other_caller}-01");
+    let mut client = connect(&pki, &untraced, &[b"http/1.1"]);
+    let (status, answer) = client.request(
+        "POST",
+        "/scheduler/filter",
+        &[("traceparent", &traceparent)],
+        &body,
+    );
+    assert_eq!(status, 200, "{answer}");
+    let admission = receiver.wait_span(wait, |s| {
+        s["name"] == "admission" && s["trace_id"] == other_trace
+    });
+    assert_eq!(admission["parent_span_id"], other_caller, "{admission:#}");
+    receiver.collect(Duration::from_millis(500));
+    let exported: Vec<&Value> = receiver
+        .seen
+        .iter()
+        .filter(|s| {
+            s["trace_id"] == other_trace && s["resource"]["service.name"] != "hugepage-agent"
+        })
+        .collect();
+    assert!(
+        exported.is_empty(),
+        "the webhook exported nothing: {exported:#?}"
+    );
 }

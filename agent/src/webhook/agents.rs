@@ -1,61 +1,55 @@
-//! The client side of mTLS with the node agents (`--agent-ca-file`, `--agent-client-cert-file`,
-//! `--agent-client-key-file`) and the one call made to them: `POST /v1/admit` (`?dryRun=true`).
+//! The webhook's calls to the node agents, one function with the query as its parameter
+//! ([`Client::admit`]): `POST /v1/admit?dryRun=true` for the extender (and for admission
+//! requests that are dry runs), `POST /v1/admit`, which reserves, for the admission webhook.
 //!
-//! An agent is dialled at its node's `InternalIP` and verified by the CA and the fixed name
-//! [`SERVER_NAME`] that every agent's certificate carries (see [`crate::tls`]); the webhook
-//! presents its client certificate. Each call opens its own connection (HTTP/1.1); the files are
-//! read once, at start-up. The extender asks for dry runs; the admission webhook for the real
-//! admission, which reserves. An answer is read up to [`ANSWER_LIMIT`] bytes; anything but a
-//! 200 with the verdict's JSON is an error naming the agent's address.
+//! Connections are kept alive and reused, pooled by agent address (hyper's pool): at most
+//! [`IDLE_PER_AGENT`] idle ones per agent, each closed after [`IDLE_TIMEOUT`] unused; one that
+//! the agent closed or that failed is dropped, never handed out again (a request that had not
+//! started on a reused connection found closed is sent again on another). Connections are
+//! dialled by [`super::dial`] with the client config current at the time: when the client's
+//! files are reloaded ([`super::agent_tls`]), the next call starts a new pool, so that every call
+//! after a reload uses the new material, and the old pool's connections close.
+//!
+//! An answer is read up to [`ANSWER_LIMIT`] bytes; anything but a 200 with the verdict's JSON is
+//! an error naming the agent's address. Each call is a span carrying the trace onwards
+//! ([`super::trace`]).
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
+use arc_swap::ArcSwap;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{
     Request, StatusCode,
     body::Bytes,
     header::{CONTENT_TYPE, HOST},
 };
-use hyper_util::rt::TokioIo;
-use rustls::{ClientConfig, RootCertStore};
-use rustls_pki_types::{PrivateKeyDer, ServerName, pem::PemObject};
+use hyper_util::{
+    client::legacy,
+    rt::{TokioExecutor, TokioTimer},
+};
+use rustls::ClientConfig;
 use serde::Deserialize;
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
+use tracing::Instrument;
 
-use crate::tls::{SERVER_NAME, TlsError, certificates, provider};
+pub use super::agent_tls::ClientFiles;
+use super::{
+    dial::{DialError, Dialer},
+    trace,
+};
+use crate::tls::{Current, Reloader, SERVER_NAME, TlsError, TlsStats, watched};
 
 /// The most an agent's answer may be.
 pub const ANSWER_LIMIT: usize = 1 << 20;
+/// Idle connections kept per agent: a filter call asks each agent once, and calls overlap
+/// little.
+pub const IDLE_PER_AGENT: usize = 4;
+/// How long an idle connection is kept.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-const CA_FLAG: &str = "--agent-ca-file";
-const CERT_FLAG: &str = "--agent-client-cert-file";
-const KEY_FLAG: &str = "--agent-client-key-file";
-
-/// The client's files.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientFiles {
-    /// The CA the agents' server certificates chain to.
-    pub ca: PathBuf,
-    /// The webhook's client certificate (the leaf first) and its key.
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
+const ADMIT: &str = "/v1/admit";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    #[error("agent at {addr}: cannot connect: {source}")]
-    Connect {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("agent at {addr}: TLS handshake failed: {source}")]
-    Handshake {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("agent at {addr}: {detail}")]
     Http { addr: SocketAddr, detail: String },
     #[error("agent at {addr}: HTTP {status}: {detail}")]
@@ -93,10 +87,29 @@ pub struct CheckReply {
     pub available_bytes: u64,
 }
 
-/// Dials agents on `port` with the client certificate.
+/// The connections of one client config.
+struct Pool {
+    config: Arc<ClientConfig>,
+    http: legacy::Client<Dialer, Full<Bytes>>,
+}
+
+impl Pool {
+    fn new(config: Arc<ClientConfig>) -> Pool {
+        let http = legacy::Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(IDLE_PER_AGENT)
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .build(Dialer::new(config.clone()));
+        Pool { config, http }
+    }
+}
+
+/// Calls agents on `port` with the client certificate, over pooled connections.
 #[derive(Clone)]
 pub struct Client {
-    connector: TlsConnector,
+    /// The client config in use, swapped by the files' reloader.
+    config: Current<ClientConfig>,
+    pool: Arc<ArcSwap<Pool>>,
     port: u16,
 }
 
@@ -109,12 +122,16 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Reads the files and builds the client; errors name the flag and file at fault.
-    pub fn new(files: &ClientFiles, port: u16) -> Result<Client, TlsError> {
-        Ok(Client {
-            connector: TlsConnector::from(Arc::new(client_config(files)?)),
-            port,
-        })
+    /// Reads the files and builds the client, and the reloader that watches the files (reloads
+    /// and refusals counted in `stats`); errors name the flag and file at fault.
+    pub fn new(
+        files: &ClientFiles,
+        port: u16,
+        stats: Arc<TlsStats>,
+    ) -> Result<(Client, Reloader<ClientFiles>), TlsError> {
+        let (config, reloader) = watched(files.clone(), stats)?;
+        let pool = Arc::new(ArcSwap::from_pointee(Pool::new(config.load_full())));
+        Ok((Client { config, pool, port }, reloader))
     }
 
     /// The port agents listen on (`--agent-port`).
@@ -122,57 +139,77 @@ impl Client {
         self.port
     }
 
-    /// `POST /v1/admit` with `body` (a `v1.Pod`) to the agent at `addr`: a dry run (no
-    /// reservation) when `dry_run`, else the real admission, which reserves by the pod's UID.
+    /// `POST /v1/admit` with `body` (a `v1.Pod`) to the agent at `addr`: a dry run when
+    /// `dry_run` (`?dryRun=true`: verification and NUMA selection only), else the real
+    /// admission, which reserves a pod admitted by its UID.
     pub async fn admit(
         &self,
         addr: SocketAddr,
         body: Bytes,
         dry_run: bool,
     ) -> Result<Reply, CallError> {
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|source| CallError::Connect { addr, source })?;
-        let _ = tcp.set_nodelay(true);
-        let name = ServerName::try_from(SERVER_NAME).map_err(|e| CallError::Http {
-            addr,
-            detail: e.to_string(),
-        })?;
-        let tls = self
-            .connector
-            .connect(name, tcp)
-            .await
-            .map_err(|source| CallError::Handshake { addr, source })?;
-        let http = |e: hyper::Error| CallError::Http {
-            addr,
-            detail: e.to_string(),
-        };
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(http)?;
-        tokio::spawn(connection);
-        let path = if dry_run {
-            "/v1/admit?dryRun=true"
+        let span = trace::agent_call(addr, ADMIT, dry_run);
+        let result = self
+            .exchange(addr, body, dry_run, &span)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(reply) => {
+                span.record("admission.allowed", reply.allowed);
+            }
+            Err(e) => {
+                span.record("otel.status_code", "error");
+                span.record("error.message", e.to_string());
+            }
+        }
+        result
+    }
+
+    /// The pool of the client config in use (a new one after a reload).
+    fn pool(&self) -> Arc<Pool> {
+        let config = self.config.load_full();
+        let pool = self.pool.load_full();
+        if Arc::ptr_eq(&pool.config, &config) {
+            return pool;
+        }
+        let fresh = Arc::new(Pool::new(config));
+        let before = self.pool.compare_and_swap(&pool, fresh.clone());
+        if Arc::ptr_eq(&before, &pool) {
+            fresh
         } else {
-            "/v1/admit"
-        };
-        let request = Request::post(path)
+            // Another call started the new pool first.
+            self.pool.load_full()
+        }
+    }
+
+    /// The request, its answer, and the answer read.
+    async fn exchange(
+        &self,
+        addr: SocketAddr,
+        body: Bytes,
+        dry_run: bool,
+        span: &tracing::Span,
+    ) -> Result<Reply, CallError> {
+        let query = if dry_run { "?dryRun=true" } else { "" };
+        let http = |detail: String| CallError::Http { addr, detail };
+        let mut request = Request::post(format!("https://{addr}{ADMIT}{query}"))
             .header(HOST, SERVER_NAME)
             .header(CONTENT_TYPE, "application/json")
             .body(Full::new(body))
-            .map_err(|e| CallError::Http {
-                addr,
-                detail: e.to_string(),
-            })?;
-        let response = sender.send_request(request).await.map_err(http)?;
+            .map_err(|e| http(e.to_string()))?;
+        request.headers_mut().extend(trace::outgoing(span));
+        let response = self
+            .pool()
+            .http
+            .request(request)
+            .await
+            .map_err(|e| failed(addr, &e))?;
         let status = response.status();
+        span.record("http.response.status_code", status.as_u16());
         let bytes = Limited::new(response.into_body(), ANSWER_LIMIT)
             .collect()
             .await
-            .map_err(|e| CallError::Http {
-                addr,
-                detail: format!("reading the answer: {e}"),
-            })?
+            .map_err(|e| http(format!("reading the answer: {e}")))?
             .to_bytes();
         if status != StatusCode::OK {
             return Err(CallError::Status {
@@ -188,6 +225,29 @@ impl Client {
     }
 }
 
+/// A failed exchange: the dial's error when it is one, else hyper's causes on one line (its
+/// own message is only "client error (…)").
+fn failed(addr: SocketAddr, err: &legacy::Error) -> CallError {
+    let mut causes = Vec::new();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if let Some(dial) = cause.downcast_ref::<DialError>() {
+            return CallError::Http {
+                addr,
+                detail: dial.to_string(),
+            };
+        }
+        causes.push(cause.to_string());
+        source = cause.source();
+    }
+    let detail = if causes.is_empty() {
+        err.to_string()
+    } else {
+        causes.join(": ")
+    };
+    CallError::Http { addr, detail }
+}
+
 /// The `detail` of a problem document, else the body's start.
 fn problem_detail(body: &[u8]) -> String {
     serde_json::from_slice::<serde_json::Value>(body)
@@ -196,38 +256,5 @@ fn problem_detail(body: &[u8]) -> String {
         .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned())
 }
 
-/// The rustls client config: the agents' CA as the only trust anchor, TLS 1.3 and 1.2, the
-/// client certificate presented, HTTP/1.1.
-fn client_config(files: &ClientFiles) -> Result<ClientConfig, TlsError> {
-    let file = |flag: &'static str, path: &PathBuf, detail: String| TlsError::File {
-        flag,
-        path: path.clone(),
-        detail,
-    };
-    let read =
-        |flag, path: &PathBuf| std::fs::read(path).map_err(|e| file(flag, path, e.to_string()));
-    let mut roots = RootCertStore::empty();
-    for ca in certificates(CA_FLAG, &files.ca, &read(CA_FLAG, &files.ca)?)? {
-        roots.add(ca).map_err(|e| {
-            file(
-                CA_FLAG,
-                &files.ca,
-                format!("not a usable CA certificate: {e}"),
-            )
-        })?;
-    }
-    let chain = certificates(CERT_FLAG, &files.cert, &read(CERT_FLAG, &files.cert)?)?;
-    let key = PrivateKeyDer::from_pem_slice(&read(KEY_FLAG, &files.key)?)
-        .map_err(|e| file(KEY_FLAG, &files.key, format!("not a PEM private key: {e}")))?;
-    let mut config = ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| {
-            let detail = format!("not usable with {CERT_FLAG} {}: {e}", files.cert.display());
-            file(KEY_FLAG, &files.key, detail)
-        })?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
-}
+#[cfg(test)]
+mod tests;

@@ -2,7 +2,8 @@
 //! whole call (`--agent-timeout`). What an agent answered in time is its [`Heard::Answer`];
 //! a failed call, a node whose agent cannot be found, and an agent still silent at the deadline
 //! (its call is then abandoned) are [`Heard::Silent`] with the reason. Each call that completes
-//! is timed in the [`Metrics`].
+//! is timed in the [`Metrics`]. The calls run in the caller's span and trace context, so that
+//! each is a child of the scheduler's call ([`super::trace`]).
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -12,6 +13,7 @@ use tokio::{task::JoinSet, time::Instant};
 use super::{
     agents::{Client, Reply},
     metrics::Metrics,
+    trace,
 };
 
 /// What became of one agent's call.
@@ -38,11 +40,11 @@ pub async fn ask_all(
         match target {
             Ok(addr) => {
                 let (client, body, addr) = (client.clone(), body.clone(), *addr);
-                calls.spawn(async move {
+                calls.spawn(trace::carried(async move {
                     let started = Instant::now();
                     let result = client.admit(addr, body, true).await;
                     (i, result, started.elapsed())
-                });
+                }));
             }
             Err(why) => heard[i] = Some(Heard::Silent(why.clone())),
         }

@@ -1,19 +1,27 @@
 //! The webhook's own metrics, served at `GET /metrics` (Prometheus text, OpenMetrics when asked):
-//! calls by endpoint and result, admission requests by verdict, candidate nodes by how they were judged, the nodes
-//! kept (fail-open) or filtered out (fail-closed) because their agent did not answer, and the
+//! calls by endpoint and result, admission requests by verdict, candidate nodes by how they were
+//! judged, the Node cache's size and watch errors, the nodes kept (fail-open) or filtered out (fail-closed) because their agent did not answer, and the
 //! latency of the agent calls that completed (a call abandoned at the deadline is counted as a
-//! node without an answer, not timed). Every series exists from the start at zero; no label
-//! carries a pod or a node.
+//! node without an answer, not timed); the reloads of its TLS files, served and agent client
+//! ones; and the trace exporter's spans exported and dropped. Every series exists from the start
+//! at zero; no label carries a pod or a node.
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
 use super::FailurePolicy;
-use crate::telemetry::{
-    encode::{Encoder, Format, Kind},
-    metrics::Histogram,
+use crate::{
+    telemetry::{
+        encode::{Encoder, Format, Kind},
+        export::ExportStats,
+        metrics::Histogram,
+    },
+    tls::TlsStats,
 };
 
 /// From a connection on the same network to an agent that waits on nothing: milliseconds, up
@@ -87,10 +95,22 @@ pub struct Metrics {
     cached_nodes: AtomicU64,
     /// Failed list or watch calls of the Node cache.
     watch_errors: AtomicU64,
+    /// The served files' reloads (`--tls-cert-file`, `--tls-private-key-file`).
+    pub tls: Arc<TlsStats>,
+    /// The agent client files' reloads (`--agent-ca-file`, `--agent-client-*-file`).
+    pub agent_tls: Arc<TlsStats>,
+    traces: Arc<ExportStats>,
 }
 
 impl Default for Metrics {
     fn default() -> Metrics {
+        Metrics::new(Arc::default())
+    }
+}
+
+impl Metrics {
+    /// Counting from zero; `traces` are the trace exporter's counters.
+    pub fn new(traces: Arc<ExportStats>) -> Metrics {
         Metrics {
             calls: Default::default(),
             admissions: Default::default(),
@@ -100,11 +120,12 @@ impl Default for Metrics {
             agent_calls: Histogram::new(&AGENT_CALL_BUCKETS),
             cached_nodes: AtomicU64::new(0),
             watch_errors: AtomicU64::new(0),
+            tls: Arc::default(),
+            agent_tls: Arc::default(),
+            traces,
         }
     }
-}
 
-impl Metrics {
     /// A scheduler call answered (or failed with an `error`).
     pub fn call(&self, endpoint: Endpoint, answered: bool) {
         let e = endpoint as usize;
@@ -209,6 +230,18 @@ impl Metrics {
             "Failed list or watch calls of the Node cache, each retried with backoff (a 410 Gone is one, followed by a new list).",
         );
         e.sample(WATCH, &[], self.watch_errors.load(Ordering::Relaxed) as f64);
+        const RELOADS: &str = "hugepage_agent_webhook_tls_reloads_total";
+        e.family(RELOADS, Kind::Counter, "Changed TLS files, served or the agent client's: loaded (reloaded), or refused and the previous material kept (rejected).");
+        for (files, stats) in [("serving", &self.tls), ("agent_client", &self.agent_tls)] {
+            for (result, n) in [
+                ("reloaded", stats.reloads()),
+                ("rejected", stats.rejections()),
+            ] {
+                let labels = [("files", files), ("result", result)];
+                e.sample(RELOADS, &labels, n as f64);
+            }
+        }
+        self.traces.encode(&mut e);
         e.finish()
     }
 }

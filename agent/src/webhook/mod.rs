@@ -1,25 +1,31 @@
 //! `hugepage-agent webhook`: the cluster side. A kube-scheduler extender that asks the node
 //! agents before a node is chosen, and a validating admission webhook that has the chosen
-//! node's agent admit (and reserve) when the pod is bound. This module is the command's wiring: the HTTPS listener
+//! node's agent admit (and reserve) when the pod is bound. This module is the command's wiring:
+//! the HTTPS listener
 //! (`--listen`, `--tls-cert-file`, `--tls-private-key-file`, re-read on change by
-//! [`crate::tls`]'s reloader), the mTLS client of the agents ([`agents`]), the routes
-//! ([`routes`]), and the stop on SIGINT or SIGTERM.
+//! [`crate::tls`]'s reloader; HTTP/2 and HTTP/1.1), the mTLS client of the agents ([`agents`],
+//! over pooled connections ([`dial`]), its files re-read on change too ([`agent_tls`])), the
+//! routes ([`routes`], each call continuing the caller's trace ([`trace`])), and the stop on
+//! SIGINT or SIGTERM.
 //!
 //! What each part does: [`extender`] is the wire format of `k8s.io/kube-scheduler/extender/v1`;
 //! [`pod`] and [`node`] read what the webhook needs of the pod and of each `Node` (its first
 //! `InternalIP`, its allocatable hugepages); [`ask`] calls every candidate's agent at once under
-//! one deadline; [`admission`] judges a binding ([`review`] is its wire format); [`decide`] turns the agents' answers into the filter's and prioritize's
-//! answers, plain functions with no I/O; [`scheduler`] runs those steps for one call;
+//! one deadline; [`admission`] judges a binding ([`review`] is its wire format); [`decide`]
+//! turns the agents' answers into the filter's and prioritize's answers, plain functions with no
+//! I/O; [`scheduler`] runs those steps for one call;
 //! [`metrics`] counts them.
 //! The Kubernetes API is reached through [`kubeapi`] (`--kubeconfig`, else in-cluster); the Node
 //! cache ([`cache`]) starts with the command and `/readyz` answers 200 once it has synced.
 
 pub mod admission;
+pub mod agent_tls;
 pub mod agents;
 pub mod ask;
 pub mod cache;
 pub mod context;
 pub mod decide;
+pub mod dial;
 pub mod extender;
 pub mod kubeapi;
 pub mod metrics;
@@ -28,6 +34,7 @@ pub mod pod;
 pub mod review;
 pub mod routes;
 pub mod scheduler;
+pub mod trace;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -40,7 +47,8 @@ use tracing::{info, warn};
 
 use crate::{
     api::server::{Endpoint, Server, ServerError},
-    tls::{self, TlsError, TlsFiles, TlsStats},
+    telemetry::export::ExportStats,
+    tls::{self, Alpn, TlsError, TlsFiles},
 };
 
 /// The listener's threads: the work is waiting on agents, so two serve many calls at once.
@@ -85,19 +93,33 @@ pub enum WebhookError {
     Io(#[from] std::io::Error),
 }
 
-/// Runs the webhook on `listen` over TLS until SIGINT or SIGTERM.
-pub fn run(listen: SocketAddr, settings: &Settings) -> Result<(), WebhookError> {
+/// Runs the webhook on `listen` over TLS until SIGINT or SIGTERM; `/metrics` shows the trace
+/// exporter's `traces`.
+pub fn run(
+    listen: SocketAddr,
+    settings: &Settings,
+    traces: Arc<ExportStats>,
+) -> Result<(), WebhookError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(run_async(listen, settings))
+        .block_on(run_async(listen, settings, traces))
 }
 
-async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), WebhookError> {
+async fn run_async(
+    listen: SocketAddr,
+    settings: &Settings,
+    traces: Arc<ExportStats>,
+) -> Result<(), WebhookError> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let client = agents::Client::new(&settings.agent_tls, settings.agent_port)?;
-    let (server_tls, reloader) = tls::load(&settings.tls, Arc::new(TlsStats::default()))?;
+    let metrics = Arc::new(metrics::Metrics::new(traces));
+    let (client, client_reloader) = agents::Client::new(
+        &settings.agent_tls,
+        settings.agent_port,
+        metrics.agent_tls.clone(),
+    )?;
+    let (server_tls, reloader) = tls::load(&settings.tls, Alpn::H2Http1, metrics.tls.clone())?;
     let kube = kubeapi::client(settings.kubeconfig.as_deref()).await?;
     let endpoint = Endpoint {
         flag: "--listen",
@@ -106,7 +128,6 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
     let bound = Server::bind(endpoint, listen)?;
     let addr = bound.addr();
     let (stop, stopped) = watch::channel(false);
-    let metrics = Arc::default();
     let (nodes, node_watch) = cache::NodeCache::start(
         kube.clone(),
         settings.agent_port,
@@ -122,6 +143,7 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
         kube,
     };
     let watcher = tokio::spawn(reloader.watch(stopped.clone()));
+    let client_watcher = tokio::spawn(client_reloader.watch(stopped.clone()));
     let server = Server::start(
         bound,
         THREADS,
@@ -142,8 +164,10 @@ async fn run_async(listen: SocketAddr, settings: &Settings) -> Result<(), Webhoo
     };
     info!(signal, "shutting down");
     let _ = stop.send(true);
-    if let Err(err) = watcher.await {
-        warn!("the TLS file watcher failed: {err}");
+    for watcher in [watcher, client_watcher] {
+        if let Err(err) = watcher.await {
+            warn!("a TLS file watcher failed: {err}");
+        }
     }
     if let Err(err) = node_watch.await {
         warn!("the Node watch failed: {err}");

@@ -1,9 +1,11 @@
 //! The webhook's HTTP routes: `POST /scheduler/filter`, `POST /scheduler/prioritize`,
 //! `POST /admission/validate` (an `AdmissionReview` that cannot be read is a 400 naming why),
-//! `GET /metrics`, `GET /healthz`, `GET /readyz` (503 until the Node cache has synced). Handlers read the body and hand it to
-//! [`super::scheduler`], and count the call; a body that is not `ExtenderArgs` JSON is a 400
+//! `GET /metrics`, `GET /healthz`, `GET /readyz` (503 until the Node cache has synced). Handlers
+//! read the body and hand it to [`super::scheduler`] or [`super::admission`], and count the call; a body that is not `ExtenderArgs` JSON is a 400
 //! whose JSON names the problem in `error` (the field both extender answers use for a failed
-//! call).
+//! call). Each scheduler and admission call is a server span continuing the caller's trace
+//! ([`super::trace::continued`]). Query parameters are ignored (the kube-apiserver appends
+//! `?timeout=`).
 
 use axum::{
     Json, Router,
@@ -20,7 +22,7 @@ use super::{
     extender::ExtenderArgs,
     metrics::Endpoint,
     review::{self, AdmissionReview},
-    scheduler,
+    scheduler, trace,
 };
 use crate::telemetry::encode::Format;
 
@@ -51,7 +53,7 @@ fn refused(error: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response()
 }
 
-async fn filter(State(context): State<Context>, body: Bytes) -> Response {
+async fn filter(State(context): State<Context>, headers: HeaderMap, body: Bytes) -> Response {
     let args = match args(&body) {
         Ok(args) => args,
         Err(error) => {
@@ -59,16 +61,18 @@ async fn filter(State(context): State<Context>, body: Bytes) -> Response {
             return refused(error);
         }
     };
-    let result = scheduler::filter(&context, args).await;
+    let span = tracing::debug_span!("extender filter", otel.kind = "server");
+    let result = trace::continued(span, &headers, scheduler::filter(&context, args)).await;
     context
         .metrics
         .call(Endpoint::Filter, result.error.is_empty());
     Json(result).into_response()
 }
 
-async fn prioritize(State(context): State<Context>, body: Bytes) -> Response {
+async fn prioritize(State(context): State<Context>, headers: HeaderMap, body: Bytes) -> Response {
+    let span = tracing::debug_span!("extender prioritize", otel.kind = "server");
     let answer = match args(&body) {
-        Ok(args) => scheduler::prioritize(&context, args).await,
+        Ok(args) => trace::continued(span, &headers, scheduler::prioritize(&context, args)).await,
         Err(error) => Err(error),
     };
     context.metrics.call(Endpoint::Prioritize, answer.is_ok());
@@ -78,7 +82,7 @@ async fn prioritize(State(context): State<Context>, body: Bytes) -> Response {
     }
 }
 
-async fn validate(State(context): State<Context>, body: Bytes) -> Response {
+async fn validate(State(context): State<Context>, headers: HeaderMap, body: Bytes) -> Response {
     let review: AdmissionReview = match serde_json::from_slice(&body) {
         Ok(review) => review,
         Err(e) => {
@@ -107,7 +111,9 @@ async fn validate(State(context): State<Context>, body: Bytes) -> Response {
             return refused("the AdmissionReview has no request".to_owned());
         }
     };
-    let (response, verdict) = admission::validate(&context, request).await;
+    let span = tracing::debug_span!("admission validate", otel.kind = "server");
+    let (response, verdict) =
+        trace::continued(span, &headers, admission::validate(&context, request)).await;
     context.metrics.call(Endpoint::Validate, true);
     context.metrics.admission(verdict);
     Json(response.into_review()).into_response()

@@ -17,6 +17,9 @@ fn every_series_exists_at_zero_and_counts_what_happened() {
         "hugepage_agent_webhook_fail_open_total",
         "hugepage_agent_webhook_fail_closed_total",
         "hugepage_agent_webhook_agent_call_seconds_count",
+        r#"hugepage_agent_webhook_tls_reloads_total{files="agent_client",result="rejected"}"#,
+        r#"hugepage_agent_webhook_tls_reloads_total{files="serving",result="reloaded"}"#,
+        r#"hugepage_agent_trace_spans_dropped_total{reason="queue_full"}"#,
     ] {
         assert_eq!(sample(&before, series), Some(0.0), "{series} in\n{before}");
     }
