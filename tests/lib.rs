@@ -14,6 +14,7 @@ use std::{
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
 pub mod apiserver;
+pub mod cluster;
 mod flags;
 mod host_tree;
 pub mod https;

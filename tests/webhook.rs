@@ -16,13 +16,14 @@
 //! negotiated `h2` (`https.rs`), and its spans and the agent's in the real OTLP receiver.
 //!
 //! Every process and file belongs to one test and goes when it ends, however it ends (the
-//! processes are killed on drop, the trees are temporary directories).
+//! processes are killed on drop, the trees are temporary directories). The certificates, the
+//! agents, the webhook and the Node and pod JSON come from `cluster.rs`, which the extender
+//! benchmark shares.
 
 use std::{
     io::{Read, Write},
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     path::Path,
-    process::Command,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -33,170 +34,44 @@ use std::{
 use hugepage_agent_tests::{
     Agent, HugepagePool, HugetlbController, TestCgroup, Toucher, agent_bin,
     apiserver::StandInApiServer,
+    cluster::{
+        self, Pki, WEBHOOK_NAME, agent_command, args, connection, get, host_tree, host_tree_of,
+        node, pod, pod_as, start_agent, tree_agent_command,
+    },
     free_port, fresh_state_dir, host_lock,
     https::Https,
-    mtls::{self, Ca, Connection, Versions},
+    mtls::{self, Ca, Versions},
     peers::OtlpReceiver,
-    pod_cgroups, put, require_root, two_numa_nodes,
+    pod_cgroups, require_root,
 };
 use rustls::{ServerConfig, ServerConnection, StreamOwned};
-use rustls_pki_types::{PrivateKeyDer, ServerName, pem::PemObject};
+use rustls_pki_types::{PrivateKeyDer, pem::PemObject};
 use serde_json::{Value, json};
 
-/// The name the webhook's serving certificate carries (its Service's DNS name).
-const WEBHOOK_NAME: &str = "hugepage-agent-webhook.hugepage-agent.svc";
-const POD_UID: &str = "5d0c8ba2-3b1f-4f7a-9f35-6c1d2e3f4a5b";
-
-/// Certificates of one test, as files: the agents' CA with the agents' server certificate and
-/// the webhook's client certificate, and the webhook's CA with its serving certificate.
-struct Pki {
-    dir: tempfile::TempDir,
-    webhook: Ca,
-    /// The agents' server certificate, for a stand-in agent that answers garbage.
-    agent: mtls::Pair,
-    /// The webhook's client certificate, as first written.
-    client: mtls::Pair,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let dir = tempfile::tempdir().expect("a certificate directory");
-        let agents = Ca::new("hugepage-agent CA");
-        let webhook = Ca::new("webhook CA");
-        std::fs::write(dir.path().join("agents-ca.crt"), &agents.pem).expect("write the CA");
-        let agent = agents.server("agent");
-        agent.write(dir.path(), "agent");
-        let client = agents.client("hugepage-agent-webhook");
-        client.write(dir.path(), "client");
-        webhook
-            .server_named("webhook", WEBHOOK_NAME)
-            .write(dir.path(), "webhook");
-        Pki {
-            dir,
-            webhook,
-            agent,
-            client,
-        }
-    }
-
-    fn path(&self, file: &str) -> std::path::PathBuf {
-        self.dir.path().join(file)
-    }
-}
-
-/// A host tree of two NUMA nodes with 2048 2 MiB pages each (4 GiB), `free` of them free.
-fn host_tree(free: u64) -> tempfile::TempDir {
-    host_tree_of(2048, free)
-}
-
-/// A host tree of two NUMA nodes with `pages` 2 MiB pages each, `free` of them free.
-fn host_tree_of(pages: u64, free: u64) -> tempfile::TempDir {
-    let tree = tempfile::tempdir().expect("a host tree");
-    let root = tree.path();
-    two_numa_nodes(root, 16 << 20, pages, free);
-    let quiet = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n";
-    for resource in ["memory", "io", "cpu"] {
-        put(root, &format!("/proc/pressure/{resource}"), quiet);
-    }
-    tree
-}
-
-/// A node agent on `ip`:`port` over `tree`, TLS with client certificates of `pki`, the kubelet
-/// settings of a node that pins hugepages (single-numa-node, Memory Manager Static).
+/// A node agent on `ip`:`port` over `tree` (see [`cluster::tree_agent_command`]).
 fn agent(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16) -> Agent {
     agent_with(pki, tree, ip, port, &[])
 }
 
 /// [`agent`] with the `OTEL_*` variables of `env` (none other set).
 fn agent_with(pki: &Pki, tree: &Path, ip: Ipv4Addr, port: u16, env: &[(&str, &str)]) -> Agent {
-    let mut cmd = agent_command(pki, "single-numa-node", env);
-    cmd.arg("--host-root").arg(tree).args(["--ebpf", "off"]);
+    let cmd = tree_agent_command(&agent_bin(), pki, tree, env);
     start_agent(cmd, ip, port, |_| true)
 }
 
-/// `hugepage-agent run` with TLS requiring client certificates of `pki`, Memory Manager Static,
-/// the Topology Manager's `topology` policy and the `OTEL_*` variables of `env` (none other set).
-fn agent_command(pki: &Pki, topology: &str, env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(agent_bin());
-    cmd.arg("run")
-        .args(["--topology-policy", topology])
-        .args(["--memory-manager-policy", "Static"])
-        .arg("--tls-cert-file")
-        .arg(pki.path("agent.crt"))
-        .arg("--tls-private-key-file")
-        .arg(pki.path("agent.key"))
-        .arg("--client-ca-file")
-        .arg(pki.path("agents-ca.crt"));
-    otel(&mut cmd, env);
-    cmd
+/// The webhook calling agents on `port` under `policy` and `timeout` (see [`cluster::webhook`]).
+fn webhook(pki: &Pki, api: &StandInApiServer, port: u16, policy: &str, timeout: &str) -> Agent {
+    cluster::webhook(&agent_bin(), pki, api, port, policy, timeout, &[])
 }
 
-/// Starts `cmd` on `ip`:`port` and waits for its "agent running" line that `running` accepts.
-fn start_agent(cmd: Command, ip: Ipv4Addr, port: u16, running: impl Fn(&Value) -> bool) -> Agent {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    let mut agent = Agent::start_at(cmd, uid, SocketAddr::new(IpAddr::V4(ip), port));
-    agent.wait_for("agent running", Duration::from_secs(20), running);
-    agent
-}
-
-/// Sets `env` on `cmd`, and no other `OTEL_*` variable of the tests' environment.
-fn otel(cmd: &mut Command, env: &[(&str, &str)]) {
-    for (var, _) in std::env::vars_os().filter(|(v, _)| v.to_string_lossy().starts_with("OTEL_")) {
-        cmd.env_remove(var);
-    }
-    cmd.envs(env.iter().copied());
-}
-
-/// The webhook, on a free loopback port, calling agents on `agent_port`, its Node cache kept
-/// from `api`; started once it serves (its Node cache may not have synced yet).
-fn webhook(
-    pki: &Pki,
-    api: &StandInApiServer,
-    agent_port: u16,
-    policy: &str,
-    timeout: &str,
-) -> Agent {
-    webhook_with(pki, api, agent_port, policy, timeout, &[])
-}
-
-/// [`webhook`] with the `OTEL_*` variables of `env` (none other set).
-fn webhook_with(
-    pki: &Pki,
-    api: &StandInApiServer,
-    agent_port: u16,
-    policy: &str,
-    timeout: &str,
-    env: &[(&str, &str)],
-) -> Agent {
-    let mut cmd = Command::new(agent_bin());
-    cmd.arg("webhook")
-        .arg("--kubeconfig")
-        .arg(api.kubeconfig(pki.dir.path()))
-        .arg("--tls-cert-file")
-        .arg(pki.path("webhook.crt"))
-        .arg("--tls-private-key-file")
-        .arg(pki.path("webhook.key"))
-        .args(["--agent-port", &agent_port.to_string()])
-        .arg("--agent-ca-file")
-        .arg(pki.path("agents-ca.crt"))
-        .arg("--agent-client-cert-file")
-        .arg(pki.path("client.crt"))
-        .arg("--agent-client-key-file")
-        .arg(pki.path("client.key"))
-        .args(["--failure-policy", policy, "--agent-timeout", timeout]);
-    otel(&mut cmd, env);
-    let mut webhook = Agent::start(cmd);
-    webhook.wait_for("webhook running", Duration::from_secs(20), |_| true);
-    webhook
+/// Waits until the webhook's Node cache has synced.
+fn wait_ready(pki: &Pki, webhook: &Agent) {
+    cluster::wait_ready(pki, webhook, Duration::from_secs(20));
 }
 
 /// `POST path` with `body` to the webhook over HTTPS, verifying it by its CA and name.
 fn call(pki: &Pki, webhook: &Agent, path: &str, body: &Value) -> (u16, Value) {
-    let config = mtls::client_config(&[&pki.webhook], None, Versions::Any);
-    let name = ServerName::try_from(WEBHOOK_NAME).expect("a DNS name");
-    let mut connection = Connection::open_as(webhook.port, config, name).expect("connect");
-    let answer = connection
+    let answer = connection(pki, webhook.port)
         .request("POST", path, Some("application/json"), &body.to_string())
         .expect("an answer");
     let value = serde_json::from_str(&answer.body)
@@ -206,10 +81,7 @@ fn call(pki: &Pki, webhook: &Agent, path: &str, body: &Value) -> (u16, Value) {
 
 /// The webhook's `GET /metrics`, over HTTPS.
 fn metrics(pki: &Pki, webhook: &Agent) -> String {
-    let config = mtls::client_config(&[&pki.webhook], None, Versions::Any);
-    let name = ServerName::try_from(WEBHOOK_NAME).expect("a DNS name");
-    let mut connection = Connection::open_as(webhook.port, config, name).expect("connect");
-    let answer = connection
+    let answer = connection(pki, webhook.port)
         .request("GET", "/metrics", None, "")
         .expect("an answer");
     assert_eq!(answer.status, 200, "{}", answer.body);
@@ -220,64 +92,6 @@ fn metrics(pki: &Pki, webhook: &Agent) -> String {
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
-/// A pending pod as the API server stores it: `hugepages` of 2 MiB pages (none when `None`),
-/// Guaranteed.
-fn pod(hugepages: Option<&str>) -> Value {
-    pod_as("dpdk-0", POD_UID, hugepages)
-}
-
-/// [`pod`] with its own name and UID.
-fn pod_as(name: &str, uid: &str, hugepages: Option<&str>) -> Value {
-    let mut resources = json!({"cpu": "1", "memory": "1Gi"});
-    if let Some(h) = hugepages {
-        resources["hugepages-2Mi"] = json!(h);
-    }
-    json!({
-        "metadata": {
-            "name": name,
-            "namespace": "telco",
-            "uid": uid,
-            "resourceVersion": "4711",
-            "creationTimestamp": "2026-11-24T20:00:00Z",
-            "labels": {"app": "dpdk"}
-        },
-        "spec": {
-            "containers": [{
-                "name": "forwarder",
-                "image": "registry.example/dpdk:1.0",
-                "resources": {"limits": resources, "requests": resources},
-                "terminationMessagePath": "/dev/termination-log",
-                "imagePullPolicy": "IfNotPresent"
-            }],
-            "restartPolicy": "Always",
-            "schedulerName": "default-scheduler",
-            "priority": 0
-        },
-        "status": {"phase": "Pending", "qosClass": "Guaranteed"}
-    })
-}
-
-/// A Node whose first `InternalIP` is `ip`, with `hugepages` of 2 MiB pages allocatable.
-fn node(name: &str, ip: Ipv4Addr, hugepages: &str) -> Value {
-    json!({
-        "metadata": {"name": name, "uid": format!("uid-{name}"), "labels": {"kubernetes.io/hostname": name}},
-        "spec": {"podCIDR": "10.244.0.0/24"},
-        "status": {
-            "capacity": {"cpu": "2", "memory": "16Gi", "hugepages-2Mi": "8Gi", "hugepages-1Gi": "0", "pods": "110"},
-            "allocatable": {"cpu": "2", "memory": "15Gi", "hugepages-2Mi": hugepages, "hugepages-1Gi": "0", "pods": "110"},
-            "addresses": [
-                {"type": "Hostname", "address": name},
-                {"type": "InternalIP", "address": ip.to_string()}
-            ]
-        }
-    })
-}
-
-/// `ExtenderArgs` of the `nodes` form.
-fn args(pod: Value, nodes: &[Value]) -> Value {
-    json!({"pod": pod, "nodes": {"metadata": {}, "items": nodes}})
 }
 
 fn names(result: &Value) -> Vec<&str> {
@@ -697,27 +511,6 @@ fn the_nodenames_form_is_answered_from_the_node_cache_in_its_own_form_and_bad_bo
     );
 }
 
-/// `GET path` on the webhook over HTTPS: the status and the body as JSON.
-fn get(pki: &Pki, webhook: &Agent, path: &str) -> (u16, Value) {
-    let config = mtls::client_config(&[&pki.webhook], None, Versions::Any);
-    let name = ServerName::try_from(WEBHOOK_NAME).expect("a DNS name");
-    let mut connection = Connection::open_as(webhook.port, config, name).expect("connect");
-    let answer = connection
-        .request("GET", path, None, "")
-        .expect("an answer");
-    let value = serde_json::from_str(&answer.body).unwrap_or(Value::Null);
-    (answer.status, value)
-}
-
-/// Waits until the webhook's `/readyz` answers 200 (its Node cache synced).
-fn wait_ready(pki: &Pki, webhook: &Agent) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while get(pki, webhook, "/readyz").0 != 200 {
-        assert!(Instant::now() < deadline, "the webhook never became ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The filter's answer for `names` with a pod of 2 GiB of 2 MiB pages.
 fn filter_names(c: &Cluster, webhook: &Agent, names: &[&str]) -> Value {
     let by_name = json!({"pod": pod(Some("2Gi")), "nodenames": names});
@@ -968,7 +761,7 @@ fn story_2_across_three_nodes_filter_prioritize_bind_deny_and_admit_after_releas
     let wide = host_tree_of(32, 32);
     let mut agents = Vec::new();
     for (tree, last) in [(&busy, 31), (&wide, 32)] {
-        let mut cmd = agent_command(&pki, "best-effort", &[]);
+        let mut cmd = agent_command(&agent_bin(), &pki, "best-effort", &[]);
         cmd.arg("--host-root")
             .arg(tree.path())
             .args(["--ebpf", "off"]);
@@ -981,7 +774,7 @@ fn story_2_across_three_nodes_filter_prioritize_bind_deny_and_admit_after_releas
     );
     let _consumer = Toucher::run(TOUCHER, Some(&consumer_dir), 8, 0);
     let state = fresh_state_dir(0);
-    let mut cmd = agent_command(&pki, "best-effort", &[]);
+    let mut cmd = agent_command(&agent_bin(), &pki, "best-effort", &[]);
     cmd.args([
         "--ebpf",
         "on",
@@ -1203,11 +996,7 @@ fn a_serving_certificate_rotated_mid_run_reaches_new_connections_without_a_resta
     let c = cluster();
     let mut webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
     let port = webhook.port;
-    let open = |pki: &Pki| {
-        let config = mtls::client_config(&[&pki.webhook], None, Versions::Any);
-        let name = ServerName::try_from(WEBHOOK_NAME).expect("a DNS name");
-        Connection::open_as(port, config, name).expect("connect")
-    };
+    let open = |pki: &Pki| connection(pki, port);
     let before = open(&c.pki).server_certificate();
     // cert-manager renews the Secret: a new key and certificate, each file replaced whole.
     let renewed = c.pki.webhook.server_named("webhook renewed", WEBHOOK_NAME);
@@ -1479,7 +1268,7 @@ fn one_trace_spans_the_caller_the_webhook_and_the_agent_and_is_forwarded_without
         exporting[1],
         ("OTEL_SERVICE_NAME", "hugepage-agent-webhook"),
     ];
-    let traced = webhook_with(&pki, &api, port, "fail", "2s", &named);
+    let traced = cluster::webhook(&agent_bin(), &pki, &api, port, "fail", "2s", &named);
     let body = args(pod(Some("2Gi")), &[node("n", ip, "8Gi")]).to_string();
     let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
     let mut client = connect(&pki, &traced, &[b"h2", b"http/1.1"]);
