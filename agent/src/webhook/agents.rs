@@ -38,6 +38,10 @@ use super::{
 };
 use crate::tls::{Current, Reloader, SERVER_NAME, TlsError, TlsStats, watched};
 
+/// Each pooled connection's read buffer: a verdict is about a kilobyte, and a thousand
+/// connections with hyper's growing buffer (from 8 KiB up) hold megabytes for nothing.
+const READ_BUFFER: usize = 4096;
+
 /// The most an agent's answer may be.
 pub const ANSWER_LIMIT: usize = 1 << 20;
 /// Idle connections kept per agent: a filter call asks each agent once, and calls overlap
@@ -99,6 +103,7 @@ impl Pool {
             .pool_max_idle_per_host(IDLE_PER_AGENT)
             .pool_idle_timeout(IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
+            .http1_read_buf_exact_size(READ_BUFFER)
             .build(Dialer::new(config.clone()));
         Pool { config, http }
     }
