@@ -3,14 +3,30 @@
 //! oldest and the newest Kubernetes supported, the custom resources against their CRD schemas
 //! (`@kubernetes-models`, npm), the PrometheusRule equal to `dashboards/alerts.yaml` and passing
 //! promtool, the dashboard's ConfigMap the dashboard byte for byte, and the DaemonSet's least
-//! privilege and wiring (arguments, mounts, probes, ports, network policy) consistent. Nothing
-//! here changes the host; `tests/daemonset.rs` runs the agent under what these manifests declare.
+//! privilege and wiring (arguments, mounts, probes, ports, network policy) consistent. The
+//! webhook's component the same way: its Deployment's arguments read by the command's own parser
+//! and compared with the ValidatingWebhookConfiguration, the Service, the RBAC, the certificates
+//! and kube-scheduler's extender configuration (whose field names are checked against the
+//! upstream Go types), and the configuration's CEL matchConditions evaluated by CEL (PyPI's
+//! `cel-expr-python`, the CEL team's wrapper of its C++ implementation). Nothing here changes the
+//! host; `tests/daemonset.rs` runs the agent under what these manifests declare.
 
-use std::process::{Command, Stdio};
+use std::{
+    collections::BTreeSet,
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
 
+use clap::Parser;
+use hugepage_agent::{
+    config::{Cli, Command as AgentCommand, Config},
+    quantity::parse_bytes,
+    webhook::{FailurePolicy, Settings},
+};
 use hugepage_agent_tests::{
-    peers::{crd_models, kubernetes_validate, promtool, workspace},
-    rendered::{Rendered, Source, render},
+    peers::{crd_models, kubernetes_validate, promtool, validate_python, workspace},
+    rendered::{AgentPod, Rendered, Source, WEBHOOK, render, yaml_documents},
 };
 use serde_json::{Value, json};
 
@@ -19,7 +35,12 @@ use serde_json::{Value, json};
 const OLDEST: &str = "1.30.0";
 const NEWEST: &str = "1.37.0";
 /// Every optional component but the cgroup layouts, which replace the same paths.
-const COMPONENTS: [&str; 3] = ["prometheus-operator", "grafana-dashboard", "cert-manager"];
+const COMPONENTS: [&str; 4] = [
+    "prometheus-operator",
+    "grafana-dashboard",
+    "cert-manager",
+    "webhook",
+];
 /// The kinds kubernetes-validate has no schema for, checked against their CRDs instead.
 const CUSTOM_KINDS: [&str; 4] = ["PodMonitor", "PrometheusRule", "Issuer", "Certificate"];
 
@@ -53,6 +74,7 @@ fn every_rendering_validates_strictly_for_the_oldest_and_newest_kubernetes() {
         "hybrid-cgroup",
         "eks-kubelet-config",
         "gke-kubelet-config",
+        "webhook",
     ] {
         renderings.push((vec![one], render(&[one])));
     }
@@ -100,7 +122,7 @@ fn the_custom_resources_validate_against_their_crd_schemas() {
                 .is_some_and(|k| CUSTOM_KINDS.contains(&k))
         })
         .collect();
-    assert_eq!(custom.len(), 6, "{:?}", rendered.names());
+    assert_eq!(custom.len(), 8, "{:?}", rendered.names());
     let script = r#"
 import * as po from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1';
 import * as cm from '@kubernetes-models/cert-manager/cert-manager.io/v1';
@@ -137,7 +159,7 @@ for (const doc of JSON.parse(input)) {
     );
     assert_eq!(
         report.lines().filter(|l| l.starts_with("valid ")).count(),
-        6,
+        8,
         "{report}"
     );
     // And the models do refuse what does not fit (a type the CRD does not allow).
@@ -517,4 +539,802 @@ fn each_cgroup_layout_moves_both_pressure_files_and_nothing_else() {
             }
         }
     }
+}
+
+/// The webhook's Deployment arguments read by the command's own parser (`hugepage-agent
+/// webhook …` as the container runs it): the configuration and the webhook's settings.
+fn webhook_command(webhook: &AgentPod) -> (Config, Settings) {
+    let argv = std::iter::once("hugepage-agent").chain(webhook.args.iter().map(String::as_str));
+    let cli = Cli::try_parse_from(argv)
+        .unwrap_or_else(|e| panic!("the Deployment's arguments {:?}: {e}", webhook.args));
+    let config = Config::try_from(cli).unwrap_or_else(|e| panic!("{:?}: {e}", webhook.args));
+    let AgentCommand::Webhook(settings) = config.command.clone() else {
+        panic!("not the webhook: {:?}", webhook.args);
+    };
+    (config, settings)
+}
+
+/// The `failurePolicy` (ValidatingWebhookConfiguration) that says what `--failure-policy` says.
+fn admission_policy(policy: FailurePolicy) -> &'static str {
+    match policy {
+        FailurePolicy::Ignore => "Ignore",
+        FailurePolicy::Fail => "Fail",
+    }
+}
+
+/// Whether every `key: value` of a selector's `matchLabels` is among `labels`.
+fn selects(match_labels: &Value, labels: &Value) -> bool {
+    match_labels
+        .as_object()
+        .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| &labels[k] == v))
+}
+
+/// The Service port `port` of `service`, followed to the container port it targets.
+fn target_port(service: &Value, port: u64, pod: &AgentPod) -> u16 {
+    let entry = service["spec"]["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .find(|p| p["port"] == port)
+        .unwrap_or_else(|| panic!("no port {port} on {service}"));
+    match &entry["targetPort"] {
+        Value::String(name) => pod.port(name),
+        number => number
+            .as_u64()
+            .and_then(|n| u16::try_from(n).ok())
+            .expect("a targetPort"),
+    }
+}
+
+#[test]
+fn the_webhook_runs_two_unprivileged_replicas_on_different_nodes() {
+    let rendered = render(&["webhook"]);
+    let deployment = rendered.find("Deployment", WEBHOOK);
+    let webhook = rendered.webhook();
+    let agent = rendered.agent();
+    let pod = &webhook.pod;
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert!(selects(
+        &deployment["spec"]["selector"]["matchLabels"],
+        labels
+    ));
+    assert_eq!(labels["app.kubernetes.io/component"], "webhook");
+    assert_eq!(
+        deployment["metadata"]["namespace"],
+        agent_namespace(&rendered)
+    );
+
+    // The DaemonSet's image, running the webhook command.
+    assert_eq!(webhook.image, agent.image);
+    assert_eq!(webhook.args.first().map(String::as_str), Some("webhook"));
+
+    // No privilege: another user than the image's root, nothing added, nothing of the host.
+    let security = &webhook.container["securityContext"];
+    assert_ne!(webhook.run_as_user, 0);
+    assert_ne!(webhook.run_as_group, 0);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(security["runAsNonRoot"], true);
+    assert_eq!(security["privileged"], false);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(webhook.drop, ["ALL"]);
+    assert!(
+        webhook.capabilities.is_empty(),
+        "{:?}",
+        webhook.capabilities
+    );
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    for shared in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert!(pod[shared].is_null() || pod[shared] == false, "{shared}");
+    }
+    assert!(webhook.container["ports"][0]["hostPort"].is_null());
+    for mount in &webhook.mounts {
+        assert!(
+            matches!(mount.source, Source::Secret { .. }) && mount.read_only,
+            "{mount:?}"
+        );
+    }
+    // The Secrets' files are readable by the pod's group, not only by root.
+    let fs_group = pod["securityContext"]["fsGroup"].as_u64();
+    assert_eq!(fs_group, Some(u64::from(webhook.run_as_group)));
+
+    // Probes over HTTPS on the port --listen binds.
+    let (config, _) = webhook_command(&webhook);
+    assert_eq!(config.listen.port(), webhook.port("https"));
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &webhook.container[probe]["httpGet"];
+        assert_eq!(
+            (&get["scheme"], &get["path"], &get["port"]),
+            (&json!("HTTPS"), &json!(path), &json!("https")),
+            "{probe}"
+        );
+    }
+
+    // Room for the 50 MB RSS target, and no CPU limit to throttle the scheduler's calls.
+    let resources = &webhook.container["resources"];
+    let bytes = |q: &Value| parse_bytes(q.as_str().expect("a quantity")).expect("a quantity");
+    let request = bytes(&resources["requests"]["memory"]);
+    let limit = bytes(&resources["limits"]["memory"]);
+    assert!(request >= 50_000_000 && limit >= request, "{resources}");
+    assert!(resources["limits"]["cpu"].is_null(), "{resources}");
+    assert!(resources["requests"]["cpu"].is_string(), "{resources}");
+
+    // Spread over nodes, and one replica always left through voluntary disruptions.
+    let spread = pod["topologySpreadConstraints"]
+        .as_array()
+        .expect("topologySpreadConstraints");
+    let by_node = spread
+        .iter()
+        .find(|c| c["topologyKey"] == "kubernetes.io/hostname")
+        .expect("a spread over nodes");
+    assert_eq!(by_node["maxSkew"], 1);
+    assert_eq!(by_node["whenUnsatisfiable"], "DoNotSchedule");
+    assert!(selects(&by_node["labelSelector"]["matchLabels"], labels));
+    let budget = rendered.find("PodDisruptionBudget", WEBHOOK);
+    assert_eq!(budget["spec"]["minAvailable"], 1);
+    assert!(selects(&budget["spec"]["selector"]["matchLabels"], labels));
+    assert_eq!(
+        budget["metadata"]["namespace"],
+        deployment["metadata"]["namespace"]
+    );
+    // Only the webhook's pods: the agent's are not counted in the budget.
+    let agent_labels =
+        &rendered.find("DaemonSet", "hugepage-agent")["spec"]["template"]["metadata"]["labels"];
+    assert!(!selects(
+        &budget["spec"]["selector"]["matchLabels"],
+        agent_labels
+    ));
+
+    // The agent's NetworkPolicy lets these pods reach the agents' API.
+    let policy = rendered.find("NetworkPolicy", "hugepage-agent");
+    assert_eq!(
+        policy["metadata"]["namespace"],
+        deployment["metadata"]["namespace"]
+    );
+    let api_rule = &policy["spec"]["ingress"][0];
+    assert_eq!(api_rule["ports"][0]["port"], "api");
+    assert!(selects(
+        &api_rule["from"][0]["podSelector"]["matchLabels"],
+        labels
+    ));
+}
+
+/// The namespace the base puts everything in.
+fn agent_namespace(rendered: &Rendered) -> String {
+    let namespaces = rendered.all("Namespace");
+    assert_eq!(namespaces.len(), 1, "{:?}", rendered.names());
+    namespaces[0]["metadata"]["name"]
+        .as_str()
+        .expect("a name")
+        .to_owned()
+}
+
+#[test]
+fn the_webhook_may_get_pods_and_read_nodes_and_nothing_else() {
+    let rendered = render(&["webhook"]);
+    let role = rendered.find("ClusterRole", WEBHOOK);
+    let mut granted = BTreeSet::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        assert!(rule["resourceNames"].is_null() && rule["nonResourceURLs"].is_null());
+        for group in rule["apiGroups"].as_array().expect("apiGroups") {
+            for resource in rule["resources"].as_array().expect("resources") {
+                for verb in rule["verbs"].as_array().expect("verbs") {
+                    let text = |v: &Value| v.as_str().expect("a string").to_owned();
+                    granted.insert((text(group), text(resource), text(verb)));
+                }
+            }
+        }
+    }
+    let wanted: BTreeSet<(String, String, String)> = [
+        ("", "pods", "get"),
+        ("", "nodes", "get"),
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+    ]
+    .iter()
+    .map(|(g, r, v)| ((*g).to_owned(), (*r).to_owned(), (*v).to_owned()))
+    .collect();
+    assert_eq!(granted, wanted);
+
+    // Bound to the account the Deployment runs as, which mounts its token (the webhook calls
+    // the API); the agent's account stays without any role.
+    let deployment = rendered.find("Deployment", WEBHOOK);
+    let pod = &deployment["spec"]["template"]["spec"];
+    let account = pod["serviceAccountName"].as_str().expect("an account");
+    let namespace = deployment["metadata"]["namespace"].clone();
+    let binding = rendered.find("ClusterRoleBinding", WEBHOOK);
+    assert_eq!(
+        binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": WEBHOOK})
+    );
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": account, "namespace": namespace}])
+    );
+    let sa = rendered.find("ServiceAccount", account);
+    assert_eq!(sa["metadata"]["namespace"], namespace);
+    assert_ne!(sa["automountServiceAccountToken"], false);
+    assert_ne!(pod["automountServiceAccountToken"], false);
+    let rbac: Vec<&Value> = ["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]
+        .iter()
+        .flat_map(|kind| rendered.all(kind))
+        .collect();
+    assert_eq!(rbac.len(), 2, "{:?}", rendered.names());
+}
+
+#[test]
+fn the_webhook_configuration_agrees_with_the_command_the_service_and_the_namespaces() {
+    let rendered = render(&["webhook"]);
+    let webhook = rendered.webhook();
+    let (config, settings) = webhook_command(&webhook);
+    let namespace = agent_namespace(&rendered);
+    let service = rendered.find("Service", WEBHOOK);
+    assert_eq!(service["metadata"]["namespace"], namespace.as_str());
+    let labels = &rendered.find("Deployment", WEBHOOK)["spec"]["template"]["metadata"]["labels"];
+    assert!(selects(&service["spec"]["selector"], labels));
+
+    // The apiserver presents no client certificate to webhooks: the webhook must not ask one.
+    assert_eq!(
+        config.tls.as_ref().map(|t| t.client_ca.is_some()),
+        Some(false)
+    );
+    // The agents' port is the DaemonSet's hostPort.
+    let agent = rendered.agent();
+    let api = agent.container["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .find(|p| p["name"] == "api")
+        .expect("the agent's api port");
+    assert_eq!(api["hostPort"], settings.agent_port);
+
+    let configuration = rendered.find("ValidatingWebhookConfiguration", "hugepage-agent");
+    let webhooks = configuration["webhooks"].as_array().expect("webhooks");
+    let mut resources = Vec::new();
+    for hook in webhooks {
+        let name = hook["name"].as_str().expect("a name");
+        assert_eq!(
+            hook["failurePolicy"],
+            admission_policy(settings.failure_policy),
+            "{name}: failurePolicy as --failure-policy"
+        );
+        let timeout = hook["timeoutSeconds"].as_u64().expect("timeoutSeconds");
+        assert!(
+            Duration::from_secs(timeout) > settings.agent_timeout && timeout <= 30,
+            "{name}: timeoutSeconds {timeout} against --agent-timeout {:?}",
+            settings.agent_timeout
+        );
+        assert_eq!(hook["sideEffects"], "NoneOnDryRun", "{name}");
+        assert_eq!(hook["admissionReviewVersions"], json!(["v1"]), "{name}");
+        let client = &hook["clientConfig"];
+        assert!(client["url"].is_null(), "{name}");
+        let to = &client["service"];
+        assert_eq!(
+            (&to["name"], &to["namespace"], &to["path"]),
+            (
+                &json!(WEBHOOK),
+                &json!(namespace),
+                &json!("/admission/validate")
+            ),
+            "{name}"
+        );
+        let port = to["port"].as_u64().expect("a service port");
+        assert_eq!(
+            target_port(service, port, &webhook),
+            config.listen.port(),
+            "{name}: the Service port leads to --listen"
+        );
+        // kube-system and the product's own namespace are left alone.
+        let expressions = hook["namespaceSelector"]["matchExpressions"]
+            .as_array()
+            .expect("matchExpressions");
+        assert!(hook["namespaceSelector"]["matchLabels"].is_null());
+        let excluded = expressions
+            .iter()
+            .find(|e| e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "NotIn")
+            .expect("a NotIn on the namespace's name");
+        for left_alone in ["kube-system", namespace.as_str()] {
+            assert!(
+                excluded["values"]
+                    .as_array()
+                    .is_some_and(|v| v.contains(&json!(left_alone))),
+                "{name}: {left_alone}"
+            );
+        }
+        let rules = hook["rules"].as_array().expect("rules");
+        assert_eq!(rules.len(), 1, "{name}");
+        let rule = &rules[0];
+        assert_eq!(
+            (
+                &rule["apiGroups"],
+                &rule["apiVersions"],
+                &rule["operations"]
+            ),
+            (&json!([""]), &json!(["v1"]), &json!(["CREATE"])),
+            "{name}"
+        );
+        let resource = rule["resources"][0].as_str().expect("a resource");
+        assert_eq!(rule["resources"].as_array().map(Vec::len), Some(1));
+        // A Binding carries no pod spec: nothing to match it on, every binding is sent.
+        assert_eq!(
+            hook["matchConditions"].is_null(),
+            resource == "pods/binding",
+            "{name}"
+        );
+        resources.push(resource);
+    }
+    resources.sort_unstable();
+    assert_eq!(resources, ["pods", "pods/binding"]);
+}
+
+#[test]
+fn cert_manager_issues_the_webhooks_certificates_from_the_agents_ca() {
+    let rendered = render(&["webhook", "cert-manager"]);
+    let webhook = rendered.webhook();
+    let (_, settings) = webhook_command(&webhook);
+    let namespace = agent_namespace(&rendered);
+    // The Secret a flag's file is in, and the file's name in it.
+    let secret_of = |file: &Path| -> (String, String) {
+        let dir = file.parent().and_then(Path::to_str).expect("a directory");
+        let mount = webhook.mount(dir);
+        let Source::Secret { name } = &mount.source else {
+            panic!("{} is not from a Secret", file.display());
+        };
+        let key = file.file_name().and_then(|f| f.to_str()).expect("a name");
+        (name.clone(), key.to_owned())
+    };
+    let certificate_for = |secret: &str| -> &Value {
+        let found: Vec<&Value> = rendered
+            .all("Certificate")
+            .into_iter()
+            .filter(|c| c["spec"]["secretName"] == secret)
+            .collect();
+        assert_eq!(found.len(), 1, "a Certificate writing {secret}");
+        found[0]
+    };
+    let usages = |certificate: &Value| -> Vec<String> {
+        certificate["spec"]["usages"]
+            .as_array()
+            .expect("usages")
+            .iter()
+            .map(|u| u.as_str().expect("a usage").to_owned())
+            .collect()
+    };
+
+    // Every Secret the Deployment mounts is a certificate cert-manager writes.
+    for mount in &webhook.mounts {
+        if let Source::Secret { name } = &mount.source {
+            certificate_for(name);
+        }
+    }
+
+    // Serving: the files of one Secret, for the Service's name, as cert-manager names them.
+    let tls = secret_of(&settings.tls.cert);
+    let key = secret_of(&settings.tls.key);
+    assert_eq!((tls.1.as_str(), key.1.as_str()), ("tls.crt", "tls.key"));
+    assert_eq!(tls.0, key.0);
+    let serving = certificate_for(&tls.0);
+    let service_name = format!("{WEBHOOK}.{namespace}.svc");
+    assert!(
+        serving["spec"]["dnsNames"]
+            .as_array()
+            .is_some_and(|n| n.contains(&json!(service_name))),
+        "{serving}"
+    );
+    assert!(usages(serving).contains(&"server auth".to_owned()));
+    assert!(!usages(serving).contains(&"client auth".to_owned()));
+    // The caBundle cert-manager injects is this certificate's CA.
+    let configuration = rendered.find("ValidatingWebhookConfiguration", "hugepage-agent");
+    assert_eq!(
+        configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!(
+            "{}/{}",
+            serving["metadata"]["namespace"]
+                .as_str()
+                .expect("namespace"),
+            serving["metadata"]["name"].as_str().expect("name")
+        )
+    );
+
+    // Client: one Secret, client auth only, from the Issuer of the agent's certificate, whose
+    // ca.crt (in both Secrets) the agent requires of clients and the webhook verifies agents by.
+    let client = secret_of(&settings.agent_tls.cert);
+    let client_key = secret_of(&settings.agent_tls.key);
+    let ca = secret_of(&settings.agent_tls.ca);
+    assert_eq!(
+        (client.1.as_str(), client_key.1.as_str(), ca.1.as_str()),
+        ("tls.crt", "tls.key", "ca.crt")
+    );
+    assert!(client.0 == client_key.0 && client.0 == ca.0);
+    assert_ne!(
+        client.0, tls.0,
+        "the serving and client certificates are two"
+    );
+    let client = certificate_for(&client.0);
+    assert!(usages(client).contains(&"client auth".to_owned()));
+    assert!(!usages(client).contains(&"server auth".to_owned()));
+    let agent = rendered.agent();
+    let agent_tls = agent.mount("/etc/hugepage-agent/tls");
+    let Source::Secret { name: agent_secret } = &agent_tls.source else {
+        panic!("the agent's TLS is not a Secret");
+    };
+    assert_eq!(
+        agent.arg("--client-ca-file"),
+        Some(format!("{}/ca.crt", agent_tls.path).as_str())
+    );
+    let agents_certificate = certificate_for(agent_secret);
+    assert_eq!(
+        client["spec"]["issuerRef"], agents_certificate["spec"]["issuerRef"],
+        "the agents' CA signs the webhook's client certificate"
+    );
+    let issuer = rendered.find(
+        "Issuer",
+        client["spec"]["issuerRef"]["name"]
+            .as_str()
+            .expect("an issuer"),
+    );
+    assert!(issuer["spec"]["ca"]["secretName"].is_string(), "{issuer}");
+}
+
+/// The CEL environment of admission matchConditions as kube-apiserver declares it
+/// (k8s.io/apiserver/pkg/admission/plugin/cel/compile.go: `object` and `oldObject` are dynamic),
+/// evaluating each expression on each object: per expression `{"results": [true | false |
+/// {"error": …}]}`, or `{"compileError": …}`.
+const CEL: &str = r#"
+import json, sys
+from cel_expr_python import cel
+spec = json.load(sys.stdin)
+env = cel.NewEnv(variables={
+    "object": cel.Type.DYN, "oldObject": cel.Type.DYN, "request": cel.Type.DYN})
+out = []
+for expression in spec["expressions"]:
+    try:
+        compiled = env.compile(expression)
+    except Exception as e:
+        out.append({"compileError": str(e)})
+        continue
+    results = []
+    for obj in spec["objects"]:
+        try:
+            value = compiled.eval(data={
+                "object": obj, "oldObject": None, "request": {"operation": "CREATE"}}).value()
+        except Exception as e:
+            results.append({"error": str(e)})
+            continue
+        results.append(value if isinstance(value, bool) else {"error": repr(value)})
+    out.append({"results": results})
+json.dump(out, sys.stdout)
+"#;
+
+/// Each expression evaluated on each object by CEL.
+fn cel(expressions: &[&str], objects: &[Value]) -> Vec<Value> {
+    let mut child = Command::new(validate_python())
+        .args(["-c", CEL])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the validator venv's Python (cargo xtask setup installs cel-expr-python)");
+    std::io::Write::write_all(
+        &mut child.stdin.take().expect("stdin"),
+        json!({"expressions": expressions, "objects": objects})
+            .to_string()
+            .as_bytes(),
+    )
+    .expect("send the expressions");
+    let out = child.wait_with_output().expect("CEL's answer");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Vec<Value>>(&out.stdout).expect("JSON from the CEL script")
+}
+
+/// A pod as the API server hands it to admission (defaults applied: every container has
+/// `resources`, possibly empty), with `containers` and optional `initContainers` resources.
+fn pod(node: Option<&str>, containers: &[&Value], init: &[&Value]) -> Value {
+    let container = |(i, resources): (usize, &&Value)| json!({"name": format!("c{i}"), "image": "app", "resources": resources});
+    let mut pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default", "labels": {"app": "p"}},
+        "spec": {
+            "containers": containers.iter().enumerate().map(container).collect::<Vec<_>>(),
+            "restartPolicy": "Always",
+            "schedulerName": "default-scheduler",
+        },
+    });
+    if let Some(node) = node {
+        pod["spec"]["nodeName"] = json!(node);
+    }
+    if !init.is_empty() {
+        pod["spec"]["initContainers"] = init.iter().enumerate().map(container).collect();
+    }
+    pod
+}
+
+#[test]
+fn the_match_conditions_send_only_pods_on_a_node_with_hugepages_and_never_fail() {
+    let rendered = render(&["webhook"]);
+    let configuration = rendered.find("ValidatingWebhookConfiguration", "hugepage-agent");
+    let pods_hook = configuration["webhooks"]
+        .as_array()
+        .expect("webhooks")
+        .iter()
+        .find(|h| h["rules"][0]["resources"] == json!(["pods"]))
+        .expect("the pods webhook");
+    let conditions: Vec<&str> = pods_hook["matchConditions"]
+        .as_array()
+        .expect("matchConditions")
+        .iter()
+        .map(|c| c["expression"].as_str().expect("an expression"))
+        .collect();
+    assert!(!conditions.is_empty() && conditions.len() <= 64);
+
+    let huge = json!({"requests": {"hugepages-2Mi": "2Gi", "memory": "1Gi", "cpu": "1"},
+                      "limits": {"hugepages-2Mi": "2Gi", "memory": "1Gi", "cpu": "1"}});
+    let plain = json!({"requests": {"memory": "1Gi", "cpu": "1"}, "limits": {"memory": "1Gi"}});
+    let limits_only = json!({"limits": {"hugepages-1Gi": "2Gi", "memory": "1Gi"}});
+    let extended = json!({"limits": {"example.com/hugepages-2Mi": "1"}});
+    let empty = json!({});
+    let mut mirror = pod(Some("node-1"), &[&huge], &[]);
+    mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "abc"});
+    let mut annotated = pod(Some("node-1"), &[&huge], &[]);
+    annotated["metadata"]["annotations"] = json!({"example.com/team": "dpdk"});
+    let mut no_resources_key = pod(Some("node-1"), &[&empty], &[]);
+    if let Some(c) = no_resources_key["spec"]["containers"][0].as_object_mut() {
+        c.remove("resources");
+    }
+    let mut pod_level = pod(Some("node-1"), &[&plain], &[]);
+    pod_level["spec"]["resources"] = json!({"limits": {"hugepages-2Mi": "1Gi", "memory": "2Gi"}});
+    let cases: Vec<(&str, Value, bool)> = vec![
+        (
+            "hugepages, node named",
+            pod(Some("node-1"), &[&huge], &[]),
+            true,
+        ),
+        (
+            "hugepages in limits only",
+            pod(Some("node-1"), &[&limits_only], &[]),
+            true,
+        ),
+        (
+            "hugepages in an init container only",
+            pod(Some("node-1"), &[&empty], &[&huge]),
+            true,
+        ),
+        (
+            "hugepages in the second container",
+            pod(Some("node-1"), &[&plain, &huge], &[]),
+            true,
+        ),
+        ("hugepages at pod level", pod_level, true),
+        ("annotated, not a mirror", annotated, true),
+        ("no hugepages", pod(Some("node-1"), &[&plain], &[]), false),
+        (
+            "empty resources",
+            pod(Some("node-1"), &[&empty], &[]),
+            false,
+        ),
+        ("no resources key", no_resources_key, false),
+        (
+            "an extended resource",
+            pod(Some("node-1"), &[&extended], &[]),
+            false,
+        ),
+        ("hugepages, not yet bound", pod(None, &[&huge], &[]), false),
+        (
+            "hugepages, empty nodeName",
+            pod(Some(""), &[&huge], &[]),
+            false,
+        ),
+        ("a mirror pod", mirror, false),
+    ];
+    let objects: Vec<Value> = cases.iter().map(|(_, object, _)| object.clone()).collect();
+    let answers = cel(&conditions, &objects);
+    assert_eq!(answers.len(), conditions.len());
+    for (i, (case, _, sent)) in cases.iter().enumerate() {
+        let mut all = true;
+        for (answer, condition) in answers.iter().zip(&conditions) {
+            let result = &answer["results"][i];
+            // An error would follow failurePolicy instead of matching: none may occur.
+            let value = result
+                .as_bool()
+                .unwrap_or_else(|| panic!("{case}: {condition}: {answer}"));
+            all &= value;
+        }
+        assert_eq!(all, *sent, "{case}");
+    }
+
+    // The evaluator does report what would fail in the API server: a compile error, and an
+    // unguarded field that a pod lacks.
+    let checks = cel(
+        &[
+            "object.spec.containers.exists(c, ",
+            "object.spec.initContainers.size() > 0",
+        ],
+        &[pod(Some("node-1"), &[&huge], &[])],
+    );
+    assert!(checks[0]["compileError"].is_string(), "{}", checks[0]);
+    assert!(
+        checks[1]["results"][0]["error"].is_string(),
+        "{}",
+        checks[1]
+    );
+}
+
+/// The JSON tags of kube-scheduler's configuration types, as read in kubernetes/kubernetes
+/// `staging/src/k8s.io/kube-scheduler/config/v1/types.go` (commit 08ced910cf7f): `Extender`,
+/// `ExtenderTLSConfig`, and `KubeSchedulerConfiguration` with its `metav1.TypeMeta` and inlined
+/// `DebuggingConfiguration`, and `ClientConnectionConfiguration` from
+/// `staging/src/k8s.io/component-base/config/v1alpha1/types.go` (commit 01e8d0dd52a8).
+/// kube-scheduler decodes its file strictly: an unknown or misspelled field stops it.
+const EXTENDER_FIELDS: [&str; 12] = [
+    "urlPrefix",
+    "filterVerb",
+    "preemptVerb",
+    "prioritizeVerb",
+    "weight",
+    "bindVerb",
+    "enableHTTPS",
+    "tlsConfig",
+    "httpTimeout",
+    "nodeCacheCapable",
+    "managedResources",
+    "ignorable",
+];
+const EXTENDER_TLS_FIELDS: [&str; 8] = [
+    "insecure",
+    "serverName",
+    "certFile",
+    "keyFile",
+    "caFile",
+    "certData",
+    "keyData",
+    "caData",
+];
+const CONFIGURATION_FIELDS: [&str; 14] = [
+    "apiVersion",
+    "kind",
+    "parallelism",
+    "leaderElection",
+    "clientConnection",
+    "enableProfiling",
+    "enableContentionProfiling",
+    "percentageOfNodesToScore",
+    "percentageOfPlacementsToScore",
+    "podInitialBackoffSeconds",
+    "podMaxBackoffSeconds",
+    "profiles",
+    "extenders",
+    "delayCacheUntilActive",
+];
+const CLIENT_CONNECTION_FIELDS: [&str; 5] = [
+    "kubeconfig",
+    "acceptContentTypes",
+    "contentType",
+    "qps",
+    "burst",
+];
+
+/// The keys of a JSON object that are not among `known`.
+fn unknown_fields(object: &Value, known: &[&str]) -> Vec<String> {
+    object
+        .as_object()
+        .expect("an object")
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn the_scheduler_extender_configuration_has_the_go_types_fields_and_agrees_with_the_webhook() {
+    let path = workspace().join("deploy/components/webhook/scheduler-extender.yaml");
+    let text = std::fs::read_to_string(&path).expect("the extender configuration");
+    let documents = yaml_documents(&text);
+    assert_eq!(documents.len(), 1, "{}", path.display());
+    let configuration = &documents[0];
+    assert_eq!(
+        configuration["apiVersion"],
+        "kubescheduler.config.k8s.io/v1"
+    );
+    assert_eq!(configuration["kind"], "KubeSchedulerConfiguration");
+    assert_eq!(
+        unknown_fields(configuration, &CONFIGURATION_FIELDS),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        unknown_fields(
+            &configuration["clientConnection"],
+            &CLIENT_CONNECTION_FIELDS
+        ),
+        Vec::<String>::new()
+    );
+    let extenders = configuration["extenders"].as_array().expect("extenders");
+    assert_eq!(extenders.len(), 1);
+    let extender = &extenders[0];
+    assert_eq!(
+        unknown_fields(extender, &EXTENDER_FIELDS),
+        Vec::<String>::new()
+    );
+    let tls = &extender["tlsConfig"];
+    assert_eq!(
+        unknown_fields(tls, &EXTENDER_TLS_FIELDS),
+        Vec::<String>::new()
+    );
+    // The checks are real: a field of another type is reported.
+    assert_eq!(
+        unknown_fields(&json!({"urlPrefix": "x", "caFile": "y"}), &EXTENDER_FIELDS),
+        ["caFile"]
+    );
+
+    let rendered = render(&["webhook", "cert-manager"]);
+    let webhook = rendered.webhook();
+    let (config, settings) = webhook_command(&webhook);
+    let namespace = agent_namespace(&rendered);
+    let service = rendered.find("Service", WEBHOOK);
+
+    // The Service, over HTTPS, by the name on the serving certificate.
+    let url = extender["urlPrefix"].as_str().expect("urlPrefix");
+    let host_port = url.strip_prefix("https://").expect("an https URL");
+    let (host, port) = host_port
+        .trim_end_matches('/')
+        .rsplit_once(':')
+        .expect("host:port");
+    let service_name = format!("{WEBHOOK}.{namespace}.svc");
+    assert_eq!(host, service_name);
+    let port: u64 = port.parse().expect("a port");
+    assert_eq!(target_port(service, port, &webhook), config.listen.port());
+    assert_eq!(extender["enableHTTPS"], true);
+    assert_eq!(tls["serverName"], service_name.as_str());
+    assert!(tls["caFile"].as_str().is_some_and(|f| f.starts_with('/')));
+    assert!(tls["insecure"].is_null() || tls["insecure"] == false);
+    let serving = rendered
+        .all("Certificate")
+        .into_iter()
+        .find(|c| {
+            let dir = settings.tls.cert.parent().and_then(Path::to_str);
+            dir.is_some_and(|d| {
+                webhook.mount(d).source
+                    == Source::Secret {
+                        name: c["spec"]["secretName"].as_str().unwrap_or("").to_owned(),
+                    }
+            })
+        })
+        .expect("the serving certificate");
+    assert!(
+        serving["spec"]["dnsNames"]
+            .as_array()
+            .is_some_and(|n| n.contains(&json!(service_name))),
+        "{serving}"
+    );
+
+    // The webhook's routes; node names only (kubernetes issue #141781 is why).
+    assert_eq!(extender["filterVerb"], "scheduler/filter");
+    assert_eq!(extender["prioritizeVerb"], "scheduler/prioritize");
+    assert!(extender["weight"].as_i64().is_some_and(|w| w > 0));
+    assert_eq!(extender["nodeCacheCapable"], true);
+    for unused in ["bindVerb", "preemptVerb"] {
+        assert!(extender[unused].is_null(), "{unused}");
+    }
+    // kube-scheduler's validation refuses hugepages-* as managed resources (not extended
+    // resource names): none are listed, and every pod is sent.
+    assert!(extender["managedResources"].is_null(), "{extender}");
+
+    // Ignorable under either --failure-policy: with every pod sent, a required extender that is
+    // down would stop all scheduling, the webhook's own pods included (README).
+    assert_eq!(extender["ignorable"], true);
+    let timeout = humantime::parse_duration(extender["httpTimeout"].as_str().expect("a duration"))
+        .expect("httpTimeout");
+    assert!(
+        timeout > settings.agent_timeout,
+        "httpTimeout {timeout:?} against --agent-timeout {:?}",
+        settings.agent_timeout
+    );
 }

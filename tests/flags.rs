@@ -59,6 +59,11 @@ impl BenchFlags {
         }
     }
 
+    /// A positive number that may be given.
+    pub fn optional_number(&self, name: &str) -> Option<u64> {
+        self.get(name).map(|_| self.number(name, 0))
+    }
+
     /// A comma-separated list of positive numbers, or `default` when the flag is absent.
     pub fn numbers(&self, name: &str, default: &[u64]) -> Vec<u64> {
         match self.get(name) {
@@ -105,6 +110,10 @@ mod tests {
     fn pairs_of_known_flags_parse_and_the_rest_is_refused() {
         let f = flags(&["--rate", "500", "--agent", "/bin/a"]).expect("valid");
         assert_eq!((f.number("--rate", 1), f.number("--missing", 7)), (500, 7));
+        assert_eq!(
+            (f.optional_number("--rate"), f.optional_number("--missing")),
+            (Some(500), None)
+        );
         assert_eq!(f.path("--agent"), PathBuf::from("/bin/a"));
         assert_eq!(f.optional_path("--agent"), Some(PathBuf::from("/bin/a")));
         assert_eq!(f.optional_path("--rate"), Some(PathBuf::from("500")));

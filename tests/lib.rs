@@ -13,8 +13,11 @@ use std::{
 
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
+pub mod apiserver;
+pub mod cluster;
 mod flags;
 mod host_tree;
+pub mod https;
 mod log;
 pub mod mtls;
 pub mod peers;
@@ -137,6 +140,37 @@ impl Drop for TestCgroup {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         eprintln!("could not remove test cgroup {}", self.dir.display());
+    }
+}
+
+/// Creates `parts` nested under `root` with the hugetlb controller enabled down to the last,
+/// as the kubelet's pod and container cgroups are; returns the guard and the innermost directory.
+pub fn pod_cgroups(root: &TestCgroup, parts: &[&str]) -> (Nested, PathBuf) {
+    root.set("cgroup.subtree_control", "+hugetlb");
+    let mut dirs = Vec::new();
+    let mut dir = root.dir.clone();
+    for (i, part) in parts.iter().enumerate() {
+        dir = dir.join(part);
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        dirs.push(dir.clone());
+        if i + 1 < parts.len() {
+            fs::write(dir.join("cgroup.subtree_control"), "+hugetlb")
+                .unwrap_or_else(|e| panic!("enabling hugetlb in {}: {e}", dir.display()));
+        }
+    }
+    (Nested(dirs), dir)
+}
+
+/// Nested cgroup directories made by a test, removed innermost first on drop.
+pub struct Nested(pub Vec<PathBuf>);
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        for dir in self.0.iter().rev() {
+            if let Err(err) = fs::remove_dir(dir) {
+                eprintln!("removing {}: {err}", dir.display());
+            }
+        }
     }
 }
 
@@ -386,21 +420,22 @@ impl Agent {
 
     /// [`Agent::start_as`] listening on `ip` (a free port; 127.0.0.1 reaches it for the
     /// unspecified address as well).
-    pub fn start_on(mut cmd: Command, uid: u32, ip: std::net::IpAddr) -> Agent {
+    pub fn start_on(cmd: Command, uid: u32, ip: std::net::IpAddr) -> Agent {
+        Agent::start_at(cmd, uid, std::net::SocketAddr::new(ip, free_port()))
+    }
+
+    /// [`Agent::start_as`] listening on `addr` (several agents on loopback addresses of their
+    /// own share one port, as agents on the nodes of a cluster do).
+    pub fn start_at(mut cmd: Command, uid: u32, addr: std::net::SocketAddr) -> Agent {
         let names_state = cmd.get_args().any(|a| a == "--state-dir");
         let state = (!names_state).then(|| fresh_state_dir(uid));
         if let Some(dir) = &state {
             cmd.arg("--state-dir").arg(dir.path());
         }
-        let port = free_port();
-        cmd.args([
-            "--log-format",
-            "json",
-            "--listen",
-            &std::net::SocketAddr::new(ip, port).to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        let port = addr.port();
+        cmd.args(["--log-format", "json", "--listen", &addr.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn the agent");
         let log = LogLines::follow(child.stderr.take().expect("stderr"));
         Agent {
@@ -581,6 +616,17 @@ pub fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / hz)
 }
 
+/// CPU time the process `pid` has run, all its threads that are alive (`schedstat`, in
+/// nanoseconds: finer than [`cpu_time`]'s clock ticks).
+pub fn cpu_ns(pid: u32) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/task: {e}"));
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// Runs the calling thread on `cpu` only.
 pub fn pin_this_thread(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays within it for cpu < 1024.
@@ -653,35 +699,4 @@ pub fn http(
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
-}
-
-/// Creates `parts` nested under `root` with the hugetlb controller enabled down to the last,
-/// as the kubelet's pod and container cgroups are; returns the guard and the innermost directory.
-pub fn pod_cgroups(root: &TestCgroup, parts: &[&str]) -> (Nested, std::path::PathBuf) {
-    root.set("cgroup.subtree_control", "+hugetlb");
-    let mut dirs = Vec::new();
-    let mut dir = root.dir.clone();
-    for (i, part) in parts.iter().enumerate() {
-        dir = dir.join(part);
-        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        dirs.push(dir.clone());
-        if i + 1 < parts.len() {
-            std::fs::write(dir.join("cgroup.subtree_control"), "+hugetlb")
-                .unwrap_or_else(|e| panic!("enabling hugetlb in {}: {e}", dir.display()));
-        }
-    }
-    (Nested(dirs), dir)
-}
-
-/// Nested cgroup directories made by a test, removed innermost first on drop.
-pub struct Nested(pub Vec<std::path::PathBuf>);
-
-impl Drop for Nested {
-    fn drop(&mut self) {
-        for dir in self.0.iter().rev() {
-            if let Err(err) = std::fs::remove_dir(dir) {
-                eprintln!("removing {}: {err}", dir.display());
-            }
-        }
-    }
 }

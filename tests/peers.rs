@@ -1,8 +1,8 @@
 //! The real peers the telemetry, contract and deployment tests talk to, as `cargo xtask setup`
 //! installs them: the OTLP receiver (`otlp_receiver.py` on PyPI's `opentelemetry-proto` and
 //! `grpcio`, in a venv), Debian's Prometheus and promtool, `@grafana/schema` with TypeScript from
-//! npm, PyPI's schemathesis (in a venv of its own) and `kubernetes-validate` (in a venv) for the
-//! manifests. `HUGEPAGE_AGENT_OTLP_PYTHON`, `HUGEPAGE_AGENT_GRAFANA_SCHEMA`,
+//! npm, PyPI's schemathesis (in a venv of its own) and `kubernetes-validate` with
+//! `cel-expr-python` (in a venv) for the manifests. `HUGEPAGE_AGENT_OTLP_PYTHON`, `HUGEPAGE_AGENT_GRAFANA_SCHEMA`,
 //! `HUGEPAGE_AGENT_SCHEMATHESIS` and `HUGEPAGE_AGENT_VALIDATE_PYTHON` point elsewhere if set.
 
 use std::{
@@ -38,7 +38,8 @@ pub fn otlp_python() -> PathBuf {
     )
 }
 
-/// The venv's Python with PyPI's `kubernetes-validate` (and PyYAML, which it brings).
+/// The venv's Python with PyPI's `kubernetes-validate` (and PyYAML, which it brings) and
+/// `cel-expr-python` (`from cel_expr_python import cel`).
 pub fn validate_python() -> PathBuf {
     installed(
         "HUGEPAGE_AGENT_VALIDATE_PYTHON",

@@ -1,6 +1,7 @@
 //! The manifests of `deploy/` as `kubectl kustomize` renders them (the base, or the base with
-//! components), parsed into JSON values, and the agent's container read from the DaemonSet, so
-//! that tests check and run what the manifests say rather than a copy of it.
+//! components), parsed into JSON values, and the agent's container read from the DaemonSet (and
+//! the webhook's from its Deployment), so that tests check and run what the manifests say rather
+//! than a copy of it.
 
 use std::{
     collections::BTreeMap,
@@ -134,7 +135,24 @@ impl Rendered {
     pub fn agent(&self) -> AgentPod {
         AgentPod::read(self.find("DaemonSet", "hugepage-agent"))
     }
+
+    /// The webhook's container and what its pod gives it (component `webhook`), read as the
+    /// agent's is.
+    pub fn webhook(&self) -> AgentPod {
+        AgentPod::read(self.find("Deployment", WEBHOOK))
+    }
+
+    /// Every document of `kind`.
+    pub fn all(&self, kind: &str) -> Vec<&Value> {
+        self.documents
+            .iter()
+            .filter(|d| d["kind"] == kind)
+            .collect()
+    }
 }
+
+/// The name of the webhook's Deployment, Service, ServiceAccount and RBAC objects.
+pub const WEBHOOK: &str = "hugepage-agent-webhook";
 
 /// One volume mount of the agent's container, with the volume behind it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,7 +171,8 @@ pub enum Source {
     Secret { name: String },
 }
 
-/// The DaemonSet's pod as far as the agent's container is concerned.
+/// A workload's pod as far as its one container is concerned: the DaemonSet's (the agent) or the
+/// webhook's Deployment's.
 #[derive(Debug, Clone)]
 pub struct AgentPod {
     pub pod: Value,
@@ -161,7 +180,7 @@ pub struct AgentPod {
     pub image: String,
     /// The container's arguments (the image's entrypoint runs them).
     pub args: Vec<String>,
-    /// `add` of the container's capabilities, as Kubernetes names them (`BPF`).
+    /// `add` of the container's capabilities, as Kubernetes names them (`BPF`); empty when none.
     pub capabilities: Vec<String>,
     pub drop: Vec<String>,
     pub run_as_user: u32,
@@ -172,8 +191,8 @@ pub struct AgentPod {
 }
 
 impl AgentPod {
-    fn read(daemonset: &Value) -> AgentPod {
-        let pod = daemonset["spec"]["template"]["spec"].clone();
+    fn read(workload: &Value) -> AgentPod {
+        let pod = workload["spec"]["template"]["spec"].clone();
         let containers = pod["containers"].as_array().expect("containers");
         assert_eq!(containers.len(), 1, "one container: {containers:#?}");
         let container = containers[0].clone();

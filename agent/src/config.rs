@@ -30,6 +30,7 @@ use crate::{
     telemetry::traces::{TraceConfig, TracesError},
     tls::TlsFiles,
     topologymanager::Policy,
+    webhook::{self, FailurePolicy, agents::ClientFiles},
 };
 
 #[derive(Debug, Parser)]
@@ -290,6 +291,41 @@ pub enum CliCommand {
         #[arg(long, value_name = "MERGE.json")]
         input: PathBuf,
     },
+    /// The cluster side: a kube-scheduler extender (`/scheduler/filter`,
+    /// `/scheduler/prioritize`) over HTTPS on `--listen` (`--tls-cert-file`,
+    /// `--tls-private-key-file`), asking the node agents over mTLS.
+    Webhook {
+        /// The port every node's agent listens on, at the node's first InternalIP.
+        #[arg(long, env = "HUGEPAGE_AGENT_AGENT_PORT", default_value_t = 9820, value_parser = clap::value_parser!(u16).range(1..))]
+        agent_port: u16,
+        /// PEM CA certificates the agents' server certificates chain to.
+        #[arg(long, env = "HUGEPAGE_AGENT_AGENT_CA_FILE", value_name = "PATH")]
+        agent_ca_file: PathBuf,
+        /// PEM client certificate the webhook presents to the agents (the leaf first).
+        #[arg(
+            long,
+            env = "HUGEPAGE_AGENT_AGENT_CLIENT_CERT_FILE",
+            value_name = "PATH"
+        )]
+        agent_client_cert_file: PathBuf,
+        /// PEM private key of `--agent-client-cert-file`.
+        #[arg(
+            long,
+            env = "HUGEPAGE_AGENT_AGENT_CLIENT_KEY_FILE",
+            value_name = "PATH"
+        )]
+        agent_client_key_file: PathBuf,
+        /// When an agent does not answer in time: ignore (keep the node) or fail (filter it out).
+        #[arg(long, env = "HUGEPAGE_AGENT_FAILURE_POLICY", value_enum, default_value_t = FailurePolicy::Ignore)]
+        failure_policy: FailurePolicy,
+        /// One deadline for all the agent calls of one scheduler call (e.g. 2s, 500ms).
+        #[arg(long, env = "HUGEPAGE_AGENT_AGENT_TIMEOUT", default_value = "2s")]
+        agent_timeout: String,
+        /// kubeconfig of the Kubernetes API (its current context); without it, the in-cluster
+        /// configuration of the pod the webhook runs in.
+        #[arg(long, env = "HUGEPAGE_AGENT_KUBECONFIG", value_name = "PATH")]
+        kubeconfig: Option<PathBuf>,
+    },
 }
 
 fn parse_scope(text: &str) -> Result<Scope, String> {
@@ -325,6 +361,7 @@ pub enum Command {
     Merge {
         input: PathBuf,
     },
+    Webhook(webhook::Settings),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -364,6 +401,10 @@ pub enum ConfigError {
     MetricsListen(String),
     #[error("--metrics-listen {0}: the address of --listen; give it a port of its own")]
     SameListen(std::net::SocketAddr),
+    #[error(
+        "webhook needs --tls-cert-file and --tls-private-key-file: the scheduler calls it over HTTPS"
+    )]
+    WebhookWithoutTls,
     #[error(
         "--listen {0} is not a loopback address and no --client-ca-file is given: anyone who reaches it could reserve hugepages; give --client-ca-file with --tls-cert-file and --tls-private-key-file, listen on 127.0.0.1, or add --allow-unauthenticated-clients if that is meant"
     )]
@@ -573,6 +614,58 @@ impl TryFrom<Cli> for Config {
         if matches!(cli.command, None | Some(CliCommand::Run)) {
             exposure(listen, tls.as_ref(), cli.allow_unauthenticated_clients)?;
         }
+        let command = match cli.command {
+            None | Some(CliCommand::Run) => Command::Run,
+            Some(CliCommand::Status { json, from }) => Command::Status {
+                json,
+                from: from.as_deref().map(AgentUrl::parse).transpose()?,
+            },
+            Some(CliCommand::Check {
+                requests,
+                numa,
+                policy,
+                json,
+            }) => Command::Check {
+                requests,
+                numa,
+                policy,
+                json,
+            },
+            Some(CliCommand::Hints {
+                state,
+                pod,
+                container,
+                scope,
+            }) => Command::Hints {
+                state,
+                pod,
+                container,
+                scope: scope.or(cli.topology_scope).unwrap_or(Scope::Container),
+            },
+            Some(CliCommand::Merge { input }) => Command::Merge { input },
+            Some(CliCommand::Webhook {
+                agent_port,
+                agent_ca_file,
+                agent_client_cert_file,
+                agent_client_key_file,
+                failure_policy,
+                agent_timeout,
+                kubeconfig,
+            }) => Command::Webhook(webhook::Settings {
+                kubeconfig,
+                tls: tls.clone().ok_or(ConfigError::WebhookWithoutTls)?,
+                agent_port,
+                agent_tls: ClientFiles {
+                    ca: agent_ca_file,
+                    cert: agent_client_cert_file,
+                    key: agent_client_key_file,
+                },
+                failure_policy,
+                agent_timeout: duration("--agent-timeout", &agent_timeout, |d| {
+                    d.is_zero().then(|| "must be above zero".to_owned())
+                })?,
+            }),
+        };
         let host = HostFs::new(cli.host_root.clone());
         let kubelet_state = cli
             .kubelet_state
@@ -582,36 +675,7 @@ impl TryFrom<Cli> for Config {
             listen,
             api_threads: usize::from(cli.api_threads),
             max_containers: usize::try_from(cli.max_containers).unwrap_or(usize::MAX),
-            command: match cli.command {
-                None | Some(CliCommand::Run) => Command::Run,
-                Some(CliCommand::Status { json, from }) => Command::Status {
-                    json,
-                    from: from.as_deref().map(AgentUrl::parse).transpose()?,
-                },
-                Some(CliCommand::Check {
-                    requests,
-                    numa,
-                    policy,
-                    json,
-                }) => Command::Check {
-                    requests,
-                    numa,
-                    policy,
-                    json,
-                },
-                Some(CliCommand::Hints {
-                    state,
-                    pod,
-                    container,
-                    scope,
-                }) => Command::Hints {
-                    state,
-                    pod,
-                    container,
-                    scope: scope.or(cli.topology_scope).unwrap_or(Scope::Container),
-                },
-                Some(CliCommand::Merge { input }) => Command::Merge { input },
-            },
+            command,
             host,
             kubelet_flags,
             kubelet_config: cli.kubelet_config,
@@ -923,6 +987,96 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "--metrics-listen 127.0.0.1:9820: the address of --listen; give it a port of its own"
+        );
+    }
+
+    #[test]
+    fn the_webhook_needs_its_certificate_and_the_agents_files() {
+        let agents = [
+            "--agent-ca-file",
+            "ca.pem",
+            "--agent-client-cert-file",
+            "client.pem",
+            "--agent-client-key-file",
+            "client-key.pem",
+        ];
+        let tls = [
+            "--tls-cert-file",
+            "c.pem",
+            "--tls-private-key-file",
+            "k.pem",
+        ];
+        let config = Config::try_from(cli(&[
+            &["webhook", "--listen", "0.0.0.0:8443"][..],
+            &agents,
+            &tls,
+        ]
+        .concat()))
+        .expect("valid");
+        let Command::Webhook(settings) = config.command else {
+            panic!("not the webhook: {:?}", config.command);
+        };
+        assert_eq!(
+            (
+                settings.agent_port,
+                settings.failure_policy,
+                settings.agent_timeout
+            ),
+            (9820, FailurePolicy::Ignore, Duration::from_secs(2)),
+            "the defaults"
+        );
+        assert_eq!(settings.agent_tls.cert, PathBuf::from("client.pem"));
+        assert_eq!(settings.tls.cert, PathBuf::from("c.pem"));
+        let err = Config::try_from(cli(&[&["webhook"][..], &agents].concat())).unwrap_err();
+        assert_eq!(err, ConfigError::WebhookWithoutTls);
+        let err = Config::try_from(cli(&[
+            &["webhook", "--agent-timeout", "0s"][..],
+            &agents,
+            &tls,
+        ]
+        .concat()))
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--agent-timeout \"0s\": must be above zero"
+        );
+        let config = Config::try_from(cli(&[
+            &[
+                "webhook",
+                "--failure-policy",
+                "fail",
+                "--agent-port",
+                "10250",
+            ][..],
+            &agents,
+            &tls,
+        ]
+        .concat()))
+        .expect("valid");
+        assert!(matches!(
+            config.command,
+            Command::Webhook(webhook::Settings {
+                agent_port: 10250,
+                failure_policy: FailurePolicy::Fail,
+                ..
+            })
+        ));
+        for bad in [
+            &["webhook", "--failure-policy", "open"][..],
+            &["webhook", "--agent-port", "0"],
+        ] {
+            assert!(
+                Cli::try_parse_from(
+                    std::iter::once("hugepage-agent")
+                        .chain(bad.iter().copied())
+                        .chain(agents)
+                )
+                .is_err()
+            );
+        }
+        assert!(
+            Cli::try_parse_from(["hugepage-agent", "webhook"]).is_err(),
+            "the agents' files are required"
         );
     }
 

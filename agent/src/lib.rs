@@ -30,4 +30,5 @@ pub mod sysfs;
 pub mod telemetry;
 pub mod tls;
 pub mod topologymanager;
+pub mod webhook;
 pub mod whatif;

@@ -11,7 +11,7 @@ use hugepage_agent::{
     kubeletconfig::settings::KubeletSettings,
     run, status, telemetry,
     telemetry::traces::TraceConfig,
-    whatif,
+    webhook, whatif,
 };
 
 fn main() -> ExitCode {
@@ -26,7 +26,7 @@ fn main() -> ExitCode {
         }
     };
     let traces = match config.command {
-        Command::Run => config.traces.clone(),
+        Command::Run | Command::Webhook(_) => config.traces.clone(),
         _ => TraceConfig::off(),
     };
     let telemetry = match telemetry::init(config.log_format, &traces) {
@@ -79,6 +79,12 @@ fn main() -> ExitCode {
                     ExitCode::from(2)
                 }
             };
+        }
+        Command::Webhook(ref settings) => {
+            webhook::run(config.listen, settings, telemetry.export_stats.clone()).map_err(|e| {
+                tracing::error!("{e}");
+                e.to_string()
+            })
         }
         Command::Merge { ref input } => {
             return match whatif::merge_file(input) {

@@ -90,7 +90,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
     let metrics = Arc::new(Metrics::for_host(&refresher.current(), traces));
     let (tls, reloader) = match &config.tls {
         Some(files) => {
-            let (tls, reloader) = tls::load(files, metrics.tls.clone())?;
+            let (tls, reloader) = tls::load(files, tls::Alpn::Http1, metrics.tls.clone())?;
             (Some(tls), Some(reloader))
         }
         None => (None, None),

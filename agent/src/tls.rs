@@ -1,5 +1,6 @@
 //! TLS for the API listener (`--tls-cert-file`, `--tls-private-key-file`, `--client-ca-file`, the
-//! kubelet's names): rustls on `ring`, TLS 1.3 and 1.2, HTTP/1.1 by ALPN, no OpenSSL.
+//! kubelet's names): rustls on `ring`, TLS 1.3 and 1.2, no OpenSSL. The agent's API offers
+//! HTTP/1.1 by ALPN; the webhook's listener offers HTTP/2 first, then HTTP/1.1 ([`Alpn`]).
 //!
 //! **What is served.** One [`ServerConfig`] built from the three files: the certificate chain
 //! (the leaf first) and its private key (PKCS#8, PKCS#1 or SEC1 PEM), and, with a client CA, a
@@ -23,7 +24,8 @@
 //! every minute regardless ([`FULL_READ_EVERY`]), makes it read the files; contents equal to what
 //! is served change nothing, new contents are built into a new config and swapped in, and
 //! contents that fail keep the old config and are reported once ([`Polled::Rejected`]) until the
-//! files change again.
+//! files change again. The reloader is generic over the files it watches ([`Material`]): the
+//! served files here ([`Serving`]), the webhook's client side of mTLS with the agents elsewhere.
 
 use std::{
     io,
@@ -120,38 +122,65 @@ pub struct Contents {
 
 impl Contents {
     pub fn read(files: &TlsFiles) -> Result<Contents, TlsError> {
-        let read = |flag: &'static str, path: &Path| -> Result<Vec<u8>, TlsError> {
-            let size = std::fs::metadata(path)
-                .map_err(|e| TlsFiles::error(flag, path, e.to_string()))?
-                .len();
-            if size > MAX_FILE {
-                return Err(TlsFiles::error(
-                    flag,
-                    path,
-                    format!("{size} bytes: larger than a certificate or key file can be"),
-                ));
-            }
-            std::fs::read(path).map_err(|e| TlsFiles::error(flag, path, e.to_string()))
-        };
         Ok(Contents {
-            cert: read(CERT_FLAG, &files.cert)?,
-            key: read(KEY_FLAG, &files.key)?,
+            cert: read_file(CERT_FLAG, &files.cert)?,
+            key: read_file(KEY_FLAG, &files.key)?,
             client_ca: files
                 .client_ca
                 .as_deref()
-                .map(|p| read(CA_FLAG, p))
+                .map(|p| read_file(CA_FLAG, p))
                 .transpose()?,
         })
     }
 }
 
+/// A certificate or key file's bytes; errors (a file larger than any such file can be among
+/// them) name `flag` and `path`.
+pub fn read_file(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    let size = std::fs::metadata(path)
+        .map_err(|e| TlsFiles::error(flag, path, e.to_string()))?
+        .len();
+    if size > MAX_FILE {
+        return Err(TlsFiles::error(
+            flag,
+            path,
+            format!("{size} bytes: larger than a certificate or key file can be"),
+        ));
+    }
+    std::fs::read(path).map_err(|e| TlsFiles::error(flag, path, e.to_string()))
+}
+
+/// The application protocols a listener offers by ALPN, its preferred first (a client that
+/// offers several gets the first of these it offers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alpn {
+    /// HTTP/1.1 only: the agent's API.
+    Http1,
+    /// HTTP/2, then HTTP/1.1: the webhook's listener (the kube-apiserver calls admission
+    /// webhooks over HTTP/2 when it is offered).
+    H2Http1,
+}
+
+impl Alpn {
+    fn protocols(self) -> Vec<Vec<u8>> {
+        match self {
+            Alpn::Http1 => vec![b"http/1.1".to_vec()],
+            Alpn::H2Http1 => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        }
+    }
+}
+
 /// The provider every config uses: ring, TLS 1.3 and 1.2.
-fn provider() -> Arc<CryptoProvider> {
+pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(ring::default_provider())
 }
 
-/// Builds the server config `contents` describe; errors name the file at fault.
-pub fn server_config(files: &TlsFiles, contents: &Contents) -> Result<ServerConfig, TlsError> {
+/// Builds the server config `contents` describe, offering `alpn`; errors name the file at fault.
+pub fn server_config(
+    files: &TlsFiles,
+    contents: &Contents,
+    alpn: Alpn,
+) -> Result<ServerConfig, TlsError> {
     let provider = provider();
     let chain = certificates(CERT_FLAG, &files.cert, &contents.cert)?;
     let key = PrivateKeyDer::from_pem_slice(&contents.key).map_err(|e| {
@@ -206,12 +235,12 @@ pub fn server_config(files: &TlsFiles, contents: &Contents) -> Result<ServerConf
     };
     let mut config =
         builder.with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(certified)));
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn.protocols();
     Ok(config)
 }
 
-/// Every certificate of a PEM file (at least one).
-fn certificates(
+/// Every certificate of a PEM file (at least one); errors name `flag` and `path`.
+pub fn certificates(
     flag: &'static str,
     path: &Path,
     pem: &[u8],
@@ -242,9 +271,10 @@ enum Stamp {
     Missing(io::ErrorKind),
 }
 
-fn stamps(files: &TlsFiles) -> Vec<Stamp> {
+fn stamps(files: &impl Material) -> Vec<Stamp> {
     files
         .each()
+        .into_iter()
         .map(|(_, path)| match std::fs::metadata(path) {
             Ok(m) => Stamp::Present {
                 dev: m.dev(),
@@ -390,51 +420,113 @@ impl ServerTls {
     }
 }
 
+/// A config in use, which a [`Reloader`] swaps in place.
+pub type Current<C> = Arc<ArcSwap<C>>;
+
+/// Files that make one rustls config, watched by a [`Reloader`].
+pub trait Material: std::fmt::Debug + Send + 'static {
+    /// What the files held, byte for byte.
+    type Contents: std::fmt::Debug + PartialEq + Send;
+    /// What they make.
+    type Config: std::fmt::Debug + Send + Sync + 'static;
+    /// The log line of a reload.
+    const RELOADED: &'static str;
+    /// The log line of a refusal (its `error` says why).
+    const REJECTED: &'static str;
+
+    /// Each file with its flag.
+    fn each(&self) -> Vec<(&'static str, &Path)>;
+    fn read(&self) -> Result<Self::Contents, TlsError>;
+    /// The config `contents` make; errors name the file at fault.
+    fn build(&self, contents: &Self::Contents) -> Result<Self::Config, TlsError>;
+}
+
+/// The served files and the protocols offered: the API listener's material.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Serving {
+    pub files: TlsFiles,
+    pub alpn: Alpn,
+}
+
+impl Material for Serving {
+    type Contents = Contents;
+    type Config = ServerConfig;
+    const RELOADED: &'static str = "TLS files reloaded: new connections get the new material";
+    const REJECTED: &'static str =
+        "TLS files changed but cannot be used; the previous material is still served";
+
+    fn each(&self) -> Vec<(&'static str, &Path)> {
+        self.files.each().collect()
+    }
+
+    fn read(&self) -> Result<Contents, TlsError> {
+        Contents::read(&self.files)
+    }
+
+    fn build(&self, contents: &Contents) -> Result<ServerConfig, TlsError> {
+        server_config(&self.files, contents, self.alpn)
+    }
+}
+
 /// What one poll of the files found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Polled {
-    /// Nothing to do: unchanged, or changed back to what is served.
+    /// Nothing to do: unchanged, or changed back to what is in use.
     Unchanged,
     /// The files changed since the last poll; they are read once they hold still.
     Settling,
-    /// New material is served to new connections.
+    /// New material is used for new connections.
     Reloaded,
-    /// The new files cannot be used; the previous material is still served.
+    /// The new files cannot be used; the previous material is still in use.
     Rejected(TlsError),
     /// The same unusable files as last reported.
     StillRejected,
 }
 
-/// Watches the files and swaps the served config when they change.
+/// Watches the files and swaps the config in use when they change.
 #[derive(Debug)]
-pub struct Reloader {
-    files: TlsFiles,
-    config: Arc<ArcSwap<ServerConfig>>,
+pub struct Reloader<M: Material> {
+    material: M,
+    config: Current<M::Config>,
     stats: Arc<TlsStats>,
-    /// What the files held when the served config was built.
-    serving: Contents,
+    /// What the files held when the config in use was built.
+    serving: M::Contents,
     /// The stamps of the last poll.
     last: Vec<Stamp>,
     /// The stamps the files had when last read.
     read: Vec<Stamp>,
     /// The last files refused: their contents (when readable) and why.
-    rejected: Option<(Option<Contents>, TlsError)>,
+    rejected: Option<(Option<M::Contents>, TlsError)>,
     polls: u32,
 }
 
 /// Reads and builds the material at start-up: the config the API threads share, and its
 /// [`Reloader`].
-pub fn load(files: &TlsFiles, stats: Arc<TlsStats>) -> Result<(ServerTls, Reloader), TlsError> {
-    let before = stamps(files);
-    let contents = Contents::read(files)?;
-    let config = Arc::new(ArcSwap::from_pointee(server_config(files, &contents)?));
-    let tls = ServerTls {
-        config: config.clone(),
-        stats: stats.clone(),
-    };
-    let reloader = Reloader {
+pub fn load(
+    files: &TlsFiles,
+    alpn: Alpn,
+    stats: Arc<TlsStats>,
+) -> Result<(ServerTls, Reloader<Serving>), TlsError> {
+    let serving = Serving {
         files: files.clone(),
-        config,
+        alpn,
+    };
+    let (config, reloader) = watched(serving, stats.clone())?;
+    Ok((ServerTls { config, stats }, reloader))
+}
+
+/// Reads and builds `material` at start-up: the config, swapped in place on every reload, and
+/// the [`Reloader`] that does it (reloads and refusals counted in `stats`).
+pub fn watched<M: Material>(
+    material: M,
+    stats: Arc<TlsStats>,
+) -> Result<(Current<M::Config>, Reloader<M>), TlsError> {
+    let before = stamps(&material);
+    let contents = material.read()?;
+    let config = Arc::new(ArcSwap::from_pointee(material.build(&contents)?));
+    let reloader = Reloader {
+        material,
+        config: config.clone(),
         stats,
         serving: contents,
         last: before.clone(),
@@ -442,13 +534,13 @@ pub fn load(files: &TlsFiles, stats: Arc<TlsStats>) -> Result<(ServerTls, Reload
         rejected: None,
         polls: 0,
     };
-    Ok((tls, reloader))
+    Ok((config, reloader))
 }
 
-impl Reloader {
+impl<M: Material> Reloader<M> {
     /// One look at the files (see the module's documentation).
     pub fn poll(&mut self) -> Polled {
-        let now = stamps(&self.files);
+        let now = stamps(&self.material);
         self.polls = self.polls.wrapping_add(1);
         if now != self.last {
             self.last = now;
@@ -458,7 +550,7 @@ impl Reloader {
             return Polled::Unchanged;
         }
         self.read = now;
-        let contents = match Contents::read(&self.files) {
+        let contents = match self.material.read() {
             Ok(contents) => contents,
             Err(e) => return self.reject(None, e),
         };
@@ -471,7 +563,7 @@ impl Reloader {
         {
             return Polled::StillRejected;
         }
-        match server_config(&self.files, &contents) {
+        match self.material.build(&contents) {
             Ok(config) => {
                 self.config.store(Arc::new(config));
                 self.serving = contents;
@@ -483,7 +575,7 @@ impl Reloader {
         }
     }
 
-    fn reject(&mut self, contents: Option<Contents>, e: TlsError) -> Polled {
+    fn reject(&mut self, contents: Option<M::Contents>, e: TlsError) -> Polled {
         let refused = (contents, e);
         if self.rejected.as_ref() == Some(&refused) {
             return Polled::StillRejected;
@@ -492,6 +584,16 @@ impl Reloader {
         let e = refused.1.clone();
         self.rejected = Some(refused);
         Polled::Rejected(e)
+    }
+
+    /// The files, as `--flag path` pairs, for the log.
+    fn files(&self) -> String {
+        let each = self.material.each();
+        let pairs: Vec<String> = each
+            .iter()
+            .map(|(flag, path)| format!("{flag} {}", path.display()))
+            .collect();
+        pairs.join(", ")
     }
 
     /// Polls every [`POLL`] until `stop` turns true, logging each reload and each refusal once.
@@ -504,16 +606,8 @@ impl Reloader {
                 _ = stop.wait_for(|stopped| *stopped) => return,
             }
             match self.poll() {
-                Polled::Reloaded => info!(
-                    cert = %self.files.cert.display(),
-                    key = %self.files.key.display(),
-                    client_ca = %self.files.client_ca.as_deref().map_or_else(|| "none".into(), Path::to_string_lossy),
-                    "TLS files reloaded: new connections get the new material"
-                ),
-                Polled::Rejected(e) => warn!(
-                    error = %e,
-                    "TLS files changed but cannot be used; the previous material is still served"
-                ),
+                Polled::Reloaded => info!(files = %self.files(), "{}", M::RELOADED),
+                Polled::Rejected(e) => warn!(error = %e, "{}", M::REJECTED),
                 Polled::Unchanged | Polled::Settling | Polled::StillRejected => {}
             }
         }

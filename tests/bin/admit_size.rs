@@ -44,7 +44,7 @@ use std::{
 };
 
 use hugepage_agent::api::admit::{BODY_LIMIT, DEFAULT_MAX_CONTAINERS};
-use hugepage_agent_tests::{Agent, BenchFlags, Percentiles, two_numa_nodes, wait_ready};
+use hugepage_agent_tests::{Agent, BenchFlags, Percentiles, cpu_ns, two_numa_nodes, wait_ready};
 
 const USAGE: &str =
     "admit-size --agent PATH [--sizes N,N,...] [--repetitions R] [--requests N] [--interval-us U]";
@@ -244,16 +244,6 @@ fn median(samples: &mut [Duration]) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-/// CPU time the process `pid` has run, all its threads (`schedstat`, in nanoseconds).
-fn cpu_ns(pid: u32) -> u64 {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap_or_else(|e| panic!("/proc/{pid}/task: {e}"));
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
-        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
 }
 
 /// The size sweep of one form: per size, the client's median and fastest time and the agent's

@@ -31,6 +31,9 @@ pub enum Bench {
     /// admit-load over plain HTTP and over TLS with a client certificate (connections kept
     /// alive), alternating: the ratios TLS / plain.
     AdmitTls,
+    /// The webhook's scheduler-extender filter over 10, 100 and 1,000 nodes in both forms
+    /// (`nodenames` from its Node cache, `nodes`), against real agents: p50, p99, calls/s, RSS.
+    Extender,
 }
 
 pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
@@ -40,13 +43,13 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
         Bench::Verify => ("verify-latency", Vec::new()),
         Bench::Psi => ("psi-latency", Vec::new()),
         Bench::Hints => ("hints-latency", Vec::new()),
-        Bench::Inventory | Bench::AdmitSize => {
+        Bench::Inventory | Bench::AdmitSize | Bench::Extender => {
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
             let agent = release.join("hugepage-agent");
-            let binary = if which == Bench::AdmitSize {
-                "admit-size"
-            } else {
-                "inventory-load"
+            let binary = match which {
+                Bench::AdmitSize => "admit-size",
+                Bench::Extender => "extender-load",
+                _ => "inventory-load",
             };
             (
                 binary,

@@ -2,7 +2,7 @@
 //! built against that nightly's own libLLVM (no system LLVM), and the Debian packages tests use;
 //! and the peers the tests run ([`ensure_peers`]): Prometheus and promtool (Debian), an OTLP
 //! receiver's Python packages, schemathesis (the API contract test) and `kubernetes-validate`
-//! (the manifests), each from PyPI in a venv of its own, and `@grafana/schema` with TypeScript
+//! with `cel-expr-python` (the manifests), each from PyPI in a venv of its own, and `@grafana/schema` with TypeScript
 //! and the CRD models of the Prometheus Operator and cert-manager (npm), each in the project's
 //! cache (`HUGEPAGE_AGENT_CACHE`, else `~/.cache/hugepage-agent`) at pinned versions.
 //!
@@ -52,8 +52,10 @@ const SCHEMATHESIS_PACKAGES: [&str; 3] = [
     "hypothesis==6.170.17",
     "jsonschema_rs==0.60.3",
 ];
-/// The manifests' check against the official Kubernetes schemas (PyPI).
-const VALIDATE_PACKAGES: [&str; 1] = ["kubernetes-validate==1.37.0"];
+/// The manifests' check against the official Kubernetes schemas, and CEL (the CEL team's Python
+/// wrapper of its C++ implementation) to evaluate the webhook configuration's matchConditions
+/// (PyPI).
+const VALIDATE_PACKAGES: [&str; 2] = ["kubernetes-validate==1.37.0", "cel-expr-python==0.1.3"];
 /// The dashboard's schema check (npm).
 const NPM_PACKAGES: [&str; 2] = ["@grafana/schema@13.2.3", "typescript@5.9.3"];
 /// The custom resources' check (npm): the Prometheus Operator's and cert-manager's CRD schemas
@@ -206,7 +208,7 @@ pub fn ensure_peers() -> Result<Vec<(&'static str, PathBuf)>> {
             ensure_venv(
                 &cache.join("kubernetes-validate-venv"),
                 &VALIDATE_PACKAGES,
-                "import kubernetes_validate, yaml",
+                "import kubernetes_validate, yaml; from cel_expr_python import cel",
             )?,
         ),
         (

@@ -104,6 +104,45 @@ pub struct Answer {
     /// The kubelet's selection (hints, merged hint, allocation), when the request named no nodes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub selection: Option<Selection>,
+    /// A dry run ([`Run::Dry`]): shown only when true.
+    #[serde(rename = "dryRun", skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+}
+
+/// Whether an admission is real or a dry run (`POST /v1/admit?dryRun=true`). A dry run is the
+/// same verification and NUMA selection, on the same state (other pods' reservations
+/// subtracted), but it reserves nothing, writes nothing, and is not counted in the verification
+/// or admission metrics (those count what the kubelet would admit): a scheduler extender asks
+/// every candidate node for every pod, and only the node chosen admits it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    Real,
+    Dry,
+}
+
+impl Run {
+    /// The `dryRun` query parameter: absent or `false` is a real admission, `true` a dry run;
+    /// anything else is refused naming the parameter.
+    pub fn from_query(query: Option<&str>) -> Result<Run, ApiError> {
+        let mut run = Run::Real;
+        for pair in query.unwrap_or("").split('&') {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if key != "dryRun" {
+                continue;
+            }
+            run = match value {
+                "true" => Run::Dry,
+                "false" => Run::Real,
+                other => {
+                    return Err(ApiError::invalid(
+                        "dryRun",
+                        format!("{} is not true or false", identifiers::Shown::new(other)),
+                    ));
+                }
+            };
+        }
+        Ok(run)
+    }
 }
 
 /// An admission decided, not yet counted or logged ([`conclude`]).
@@ -280,8 +319,9 @@ fn select(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
     Ok((plan, true))
 }
 
-/// Verifies one admission request ([`parse`]d), and reserves what it admits for a named pod.
-pub fn admit(state: &AppState, parsed: &Parsed) -> Result<Decided, ApiError> {
+/// Verifies one admission request ([`parse`]d), and reserves what it admits for a named pod
+/// unless it is a dry run.
+pub fn admit(state: &AppState, parsed: &Parsed, run: Run) -> Result<Decided, ApiError> {
     let span = tracing::Span::current();
     let sampled = crate::telemetry::traces::is_sampled(&span);
     if sampled {
@@ -340,13 +380,15 @@ pub fn admit(state: &AppState, parsed: &Parsed) -> Result<Decided, ApiError> {
     }
     let reservation = Step::Reservation.span(sampled).entered();
     reservations::apply(&mut verdict, &store, &parsed.pod_ref.uid, now);
-    state.metrics.verification(&verdict, took);
+    if run == Run::Real {
+        state.metrics.verification(&verdict, took);
+    }
     if state.reject_under_pressure && !parsed.pages.is_empty() {
         refuse_under_pressure(&mut verdict, state.psi.load().memory_pressure());
     }
     let pod = parsed.pod_ref.clone();
     let mut pending = None;
-    if verdict.allowed && !pod.uid.is_empty() && !verdict.checks.is_empty() {
+    if run == Run::Real && verdict.allowed && !pod.uid.is_empty() && !verdict.checks.is_empty() {
         let (made, snapshot) = store.reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now);
         reservation.record("reservation.id", made.id.as_str());
         pending = Some(Pending {
@@ -362,6 +404,7 @@ pub fn admit(state: &AppState, parsed: &Parsed) -> Result<Decided, ApiError> {
             verdict,
             pod,
             selection: selected.then_some(plan.selection),
+            dry_run: run == Run::Dry,
         },
         sampled,
         pending,
@@ -372,10 +415,14 @@ pub fn admit(state: &AppState, parsed: &Parsed) -> Result<Decided, ApiError> {
 /// span when sampled, and logs it.
 pub fn conclude(state: &AppState, answer: &Answer, sampled: bool) {
     let (verdict, pod) = (&answer.verdict, &answer.pod);
-    state.metrics.admission(verdict);
     if sampled {
         record_verdict(&tracing::Span::current(), verdict);
     }
+    if answer.dry_run {
+        tracing::debug!(pod = %format_args!("{}/{}", pod.namespace, pod.name), allowed = verdict.allowed, "dry run");
+        return;
+    }
+    state.metrics.admission(verdict);
     // Refusals are what an operator looks for: logged, at most REFUSALS_PER_SECOND a second
     // (every one is counted in the metrics). Admissions are logged at debug. At 20,000
     // requests/s a line each costs more than the verification.

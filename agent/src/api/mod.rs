@@ -217,7 +217,23 @@ fn decide(
     state: &AppState,
     parsed: &admit::Parsed,
 ) -> Result<((admit::Decided, Vec<u8>), Leftover), ApiError> {
-    let mut decided = admit::admit(state, parsed)?;
+    decide_as(state, parsed, admit::Run::Real)
+}
+
+/// [`decide`] as a dry run: nothing reserved, nothing written.
+fn decide_dry(
+    state: &AppState,
+    parsed: &admit::Parsed,
+) -> Result<((admit::Decided, Vec<u8>), Leftover), ApiError> {
+    decide_as(state, parsed, admit::Run::Dry)
+}
+
+fn decide_as(
+    state: &AppState,
+    parsed: &admit::Parsed,
+    run: admit::Run,
+) -> Result<((admit::Decided, Vec<u8>), Leftover), ApiError> {
+    let mut decided = admit::admit(state, parsed, run)?;
     let room = ANSWER_CAPACITY + ANSWER_PER_CONTAINER * parsed.containers();
     let body = encode(&decided.answer, room)?;
     let selection = decided.answer.selection.take();
@@ -231,14 +247,24 @@ fn hints(state: &AppState, parsed: &admit::Parsed) -> Result<(Vec<u8>, Leftover)
     Ok((encode(&answer, room)?, Box::new(answer)))
 }
 
-async fn admit_handler(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn admit_handler(
+    State(state): State<AppState>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let work: Work<_> = match admit::Run::from_query(uri.query()) {
+        Ok(admit::Run::Real) => decide,
+        Ok(admit::Run::Dry) => decide_dry,
+        Err(problem) => return problem.into_response(),
+    };
     let (content_type, body) = match request_body(&headers, body).await {
         Ok(request) => request,
         Err(problem) => return problem.into_response(),
     };
     let span = admit::span();
     crate::telemetry::traces::with_remote_parent(&span, &headers);
-    let (decided, answer) = match offload(&state, &span, content_type, body, decide).await {
+    let (decided, answer) = match offload(&state, &span, content_type, body, work).await {
         Ok(decided) => decided,
         Err(e) => return e.into_response(),
     };

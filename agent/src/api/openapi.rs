@@ -186,14 +186,15 @@ pub fn document(nodes: &[NumaNode]) -> Value {
         "paths": {
             "/v1/admit": {"post": {
                 "summary": "Can this pod's hugepage request be served on these NUMA nodes, right now?",
-                "description": "free_hugepages is read fresh for the selected NUMA nodes. Without numaNodes they are selected as the node's kubelet would (its settings: GET /v1/kubelet): the Memory Manager's hints (static policy, on its checkpoint or the state built from sysfs) merged under the Topology Manager policy (topologyPolicy, else the kubelet's), then its Allocate; a refusal there is the kubelet's TopologyAffinityError or UnexpectedAdmissionError, and `selection` shows the hints and the merged hint. Under the kubelet's Memory Manager policy None nothing is pinned: `selection.basis` is node-wide and every NUMA node is verified. A rejection by the kernel carries the KEP-5759 message. The body is either the short form (containers' resources are requests and limits) or a whole v1.Pod.",
+                "description": "free_hugepages is read fresh for the selected NUMA nodes. Without numaNodes they are selected as the node's kubelet would (its settings: GET /v1/kubelet): the Memory Manager's hints (static policy, on its checkpoint or the state built from sysfs) merged under the Topology Manager policy (topologyPolicy, else the kubelet's), then its Allocate; a refusal there is the kubelet's TopologyAffinityError or UnexpectedAdmissionError, and `selection` shows the hints and the merged hint. Under the kubelet's Memory Manager policy None nothing is pinned: `selection.basis` is node-wide and every NUMA node is verified. A rejection by the kernel carries the KEP-5759 message. The body is either the short form (containers' resources are requests and limits) or a whole v1.Pod. With dryRun=true the same verification and selection run on the same state (other pods' reservations subtracted) but nothing is reserved or written and the verification metrics do not count it; the answer says dryRun: true.",
+                "parameters": [{"name": "dryRun", "in": "query", "required": false, "schema": {"type": "boolean"}, "description": "true: verify and select only, never reserve (what the scheduler extender asks every candidate node); absent or false: a real admission"}],
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"oneOf": [
                     {"$ref": "#/components/schemas/AdmitShort"},
                     {"$ref": "#/components/schemas/Pod"}
                 ]}}}},
                 "responses": {
                     "200": {"description": "The verdict (allowed or not)", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Verdict"}}}},
-                    "400": problem("Invalid JSON, or an invalid field (named in `field`)"),
+                    "400": problem("Invalid JSON, an invalid field (named in `field`), or a dryRun that is not true or false"),
                     "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
                     "415": problem("Content type is not application/json"),
                     "500": problem("The reservation could not be saved (named in detail)")
@@ -270,7 +271,8 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                 "checks": {"type": "array", "items": {"$ref": "#/components/schemas/Check"}},
                 "reservation": {"type": "object", "description": "made when an admitted request names a pod UID", "properties": {"id": {"type": "string"}, "expiresAt": {"type": "string", "format": "date-time"}}},
                 "pod": {"type": "object"},
-                "selection": selection_schema()
+                "selection": selection_schema(),
+                "dryRun": {"const": true, "description": "present (true) on the answer of a dry run"}
             }},
             "Snapshot": {"type": "object", "properties": {
                 "generation": {"type": "integer"},

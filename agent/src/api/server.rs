@@ -19,13 +19,20 @@
 //! Each accepted connection is served by a task of its own: with TLS ([`ServerTls`]) the
 //! handshake runs there, with the config current at the accept and a deadline, so a client that
 //! stalls its handshake holds up no one and a reload never touches a connection in flight; then
-//! hyper serves HTTP/1.1 with keep-alive. A refused handshake is counted by why.
+//! hyper serves HTTP/1.1 with keep-alive. A refused handshake is counted by why. Where the TLS
+//! config offers HTTP/2 ([`crate::tls::Alpn`], the webhook's listener) and the client chose it,
+//! the connection is served by the protocol its first bytes speak (HTTP/2's preface, else
+//! HTTP/1.1); the agent's API never offers it, and its connections are HTTP/1.1 only.
 
 use std::{io, net::SocketAddr, sync::mpsc, thread, time::Duration};
 
 use axum::Router;
 use hyper::server::conn::http1;
-use hyper_util::{rt::TokioIo, service::TowerToHyperService};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+    service::TowerToHyperService,
+};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::{TcpListener, TcpSocket, TcpStream},
@@ -326,7 +333,8 @@ async fn accept_failed(err: io::Error) {
 /// headers by default.
 const READ_BUFFER: usize = 64 << 10;
 
-/// One connection: the TLS handshake (with its deadline) when configured, then HTTP/1.1.
+/// One connection: the TLS handshake (with its deadline) when configured, then HTTP/1.1, or
+/// HTTP/2 as well when ALPN chose `h2`.
 async fn serve_connection(
     tcp: TcpStream,
     router: Router,
@@ -343,6 +351,9 @@ async fn serve_connection(
         _ = stop.wait_for(|stopped| *stopped) => return,
     };
     match shaken {
+        Ok(Ok(stream)) if stream.get_ref().1.alpn_protocol() == Some(b"h2") => {
+            serve_either(stream, router, stop).await;
+        }
         Ok(Ok(stream)) => serve_http(stream, router, stop).await,
         Ok(Err(err)) => tls.refused(Refusal::of(&err)),
         Err(_) => tls.refused(Refusal::Timeout),
@@ -363,6 +374,23 @@ where
         _ = stop.wait_for(|stopped| *stopped) => connection.as_mut().graceful_shutdown(),
     }
     // Errors of a connection are the client's (it went away); nothing to report.
+    let _ = connection.await;
+}
+
+/// HTTP/2, or HTTP/1.1 for a client that chose `h2` by ALPN but speaks HTTP/1.1 (the protocol is
+/// read from its first bytes), until the client closes the connection or `stop` turns true.
+async fn serve_either<I>(io: I, router: Router, mut stop: watch::Receiver<bool>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().max_buf_size(READ_BUFFER);
+    let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        _ = stop.wait_for(|stopped| *stopped) => connection.as_mut().graceful_shutdown(),
+    }
     let _ = connection.await;
 }
 

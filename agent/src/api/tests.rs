@@ -827,6 +827,137 @@ async fn a_request_without_a_pod_uid_reserves_nothing() {
     assert!(answer.get("reservation").is_none(), "{answer}");
 }
 
+/// Every series the metrics show of admissions, verifications and reservations.
+fn admission_series(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("memory_manager_hugepages_verification")
+                || l.starts_with("hugepage_agent_admissions_total")
+                || l.starts_with("hugepage_agent_reservation")
+                || l.starts_with("hugepage_agent_reserved_by_agent_bytes")
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_dry_run_verifies_and_selects_but_reserves_writes_and_counts_nothing() {
+    let (dir, state) = state();
+    let (_, before) = scrape(&state, None).await;
+    // Admitted by the kernel, with a pod UID: a real admission would reserve.
+    let (status, _, fit) = post(
+        &state,
+        "/v1/admit?dryRun=true",
+        &with_uid(short("2Gi", None), POD_B),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{fit}");
+    assert_eq!(
+        (&fit["allowed"], &fit["dryRun"]),
+        (&json!(true), &json!(true)),
+        "{fit}"
+    );
+    assert_eq!(
+        fit["numaNodes"],
+        json!([0]),
+        "selected as the kubelet would: {fit}"
+    );
+    assert!(fit["selection"].is_object(), "{fit}");
+    assert!(fit.get("reservation").is_none(), "{fit}");
+    // Refused: the KEP message, as a real admission gets it.
+    let (_, _, misfit) = post(
+        &state,
+        "/v1/admit?dryRun=true",
+        &short("6Gi", Some(json!([0, 1]))),
+    )
+    .await;
+    assert_eq!(misfit["allowed"], false, "{misfit}");
+    assert_eq!(
+        misfit["message"],
+        "insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 6Gi, available 4Gi"
+    );
+    let (_, _, listed) = send(&state, "GET", "/v1/reservations", None, "").await;
+    assert_eq!(listed["reservations"], json!([]), "nothing reserved");
+    assert!(
+        !dir.path().join("state/reservations.json").exists(),
+        "nothing written"
+    );
+    let (_, after) = scrape(&state, None).await;
+    assert_eq!(
+        admission_series(&after),
+        admission_series(&before),
+        "nothing counted"
+    );
+    // The same request for real reserves: the dry run was the only difference.
+    let (_, _, real) = admit(&state, with_uid(short("2Gi", None), POD_B)).await;
+    assert!(real["reservation"]["id"].is_string(), "{real}");
+    assert!(real.get("dryRun").is_none(), "{real}");
+}
+
+#[tokio::test]
+async fn a_dry_run_sees_other_pods_reservations_and_leaves_its_own_in_place() {
+    let (_d, state) = state();
+    let (_, _, b) = admit(&state, with_uid(short("3Gi", Some(json!([0, 1]))), POD_B)).await;
+    let id = b["reservation"]["id"].clone();
+    let (_, _, c) = post(
+        &state,
+        "/v1/admit?dryRun=true",
+        &with_uid(short("2Gi", Some(json!([0, 1]))), POD_C),
+    )
+    .await;
+    assert_eq!(c["allowed"], false, "{c}");
+    assert_eq!(
+        c["message"],
+        "insufficient hugepages-2Mi on NUMA node(s) [0,1]: requested 2Gi, available 1Gi"
+    );
+    // B asks again as a dry run: its own reservation is not subtracted, nor replaced.
+    let (_, _, again) = post(
+        &state,
+        "/v1/admit?dryRun=true&other=1",
+        &with_uid(short("3Gi", Some(json!([0, 1]))), POD_B),
+    )
+    .await;
+    assert_eq!(again["allowed"], true, "{again}");
+    let (_, _, listed) = send(&state, "GET", "/v1/reservations", None, "").await;
+    assert_eq!(listed["reservations"][0]["id"], id, "{listed}");
+    assert_eq!(listed["reservations"].as_array().map(Vec::len), Some(1));
+}
+
+#[tokio::test]
+async fn dry_run_is_true_or_false_and_false_is_a_real_admission() {
+    let (_d, state) = state();
+    for bad in ["1", "yes", "", "TRUE"] {
+        let (status, ctype, problem) = post(
+            &state,
+            &format!("/v1/admit?dryRun={bad}"),
+            &with_uid(short("1Gi", Some(json!([0]))), POD_B),
+        )
+        .await;
+        assert_eq!(
+            (status, ctype.as_str(), &problem["field"]),
+            (
+                StatusCode::BAD_REQUEST,
+                "application/problem+json",
+                &json!("dryRun")
+            ),
+            "{bad:?}: {problem}"
+        );
+    }
+    let (_, _, listed) = send(&state, "GET", "/v1/reservations", None, "").await;
+    assert_eq!(
+        listed["reservations"],
+        json!([]),
+        "a refused request does nothing"
+    );
+    let (_, _, real) = post(
+        &state,
+        "/v1/admit?dryRun=false",
+        &with_uid(short("1Gi", Some(json!([0]))), POD_B),
+    )
+    .await;
+    assert!(real["reservation"]["id"].is_string(), "{real}");
+}
+
 /// The value of the sample `series` (name and labels exactly as written) in an exposition.
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()

@@ -190,12 +190,18 @@ pub fn start(
 /// Makes the W3C trace context in `headers` (`traceparent`, `tracestate`), if any, the parent of
 /// `span`. Without a valid `traceparent` the span starts a trace of its own.
 pub fn with_remote_parent(span: &tracing::Span, headers: &HeaderMap) {
-    if !headers.contains_key("traceparent") {
-        return;
+    if let Some(cx) = remote_context(headers) {
+        // Fails only when no OpenTelemetry layer is installed (traces off): nothing to attach to.
+        let _ = span.set_parent(cx);
     }
-    let cx = TraceContextPropagator::new().extract(&Headers(headers));
-    // Fails only when no OpenTelemetry layer is installed (traces off): nothing to attach to.
-    let _ = span.set_parent(cx);
+}
+
+/// The W3C trace context in `headers` (`traceparent`, `tracestate`), when there is a
+/// `traceparent` (one that is not valid makes a context without a span).
+pub fn remote_context(headers: &HeaderMap) -> Option<opentelemetry::Context> {
+    headers
+        .contains_key("traceparent")
+        .then(|| TraceContextPropagator::new().extract(&Headers(headers)))
 }
 
 /// Whether `span` is part of a sampled trace. A span of a trace the sampler dropped (or any span

@@ -54,7 +54,7 @@ fn valid() -> Dir {
 }
 
 fn loaded(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
-    server_config(files, &Contents::read(files)?)
+    server_config(files, &Contents::read(files)?, Alpn::Http1)
 }
 
 #[test]
@@ -62,6 +62,13 @@ fn valid_files_make_a_config_for_http_1_1_with_or_without_a_client_ca() {
     let dir = valid();
     let config = loaded(&dir.files).expect("valid");
     assert_eq!(config.alpn_protocols, vec![b"http/1.1".to_vec()]);
+    let contents = Contents::read(&dir.files).expect("readable");
+    let both = server_config(&dir.files, &contents, Alpn::H2Http1).expect("valid");
+    assert_eq!(
+        both.alpn_protocols,
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        "HTTP/2 first: a client offering both gets it"
+    );
     let no_ca = TlsFiles {
         client_ca: None,
         ..dir.files.clone()
@@ -156,7 +163,7 @@ fn a_change_is_read_once_it_holds_still_and_a_bad_one_is_reported_once() {
     let dir = valid();
     let files = &dir.files;
     let stats = Arc::new(TlsStats::default());
-    let (tls, mut reloader) = load(files, stats.clone()).expect("valid");
+    let (tls, mut reloader) = load(files, Alpn::Http1, stats.clone()).expect("valid");
     let first = served(&tls);
     assert_eq!(reloader.poll(), Polled::Unchanged);
 

@@ -259,7 +259,8 @@ async fn get_tls(addr: SocketAddr, client: Arc<rustls::ClientConfig>) -> io::Res
 async fn a_client_stalling_its_handshake_holds_up_no_one_and_a_refusal_is_counted() {
     let pki = pki();
     let stats = Arc::new(tls::TlsStats::default());
-    let (server_tls, _reloader) = tls::load(&pki.files(), stats.clone()).expect("valid files");
+    let (server_tls, _reloader) =
+        tls::load(&pki.files(), tls::Alpn::Http1, stats.clone()).expect("valid files");
     let bound = Server::bind(Endpoint::API, any_port()).expect("bind");
     let addr = bound.addr();
     let (stop, stopped) = watch::channel(false);

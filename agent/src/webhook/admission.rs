@@ -1,0 +1,245 @@
+//! `POST /admission/validate`: the validating admission webhook, at the moment a pod is bound
+//! to a node. What it checks ([`subject`], a plain function):
+//!
+//! * `pods/binding` CREATE: the `Binding`'s `target.name` is the node; the pod (the request's
+//!   `name` in its `namespace`) is read through the Kubernetes API;
+//! * `pods` CREATE with `spec.nodeName` set (a pod that bypasses the scheduler): the pod is the
+//!   request's object;
+//! * anything else is allowed at once, as is a pod that asks for no hugepages.
+//!
+//! The node's agent (found in the Node cache) is asked for the real admission, which reserves
+//! the pod's hugepages by its UID — or for a dry run when the request is one (`dryRun`), so a
+//! dry run never reserves. A refusal denies the request with the agent's `reason` and exact
+//! message (code 403). When the agent cannot be asked or does not answer within
+//! `--agent-timeout` (or the pod cannot be read), `--failure-policy` decides: `ignore` allows
+//! with an admission warning saying why, `fail` denies saying why. A request the webhook cannot
+//! read is denied with code 400 naming what is wrong.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use serde_json::Value;
+use tracing::{info, warn};
+
+use super::{
+    FailurePolicy,
+    context::Context,
+    metrics::Verdict,
+    pod,
+    review::{AdmissionRequest, AdmissionResponse, Status},
+};
+
+/// What a request asks the webhook to judge.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Subject {
+    /// A pod bound to `node` by a `pods/binding`; the pod is read through the API.
+    Binding {
+        namespace: String,
+        pod: String,
+        node: String,
+    },
+    /// A pod created with `spec.nodeName` already set.
+    Placed { pod: Value, node: String },
+    /// Not for the webhook to judge, and why.
+    Pass(&'static str),
+}
+
+/// What `request` asks to be judged, or what is wrong with it.
+pub fn subject(request: &AdmissionRequest) -> Result<Subject, String> {
+    if !request.resource.group.is_empty()
+        || request.resource.resource != "pods"
+        || request.operation != "CREATE"
+    {
+        return Ok(Subject::Pass("not the creation of a pod or of its binding"));
+    }
+    let object = || {
+        request
+            .object
+            .as_ref()
+            .ok_or_else(|| "request.object: missing".to_owned())
+    };
+    let text = |value: &Value, pointer: &str| {
+        value
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+    };
+    match request.sub_resource.as_str() {
+        "binding" => {
+            let binding = object()?;
+            let node = text(binding, "/target/name").ok_or_else(|| {
+                "request.object.target.name: the Binding names no node".to_owned()
+            })?;
+            let pod = Some(request.name.clone())
+                .filter(|n| !n.is_empty())
+                .or_else(|| text(binding, "/metadata/name"))
+                .ok_or_else(|| "request.name: the binding names no pod".to_owned())?;
+            let namespace = Some(request.namespace.clone())
+                .filter(|n| !n.is_empty())
+                .or_else(|| text(binding, "/metadata/namespace"))
+                .ok_or_else(|| "request.namespace: the binding names no namespace".to_owned())?;
+            Ok(Subject::Binding {
+                namespace,
+                pod,
+                node,
+            })
+        }
+        "" => {
+            let pod = object()?;
+            Ok(match text(pod, "/spec/nodeName") {
+                Some(node) => Subject::Placed {
+                    pod: pod.clone(),
+                    node,
+                },
+                None => {
+                    Subject::Pass("the pod names no node yet: the scheduler's extender checks it")
+                }
+            })
+        }
+        _ => Ok(Subject::Pass("another subresource of pods")),
+    }
+}
+
+/// Judges `request` (see the module's documentation).
+pub async fn validate(
+    context: &Context,
+    request: AdmissionRequest,
+) -> (AdmissionResponse, Verdict) {
+    let uid = request.uid.clone();
+    let dry_run = request.dry_run.unwrap_or(false);
+    let (value, node) = match subject(&request) {
+        Ok(Subject::Pass(_)) => return allowed(uid, Verdict::NotChecked),
+        Ok(Subject::Placed { pod, node }) => (pod, node),
+        Ok(Subject::Binding {
+            namespace,
+            pod,
+            node,
+        }) => match read_pod(context, &namespace, &pod).await {
+            Ok(value) => (value, node),
+            Err(why) => return unverified(context, uid, &node, &why),
+        },
+        Err(why) => return invalid(uid, why),
+    };
+    let pod = match pod::read(Some(&value)) {
+        Ok(pod) => pod,
+        Err(e) => return invalid(uid, e.to_string()),
+    };
+    if pod.need.is_empty() {
+        return allowed(uid, Verdict::NotChecked);
+    }
+    let addr = match context.nodes.candidate(&node).and_then(|c| c.agent) {
+        Ok(addr) => addr,
+        Err(why) => return unverified(context, uid, &node, &why),
+    };
+    let started = tokio::time::Instant::now();
+    let answer = tokio::time::timeout(
+        context.timeout,
+        context.client.admit(addr, pod.body.clone(), dry_run),
+    )
+    .await;
+    match answer {
+        Ok(Ok(reply)) => {
+            context.metrics.agent_call(started.elapsed());
+            if reply.allowed {
+                info!(pod = %pod.name, node, dry_run, numa_nodes = ?reply.numa_nodes, "binding admitted by the node's agent");
+                return allowed(uid, Verdict::Allowed);
+            }
+            let reason = reply
+                .reason
+                .unwrap_or_else(|| "FailedHugepagesVerification".to_owned());
+            let message = reply
+                .message
+                .unwrap_or_else(|| format!("refused by the hugepage agent of node {node}"));
+            info!(pod = %pod.name, node, reason, "binding denied: {message}");
+            let status = Status {
+                code: 403,
+                reason,
+                message,
+            };
+            denied(uid, status, Verdict::Denied)
+        }
+        Ok(Err(e)) => {
+            context.metrics.agent_call(started.elapsed());
+            unverified(context, uid, &node, &e.to_string())
+        }
+        Err(_) => {
+            let why = format!("agent at {addr}: no answer within {:?}", context.timeout);
+            unverified(context, uid, &node, &why)
+        }
+    }
+}
+
+/// The pod `namespace/name`, read through the API, as JSON.
+async fn read_pod(context: &Context, namespace: &str, name: &str) -> Result<Value, String> {
+    let pods: Api<Pod> = Api::namespaced(context.kube.clone(), namespace);
+    let pod = pods
+        .get(name)
+        .await
+        .map_err(|e| format!("pod {namespace}/{name} cannot be read through the API: {e}"))?;
+    serde_json::to_value(&pod).map_err(|e| format!("pod {namespace}/{name}: {e}"))
+}
+
+fn allowed(uid: String, verdict: Verdict) -> (AdmissionResponse, Verdict) {
+    let response = AdmissionResponse {
+        uid,
+        allowed: true,
+        ..AdmissionResponse::default()
+    };
+    (response, verdict)
+}
+
+fn denied(uid: String, status: Status, verdict: Verdict) -> (AdmissionResponse, Verdict) {
+    let response = AdmissionResponse {
+        uid,
+        allowed: false,
+        status: Some(status),
+        warnings: Vec::new(),
+    };
+    (response, verdict)
+}
+
+fn invalid(uid: String, why: String) -> (AdmissionResponse, Verdict) {
+    let status = Status {
+        code: 400,
+        reason: "BadRequest".to_owned(),
+        message: format!("hugepage-agent webhook: {why}"),
+    };
+    denied(uid, status, Verdict::Invalid)
+}
+
+/// The pod's hugepages on `node` could not be verified (`why`): the failure policy decides.
+fn unverified(
+    context: &Context,
+    uid: String,
+    node: &str,
+    why: &str,
+) -> (AdmissionResponse, Verdict) {
+    warn!(node, policy = ?context.policy, "a binding could not be verified: {why}");
+    match context.policy {
+        FailurePolicy::Ignore => {
+            let warning = format!(
+                "hugepages not verified on node {node} (admitted under --failure-policy ignore): {why}"
+            );
+            let response = AdmissionResponse {
+                uid,
+                allowed: true,
+                status: None,
+                warnings: vec![warning],
+            };
+            (response, Verdict::FailOpen)
+        }
+        FailurePolicy::Fail => {
+            let status = Status {
+                code: 500,
+                reason: "HugepagesVerificationUnavailable".to_owned(),
+                message: format!(
+                    "hugepage verification unavailable on node {node} (--failure-policy fail): {why}"
+                ),
+            };
+            denied(uid, status, Verdict::FailClosed)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

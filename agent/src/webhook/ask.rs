@@ -1,0 +1,74 @@
+//! Asking every candidate's agent at once: one task per agent, all under one deadline for the
+//! whole call (`--agent-timeout`). What an agent answered in time is its [`Heard::Answer`];
+//! a failed call, a node whose agent cannot be found, and an agent still silent at the deadline
+//! (its call is then abandoned) are [`Heard::Silent`] with the reason. Each call that completes
+//! is timed in the [`Metrics`]. The calls run in the caller's span and trace context, so that
+//! each is a child of the scheduler's call ([`super::trace`]).
+
+use std::{net::SocketAddr, time::Duration};
+
+use hyper::body::Bytes;
+use tokio::{task::JoinSet, time::Instant};
+
+use super::{
+    agents::{Client, Reply},
+    metrics::Metrics,
+    trace,
+};
+
+/// What became of one agent's call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    Answer(Reply),
+    /// No usable answer, and why.
+    Silent(String),
+}
+
+/// Asks each agent of `targets` (an address, or why there is none) for a dry run of `body`;
+/// the answers in the same order, within `timeout` of the start.
+pub async fn ask_all(
+    client: &Client,
+    body: &Bytes,
+    targets: &[Result<SocketAddr, String>],
+    timeout: Duration,
+    metrics: &Metrics,
+) -> Vec<Heard> {
+    let deadline = Instant::now() + timeout;
+    let mut heard: Vec<Option<Heard>> = vec![None; targets.len()];
+    let mut calls = JoinSet::new();
+    for (i, target) in targets.iter().enumerate() {
+        match target {
+            Ok(addr) => {
+                let (client, body, addr) = (client.clone(), body.clone(), *addr);
+                calls.spawn(trace::carried(async move {
+                    let started = Instant::now();
+                    let result = client.admit(addr, body, true).await;
+                    (i, result, started.elapsed())
+                }));
+            }
+            Err(why) => heard[i] = Some(Heard::Silent(why.clone())),
+        }
+    }
+    while let Ok(Some(done)) = tokio::time::timeout_at(deadline, calls.join_next()).await {
+        if let Ok((i, result, took)) = done {
+            metrics.agent_call(took);
+            heard[i] = Some(match result {
+                Ok(reply) => Heard::Answer(reply),
+                Err(e) => Heard::Silent(e.to_string()),
+            });
+        }
+    }
+    calls.abort_all();
+    heard
+        .into_iter()
+        .zip(targets)
+        .map(|(h, target)| {
+            h.unwrap_or_else(|| {
+                let at = target
+                    .as_ref()
+                    .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+                Heard::Silent(format!("agent at {at}: no answer within {timeout:?}"))
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,29 @@
+//! What every call of the webhook needs besides its arguments: the agents' client, the failure
+//! policy and deadline, the metrics, the Node cache, and the Kubernetes API client (for the pod
+//! of a binding).
+
+use std::{sync::Arc, time::Duration};
+
+use super::{FailurePolicy, agents::Client, cache::NodeCache, metrics::Metrics};
+
+#[derive(Clone)]
+pub struct Context {
+    pub client: Client,
+    pub policy: FailurePolicy,
+    /// One deadline for all the agent calls of one call.
+    pub timeout: Duration,
+    pub metrics: Arc<Metrics>,
+    pub nodes: NodeCache,
+    pub kube: kube::Client,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("client", &self.client)
+            .field("policy", &self.policy)
+            .field("timeout", &self.timeout)
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,250 @@
+//! The webhook's own metrics, served at `GET /metrics` (Prometheus text, OpenMetrics when asked):
+//! calls by endpoint and result, admission requests by verdict, candidate nodes by how they were
+//! judged, the Node cache's size and watch errors, the nodes kept (fail-open) or filtered out (fail-closed) because their agent did not answer, and the
+//! latency of the agent calls that completed (a call abandoned at the deadline is counted as a
+//! node without an answer, not timed); the reloads of its TLS files, served and agent client
+//! ones; and the trace exporter's spans exported and dropped. Every series exists from the start
+//! at zero; no label carries a pod or a node.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use super::FailurePolicy;
+use crate::{
+    telemetry::{
+        encode::{Encoder, Format, Kind},
+        export::ExportStats,
+        metrics::Histogram,
+    },
+    tls::TlsStats,
+};
+
+/// From a connection on the same network to an agent that waits on nothing: milliseconds, up
+/// to the deadline's seconds.
+pub const AGENT_CALL_BUCKETS: [f64; 11] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// A scheduler call's endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Filter,
+    Prioritize,
+    Validate,
+}
+
+const ENDPOINTS: [&str; 3] = ["filter", "prioritize", "validate"];
+/// Per [`Verdict`], in its order.
+const VERDICTS: [&str; 6] = [
+    "allowed",
+    "denied",
+    "not_checked",
+    "fail_open",
+    "fail_closed",
+    "invalid",
+];
+const RESULTS: [&str; 2] = ["answered", "error"];
+const JUDGED: [&str; 5] = ["fit", "misfit", "unresolvable", "no_answer", "unknown"];
+
+/// How a candidate node was judged, as `hugepage_agent_webhook_nodes_total{judged}` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Fit,
+    Misfit,
+    Unresolvable,
+    NoAnswer,
+    /// Not in the Node cache.
+    Unknown,
+}
+
+/// How an admission request was answered, as
+/// `hugepage_agent_webhook_admissions_total{verdict}` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The agent admitted (and reserved, unless a dry run).
+    Allowed,
+    /// The agent refused.
+    Denied,
+    /// Nothing to check: not a binding or placed pod, or no hugepages.
+    NotChecked,
+    /// Not verified and allowed (`--failure-policy ignore`).
+    FailOpen,
+    /// Not verified and denied (`--failure-policy fail`).
+    FailClosed,
+    /// The request could not be read.
+    Invalid,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    /// Per endpoint, per result.
+    calls: [[AtomicU64; 2]; 3],
+    /// Admission requests per [`VERDICTS`].
+    admissions: [AtomicU64; 6],
+    /// Per [`JUDGED`].
+    nodes: [AtomicU64; 5],
+    fail_open: AtomicU64,
+    fail_closed: AtomicU64,
+    agent_calls: Histogram,
+    /// Nodes in the Node cache.
+    cached_nodes: AtomicU64,
+    /// Failed list or watch calls of the Node cache.
+    watch_errors: AtomicU64,
+    /// The served files' reloads (`--tls-cert-file`, `--tls-private-key-file`).
+    pub tls: Arc<TlsStats>,
+    /// The agent client files' reloads (`--agent-ca-file`, `--agent-client-*-file`).
+    pub agent_tls: Arc<TlsStats>,
+    traces: Arc<ExportStats>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new(Arc::default())
+    }
+}
+
+impl Metrics {
+    /// Counting from zero; `traces` are the trace exporter's counters.
+    pub fn new(traces: Arc<ExportStats>) -> Metrics {
+        Metrics {
+            calls: Default::default(),
+            admissions: Default::default(),
+            nodes: Default::default(),
+            fail_open: AtomicU64::new(0),
+            fail_closed: AtomicU64::new(0),
+            agent_calls: Histogram::new(&AGENT_CALL_BUCKETS),
+            cached_nodes: AtomicU64::new(0),
+            watch_errors: AtomicU64::new(0),
+            tls: Arc::default(),
+            agent_tls: Arc::default(),
+            traces,
+        }
+    }
+
+    /// A scheduler call answered (or failed with an `error`).
+    pub fn call(&self, endpoint: Endpoint, answered: bool) {
+        let e = endpoint as usize;
+        self.calls[e][usize::from(!answered)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An admission request answered.
+    pub fn admission(&self, verdict: Verdict) {
+        self.admissions[verdict as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One candidate judged.
+    pub fn node(&self, outcome: Outcome) {
+        self.nodes[outcome as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `count` nodes of a filter call kept or filtered out by `policy` for want of an answer.
+    pub fn unanswered(&self, policy: FailurePolicy, count: usize) {
+        let counter = match policy {
+            FailurePolicy::Ignore => &self.fail_open,
+            FailurePolicy::Fail => &self.fail_closed,
+        };
+        counter.fetch_add(count as u64, Ordering::Relaxed);
+    }
+
+    /// An agent call that completed (answered or failed) after `took`.
+    pub fn agent_call(&self, took: Duration) {
+        self.agent_calls.observe(took);
+    }
+
+    /// The Node cache holds `nodes` Nodes.
+    pub fn node_list(&self, nodes: usize) {
+        self.cached_nodes.store(nodes as u64, Ordering::Relaxed);
+    }
+
+    /// A list or watch call of the Node cache failed (it is retried).
+    pub fn node_watch_error(&self) {
+        self.watch_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The exposition.
+    pub fn render(&self, format: Format) -> String {
+        let mut e = Encoder::new(format);
+        const CALLS: &str = "hugepage_agent_webhook_calls_total";
+        e.family(CALLS, Kind::Counter, "Calls, per endpoint (the extender's filter and prioritize, the admission webhook's validate) and result (error: the answer carried an error or was a 400).");
+        for (endpoint, per) in ENDPOINTS.iter().zip(&self.calls) {
+            for (result, n) in RESULTS.iter().zip(per) {
+                let labels = [("endpoint", *endpoint), ("result", *result)];
+                e.sample(CALLS, &labels, n.load(Ordering::Relaxed) as f64);
+            }
+        }
+        const ADMISSIONS: &str = "hugepage_agent_webhook_admissions_total";
+        e.family(ADMISSIONS, Kind::Counter, "Admission requests (bindings, pods created on a node) by verdict: allowed or denied by the node's agent, not_checked (nothing to verify), fail_open or fail_closed (not verified: --failure-policy), invalid (unreadable).");
+        for (verdict, n) in VERDICTS.iter().zip(&self.admissions) {
+            e.sample(
+                ADMISSIONS,
+                &[("verdict", verdict)],
+                n.load(Ordering::Relaxed) as f64,
+            );
+        }
+        const NODES: &str = "hugepage_agent_webhook_nodes_total";
+        e.family(NODES, Kind::Counter, "Candidate nodes judged, by how: the agent's dry run fit or misfit, unresolvable by the Node's allocatable hugepages, no answer from the agent, or unknown (a name not in the Node cache).");
+        for (judged, n) in JUDGED.iter().zip(&self.nodes) {
+            e.sample(
+                NODES,
+                &[("judged", judged)],
+                n.load(Ordering::Relaxed) as f64,
+            );
+        }
+        const OPEN: &str = "hugepage_agent_webhook_fail_open_total";
+        e.family(OPEN, Kind::Counter, "Nodes kept by a filter call although their agent did not answer (--failure-policy ignore).");
+        e.sample(OPEN, &[], self.fail_open.load(Ordering::Relaxed) as f64);
+        const CLOSED: &str = "hugepage_agent_webhook_fail_closed_total";
+        e.family(
+            CLOSED,
+            Kind::Counter,
+            "Nodes filtered out because their agent did not answer (--failure-policy fail).",
+        );
+        e.sample(CLOSED, &[], self.fail_closed.load(Ordering::Relaxed) as f64);
+        const LATENCY: &str = "hugepage_agent_webhook_agent_call_seconds";
+        e.family(
+            LATENCY,
+            Kind::Histogram,
+            "Agent dry-run calls that completed, connection and TLS handshake included.",
+        );
+        e.histogram(LATENCY, &[], &self.agent_calls.value());
+        const CACHED: &str = "hugepage_agent_webhook_cached_nodes";
+        e.family(
+            CACHED,
+            Kind::Gauge,
+            "Nodes in the webhook's Node cache (list+watch of the API server's Nodes).",
+        );
+        e.sample(
+            CACHED,
+            &[],
+            self.cached_nodes.load(Ordering::Relaxed) as f64,
+        );
+        const WATCH: &str = "hugepage_agent_webhook_node_watch_errors_total";
+        e.family(
+            WATCH,
+            Kind::Counter,
+            "Failed list or watch calls of the Node cache, each retried with backoff (a 410 Gone is one, followed by a new list).",
+        );
+        e.sample(WATCH, &[], self.watch_errors.load(Ordering::Relaxed) as f64);
+        const RELOADS: &str = "hugepage_agent_webhook_tls_reloads_total";
+        e.family(RELOADS, Kind::Counter, "Changed TLS files, served or the agent client's: loaded (reloaded), or refused and the previous material kept (rejected).");
+        for (files, stats) in [("serving", &self.tls), ("agent_client", &self.agent_tls)] {
+            for (result, n) in [
+                ("reloaded", stats.reloads()),
+                ("rejected", stats.rejections()),
+            ] {
+                let labels = [("files", files), ("result", result)];
+                e.sample(RELOADS, &labels, n as f64);
+            }
+        }
+        self.traces.encode(&mut e);
+        e.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+//! `hugepage-agent webhook`: the cluster side. A kube-scheduler extender that asks the node
+//! agents before a node is chosen, and a validating admission webhook that has the chosen
+//! node's agent admit (and reserve) when the pod is bound. This module is the command's wiring:
+//! the HTTPS listener
+//! (`--listen`, `--tls-cert-file`, `--tls-private-key-file`, re-read on change by
+//! [`crate::tls`]'s reloader; HTTP/2 and HTTP/1.1), the mTLS client of the agents ([`agents`],
+//! over pooled connections ([`dial`]), its files re-read on change too ([`agent_tls`])), the
+//! routes ([`routes`], each call continuing the caller's trace ([`trace`])), and the stop on
+//! SIGINT or SIGTERM.
+//!
+//! What each part does: [`extender`] is the wire format of `k8s.io/kube-scheduler/extender/v1`;
+//! [`pod`] and [`node`] read what the webhook needs of the pod and of each `Node` (its first
+//! `InternalIP`, its allocatable hugepages); [`ask`] calls every candidate's agent at once under
+//! one deadline; [`admission`] judges a binding ([`review`] is its wire format); [`decide`]
+//! turns the agents' answers into the filter's and prioritize's answers, plain functions with no
+//! I/O; [`scheduler`] runs those steps for one call;
+//! [`metrics`] counts them.
+//! The Kubernetes API is reached through [`kubeapi`] (`--kubeconfig`, else in-cluster); the Node
+//! cache ([`cache`]) starts with the command and `/readyz` answers 200 once it has synced.
+
+pub mod admission;
+pub mod agent_tls;
+pub mod agents;
+pub mod ask;
+pub mod cache;
+pub mod context;
+pub mod decide;
+pub mod dial;
+pub mod extender;
+pub mod kubeapi;
+pub mod metrics;
+pub mod node;
+pub mod pod;
+pub mod review;
+pub mod routes;
+pub mod scheduler;
+pub mod trace;
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use clap::ValueEnum;
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::watch,
+};
+use tracing::{info, warn};
+
+use crate::{
+    api::server::{Endpoint, Server, ServerError},
+    telemetry::export::ExportStats,
+    tls::{self, Alpn, TlsError, TlsFiles},
+};
+
+/// The listener's threads: the work is waiting on agents, so two serve many calls at once.
+const THREADS: usize = 2;
+/// How long calls in flight may take to finish after the stop signal.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// What the scheduler is told when an agent does not answer in time (or answers nonsense).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailurePolicy {
+    /// Keep the node (KEP-5759's graceful degradation: the kubelet still verifies at start-up).
+    Ignore,
+    /// Filter the node out, with a message saying its agent did not answer.
+    Fail,
+}
+
+/// The webhook's own settings, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Its serving certificate and key (`--tls-cert-file`, `--tls-private-key-file`).
+    pub tls: TlsFiles,
+    /// The port every node's agent listens on (`--agent-port`).
+    pub agent_port: u16,
+    /// The files of the client side of mTLS with the agents.
+    pub agent_tls: agents::ClientFiles,
+    pub failure_policy: FailurePolicy,
+    /// One deadline for all the agent calls of one scheduler call (`--agent-timeout`).
+    pub agent_timeout: Duration,
+    /// The Kubernetes API's kubeconfig (`--kubeconfig`); `None`: the in-cluster configuration.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error(transparent)]
+    KubeApi(#[from] kubeapi::KubeApiError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Runs the webhook on `listen` over TLS until SIGINT or SIGTERM; `/metrics` shows the trace
+/// exporter's `traces`.
+pub fn run(
+    listen: SocketAddr,
+    settings: &Settings,
+    traces: Arc<ExportStats>,
+) -> Result<(), WebhookError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(run_async(listen, settings, traces))
+}
+
+async fn run_async(
+    listen: SocketAddr,
+    settings: &Settings,
+    traces: Arc<ExportStats>,
+) -> Result<(), WebhookError> {
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let metrics = Arc::new(metrics::Metrics::new(traces));
+    let (client, client_reloader) = agents::Client::new(
+        &settings.agent_tls,
+        settings.agent_port,
+        metrics.agent_tls.clone(),
+    )?;
+    let (server_tls, reloader) = tls::load(&settings.tls, Alpn::H2Http1, metrics.tls.clone())?;
+    let kube = kubeapi::client(settings.kubeconfig.as_deref()).await?;
+    let endpoint = Endpoint {
+        flag: "--listen",
+        threads: "webhook",
+    };
+    let bound = Server::bind(endpoint, listen)?;
+    let addr = bound.addr();
+    let (stop, stopped) = watch::channel(false);
+    let (nodes, node_watch) = cache::NodeCache::start(
+        kube.clone(),
+        settings.agent_port,
+        Arc::clone(&metrics),
+        stopped.clone(),
+    );
+    let context = routes::Context {
+        client,
+        policy: settings.failure_policy,
+        timeout: settings.agent_timeout,
+        metrics,
+        nodes,
+        kube,
+    };
+    let watcher = tokio::spawn(reloader.watch(stopped.clone()));
+    let client_watcher = tokio::spawn(client_reloader.watch(stopped.clone()));
+    let server = Server::start(
+        bound,
+        THREADS,
+        routes::router(context),
+        Some(server_tls),
+        stopped,
+    )?;
+    info!(
+        listen = %addr,
+        agent_port = settings.agent_port,
+        failure_policy = ?settings.failure_policy,
+        agent_timeout = ?settings.agent_timeout,
+        "webhook running"
+    );
+    let signal = tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    };
+    info!(signal, "shutting down");
+    let _ = stop.send(true);
+    for watcher in [watcher, client_watcher] {
+        if let Err(err) = watcher.await {
+            warn!("a TLS file watcher failed: {err}");
+        }
+    }
+    if let Err(err) = node_watch.await {
+        warn!("the Node watch failed: {err}");
+    }
+    server.drain(DRAIN).await;
+    Ok(())
+}

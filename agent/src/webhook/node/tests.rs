@@ -1,0 +1,59 @@
+use serde_json::json;
+
+use super::*;
+use crate::host::PageSize;
+
+#[test]
+fn the_agent_is_at_the_first_internal_ip_and_allocatable_hugepages_are_read() {
+    let node = json!({
+        "metadata": {"name": "worker-1"},
+        "status": {
+            "addresses": [
+                {"type": "Hostname", "address": "worker-1"},
+                {"type": "InternalIP", "address": "10.0.0.7"},
+                {"type": "InternalIP", "address": "fd00::7"}
+            ],
+            "allocatable": {"cpu": "4", "memory": "16Gi", "hugepages-2Mi": "4Gi", "hugepages-1Gi": "0"}
+        }
+    });
+    let c = candidate(0, &node, 9820).expect("a candidate");
+    assert_eq!(c.name, "worker-1");
+    assert_eq!(c.agent, Ok("10.0.0.7:9820".parse().expect("address")));
+    assert_eq!(
+        c.allocatable,
+        Some(Hugepages::from([(PageSize(2 << 20), 4 << 30)]))
+    );
+}
+
+#[test]
+fn a_node_without_an_internal_ip_or_allocatable_says_so_and_one_without_a_name_is_refused() {
+    let node = json!({"metadata": {"name": "n"}, "status": {"addresses": [{"type": "ExternalIP", "address": "1.2.3.4"}]}});
+    let c = candidate(0, &node, 9820).expect("a candidate");
+    assert_eq!(
+        c.agent,
+        Err("the Node has no InternalIP in status.addresses".to_owned())
+    );
+    assert_eq!(c.allocatable, None);
+    let node = json!({"metadata": {"name": "n"}, "status": {"addresses": [{"type": "InternalIP", "address": "node-1"}]}});
+    let c = candidate(0, &node, 9820).expect("a candidate");
+    assert_eq!(
+        c.agent,
+        Err("the Node's InternalIP \"node-1\" is not an IP address".to_owned())
+    );
+    assert_eq!(
+        candidate(3, &json!({"metadata": {}}), 9820),
+        Err(NodeError::NoName { index: 3 })
+    );
+}
+
+#[test]
+fn an_object_that_is_not_a_node_is_a_candidate_without_an_agent_saying_why() {
+    let node = json!({"metadata": {"name": "n"}, "kind": "Pod", "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.7"}]}});
+    let c = candidate(0, &node, 9820).expect("a candidate");
+    let why = c.agent.expect_err("no agent for a Pod");
+    assert!(
+        why.starts_with("the Node object is not a v1.Node: invalid value: string \"Pod\""),
+        "{why}"
+    );
+    assert_eq!(c.allocatable, None);
+}

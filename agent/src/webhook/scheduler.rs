@@ -1,0 +1,202 @@
+//! The extender's two calls, from `ExtenderArgs` to the answer: read the pod ([`super::pod`])
+//! and the candidate nodes, answer a pod without hugepages at once with every node, ask the
+//! agents of the others ([`super::ask`]) and decide ([`super::decide`]).
+//!
+//! Both forms are served, each answered in its own: `nodes` (whole `Node` objects, the
+//! scheduler's `nodeCacheCapable: false`) read by [`super::node`] with no API call, and
+//! `nodenames` (`nodeCacheCapable: true`, the shipped configuration) looked up in the
+//! [`NodeCache`]; a name the cache does not hold is failed with a message saying so.
+
+use tracing::{debug, warn};
+
+use super::{
+    ask::{Heard, ask_all},
+    cache::NodeCache,
+    context::Context,
+    decide::{self, Judged},
+    extender::{ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList},
+    node::{self, Candidate},
+    pod::{self, PodRequest},
+};
+
+const NO_NODES: &str = "the ExtenderArgs have neither nodes nor nodenames";
+
+/// A candidate by name: found (in the arguments or the cache), or why not.
+type Looked = (String, Result<Candidate, String>);
+
+/// `POST /scheduler/filter`.
+pub async fn filter(context: &Context, args: ExtenderArgs) -> ExtenderFilterResult {
+    let pod = match pod::read(args.pod.as_ref()) {
+        Ok(pod) => pod,
+        Err(e) => return ExtenderFilterResult::failed(e.to_string()),
+    };
+    match (args.nodes, args.node_names) {
+        (Some(list), _) if pod.need.is_empty() => ExtenderFilterResult {
+            nodes: Some(list),
+            ..ExtenderFilterResult::default()
+        },
+        (None, Some(names)) if pod.need.is_empty() => ExtenderFilterResult {
+            node_names: Some(names),
+            ..ExtenderFilterResult::default()
+        },
+        (Some(list), _) => match from_objects(&list, context.client.port()) {
+            Ok(looked) => {
+                let sorted = sort(context, &pod, &looked).await;
+                let mut keep = vec![false; list.items.len()];
+                for i in &sorted.kept {
+                    if let Some(k) = keep.get_mut(*i) {
+                        *k = true;
+                    }
+                }
+                let NodeList { items, rest } = list;
+                let items = items
+                    .into_iter()
+                    .zip(keep)
+                    .filter_map(|(item, keep)| keep.then_some(item))
+                    .collect();
+                ExtenderFilterResult {
+                    nodes: Some(NodeList { items, rest }),
+                    failed_nodes: sorted.failed,
+                    failed_and_unresolvable_nodes: sorted.unresolvable,
+                    ..ExtenderFilterResult::default()
+                }
+            }
+            Err(e) => ExtenderFilterResult::failed(e),
+        },
+        (None, Some(names)) => {
+            let looked = from_cache(&context.nodes, names);
+            let sorted = sort(context, &pod, &looked).await;
+            let kept = sorted
+                .kept
+                .iter()
+                .filter_map(|i| looked.get(*i).map(|(name, _)| name.clone()))
+                .collect();
+            ExtenderFilterResult {
+                node_names: Some(kept),
+                failed_nodes: sorted.failed,
+                failed_and_unresolvable_nodes: sorted.unresolvable,
+                ..ExtenderFilterResult::default()
+            }
+        }
+        (None, None) => ExtenderFilterResult::failed(NO_NODES),
+    }
+}
+
+/// The candidates judged and sorted by the filter's rules, agents that did not answer counted.
+async fn sort(context: &Context, pod: &PodRequest, looked: &[Looked]) -> decide::Filtered {
+    let judged = judge_all(context, pod, looked).await;
+    let silent = judged
+        .iter()
+        .filter(|j| matches!(j, Judged::Silent(_)))
+        .count();
+    context.metrics.unanswered(context.policy, silent);
+    decide::filter(
+        looked.iter().map(|(name, _)| name.as_str()).zip(&judged),
+        context.policy,
+    )
+}
+
+/// `POST /scheduler/prioritize`: every candidate with its score, or why the call cannot be
+/// answered.
+pub async fn prioritize(
+    context: &Context,
+    args: ExtenderArgs,
+) -> Result<Vec<HostPriority>, String> {
+    let pod = pod::read(args.pod.as_ref()).map_err(|e| e.to_string())?;
+    let looked = match (args.nodes, args.node_names) {
+        (Some(list), _) => from_objects(&list, context.client.port())?,
+        (None, Some(names)) if pod.need.is_empty() => names
+            .into_iter()
+            .map(|name| (name, Err(String::new())))
+            .collect(),
+        (None, Some(names)) => from_cache(&context.nodes, names),
+        (None, None) => return Err(NO_NODES.to_owned()),
+    };
+    let judged = if pod.need.is_empty() {
+        vec![Judged::Silent("the pod asks for no hugepages".to_owned()); looked.len()]
+    } else {
+        judge_all(context, &pod, &looked).await
+    };
+    Ok(looked
+        .into_iter()
+        .zip(&judged)
+        .map(|((host, _), j)| HostPriority {
+            host,
+            score: decide::score(j),
+        })
+        .collect())
+}
+
+/// The `nodes` form's candidates, read from the objects sent; a Node without a name fails the
+/// call.
+fn from_objects(list: &NodeList, port: u16) -> Result<Vec<Looked>, String> {
+    list.items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let c = node::candidate(i, item, port).map_err(|e| e.to_string())?;
+            Ok((c.name.clone(), Ok(c)))
+        })
+        .collect()
+}
+
+/// The `nodenames` form's candidates, from the cache.
+fn from_cache(cache: &NodeCache, names: Vec<String>) -> Vec<Looked> {
+    names
+        .into_iter()
+        .map(|name| {
+            let found = cache.candidate(&name);
+            (name, found)
+        })
+        .collect()
+}
+
+/// Each candidate judged: by its allocatable hugepages first, then by its agent.
+async fn judge_all(context: &Context, pod: &PodRequest, looked: &[Looked]) -> Vec<Judged> {
+    let settled: Vec<Option<Judged>> = looked
+        .iter()
+        .map(|(_, found)| match found {
+            Ok(c) => {
+                decide::unresolvable(&pod.need, c.allocatable.as_ref()).map(Judged::Unresolvable)
+            }
+            Err(why) => Some(Judged::Unknown(why.clone())),
+        })
+        .collect();
+    let targets: Vec<_> = looked
+        .iter()
+        .zip(&settled)
+        .filter(|(_, s)| s.is_none())
+        .filter_map(|((_, found), _)| found.as_ref().ok().map(|c| c.agent.clone()))
+        .collect();
+    let mut heard = ask_all(
+        &context.client,
+        &pod.body,
+        &targets,
+        context.timeout,
+        &context.metrics,
+    )
+    .await
+    .into_iter();
+    let judged: Vec<Judged> = settled
+        .into_iter()
+        .map(|s| {
+            s.unwrap_or_else(|| decide::judge(heard.next().unwrap_or(Heard::Silent(String::new()))))
+        })
+        .collect();
+    let mut silent = looked
+        .iter()
+        .zip(&judged)
+        .filter_map(|((name, _), j)| match j {
+            Judged::Silent(why) => Some((name.as_str(), why.as_str())),
+            _ => None,
+        });
+    if let Some((node, why)) = silent.next() {
+        let others = silent.count();
+        warn!(pod = %pod.name, node, others, policy = ?context.policy, "a node's agent did not answer: {why}");
+    }
+    for j in &judged {
+        context.metrics.node(j.outcome());
+    }
+    debug!(pod = %pod.name, judged = ?judged, "candidates judged");
+    judged
+}
