@@ -94,6 +94,14 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
+/// `hugepage_agent_webhook_admissions_total{verdict}` in `text` is each `(verdict, count)`.
+fn expect_admissions(text: &str, expected: &[(&str, f64)]) {
+    for (verdict, n) in expected {
+        let series = format!("hugepage_agent_webhook_admissions_total{{verdict=\"{verdict}\"}}");
+        assert_eq!(sample(text, &series), Some(*n), "{series} in\n{text}");
+    }
+}
+
 fn names(result: &Value) -> Vec<&str> {
     result["nodes"]["items"]
         .as_array()
@@ -877,10 +885,10 @@ fn story_2_across_three_nodes_filter_prioritize_bind_deny_and_admit_after_releas
     assert_eq!(response["allowed"], true, "{response}");
 
     let text = metrics(&pki, &webhook);
-    for (verdict, n) in [("allowed", 4.0), ("denied", 2.0), ("fail_open", 0.0)] {
-        let series = format!("hugepage_agent_webhook_admissions_total{{verdict=\"{verdict}\"}}");
-        assert_eq!(sample(&text, &series), Some(n), "{series} in\n{text}");
-    }
+    expect_admissions(
+        &text,
+        &[("allowed", 4.0), ("denied", 2.0), ("fail_open", 0.0)],
+    );
     drop(agents);
 }
 
@@ -985,10 +993,10 @@ fn admission_passes_what_is_not_its_business_and_follows_the_failure_policy_when
         (400, json!({"error": "the AdmissionReview has no request"}))
     );
     let text = metrics(&c.pki, &open);
-    for (verdict, n) in [("not_checked", 2.0), ("denied", 1.0), ("fail_open", 2.0)] {
-        let series = format!("hugepage_agent_webhook_admissions_total{{verdict=\"{verdict}\"}}");
-        assert_eq!(sample(&text, &series), Some(n), "{series} in\n{text}");
-    }
+    expect_admissions(
+        &text,
+        &[("not_checked", 2.0), ("denied", 1.0), ("fail_open", 2.0)],
+    );
 }
 
 #[test]
@@ -1054,8 +1062,7 @@ fn a_binding_whose_agent_is_silent_past_the_deadline_follows_the_policy_within_i
         );
         let text = metrics(&c.pki, &webhook);
         let verdict = if allowed { "fail_open" } else { "fail_closed" };
-        let series = format!("hugepage_agent_webhook_admissions_total{{verdict=\"{verdict}\"}}");
-        assert_eq!(sample(&text, &series), Some(1.0), "{series} in\n{text}");
+        expect_admissions(&text, &[(verdict, 1.0)]);
     }
     assert!(silent.accepted() >= 2, "the silent agent was called");
 }

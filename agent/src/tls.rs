@@ -615,4 +615,6 @@ impl<M: Material> Reloader<M> {
 }
 
 #[cfg(test)]
+pub(crate) mod test_pki;
+#[cfg(test)]
 mod tests;

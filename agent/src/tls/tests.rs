@@ -1,29 +1,11 @@
 use std::fs;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+use rcgen::ExtendedKeyUsagePurpose;
+
+use super::{
+    test_pki::{ca, leaf},
+    *,
 };
-
-use super::*;
-
-/// A CA: its certificate (PEM) and an issuer for leaves.
-fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
-    let key = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(Vec::new()).expect("params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let cert = params.self_signed(&key).expect("self-signed");
-    (cert.pem(), Issuer::new(params, key))
-}
-
-/// A server leaf for [`SERVER_NAME`]: (certificate PEM, key PEM).
-fn leaf(issuer: &Issuer<'_, KeyPair>, usage: ExtendedKeyUsagePurpose) -> (String, String) {
-    let key = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(vec![SERVER_NAME.to_owned()]).expect("params");
-    params.extended_key_usages = vec![usage];
-    let cert = params.signed_by(&key, issuer).expect("signed");
-    (cert.pem(), key.serialize_pem())
-}
 
 /// Writes `bytes` at `path` as a new file (a new inode, as a Secret update makes).
 fn replace(path: &Path, bytes: impl AsRef<[u8]>) {

@@ -7,7 +7,8 @@
 //!   request's object;
 //! * anything else is allowed at once, as is a pod that asks for no hugepages.
 //!
-//! The node's agent (found in the Node cache) is asked for the real admission, which reserves
+//! The node's agent (found in the Node cache) is asked through [`super::ask`], as the
+//! extender's are (one deadline, the call timed and traced), for the real admission, which reserves
 //! the pod's hugepages by its UID — or for a dry run when the request is one (`dryRun`), so a
 //! dry run never reserves. A refusal denies the request with the agent's `reason` and exact
 //! message (code 403). When the agent cannot be asked or does not answer within
@@ -22,6 +23,7 @@ use tracing::{info, warn};
 
 use super::{
     FailurePolicy,
+    ask::{Ask, Heard, ask_all},
     context::Context,
     metrics::Verdict,
     pod,
@@ -127,46 +129,40 @@ pub async fn validate(
     if pod.need.is_empty() {
         return allowed(uid, Verdict::NotChecked);
     }
-    let addr = match context.nodes.candidate(&node).and_then(|c| c.agent) {
-        Ok(addr) => addr,
-        Err(why) => return unverified(context, uid, &node, &why),
-    };
-    let started = tokio::time::Instant::now();
-    let answer = tokio::time::timeout(
+    let target = [context.nodes.candidate(&node).and_then(|c| c.agent)];
+    let heard = ask_all(
+        &context.client,
+        &pod.body,
+        &target,
+        Ask { dry_run },
         context.timeout,
-        context.client.admit(addr, pod.body.clone(), dry_run),
+        &context.metrics,
     )
-    .await;
-    match answer {
-        Ok(Ok(reply)) => {
-            context.metrics.agent_call(started.elapsed());
-            if reply.allowed {
-                info!(pod = %pod.name, node, dry_run, numa_nodes = ?reply.numa_nodes, "binding admitted by the node's agent");
-                return allowed(uid, Verdict::Allowed);
-            }
-            let reason = reply
-                .reason
-                .unwrap_or_else(|| "FailedHugepagesVerification".to_owned());
-            let message = reply
-                .message
-                .unwrap_or_else(|| format!("refused by the hugepage agent of node {node}"));
-            info!(pod = %pod.name, node, reason, "binding denied: {message}");
-            let status = Status {
-                code: 403,
-                reason,
-                message,
-            };
-            denied(uid, status, Verdict::Denied)
-        }
-        Ok(Err(e)) => {
-            context.metrics.agent_call(started.elapsed());
-            unverified(context, uid, &node, &e.to_string())
-        }
-        Err(_) => {
-            let why = format!("agent at {addr}: no answer within {:?}", context.timeout);
-            unverified(context, uid, &node, &why)
-        }
+    .await
+    .into_iter()
+    .next();
+    let reply = match heard {
+        Some(Heard::Answer(reply)) => reply,
+        Some(Heard::Silent(why)) => return unverified(context, uid, &node, &why),
+        None => return unverified(context, uid, &node, "the agent was not asked"),
+    };
+    if reply.allowed {
+        info!(pod = %pod.name, node, dry_run, numa_nodes = ?reply.numa_nodes, "binding admitted by the node's agent");
+        return allowed(uid, Verdict::Allowed);
     }
+    let reason = reply
+        .reason
+        .unwrap_or_else(|| "FailedHugepagesVerification".to_owned());
+    let message = reply
+        .message
+        .unwrap_or_else(|| format!("refused by the hugepage agent of node {node}"));
+    info!(pod = %pod.name, node, reason, "binding denied: {message}");
+    let status = Status {
+        code: 403,
+        reason,
+        message,
+    };
+    denied(uid, status, Verdict::Denied)
 }
 
 /// The pod `namespace/name`, read through the API, as JSON.

@@ -24,12 +24,21 @@ pub enum Heard {
     Silent(String),
 }
 
-/// Asks each agent of `targets` (an address, or why there is none) for a dry run of `body`;
-/// the answers in the same order, within `timeout` of the start.
+/// What the agents are asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    /// A dry run (the extender's, or an admission request's that is one), else the real
+    /// admission, which reserves (a binding).
+    pub dry_run: bool,
+}
+
+/// Asks each agent of `targets` (an address, or why there is none) for `ask` of `body`; the
+/// answers in the same order, within `timeout` of the start.
 pub async fn ask_all(
     client: &Client,
     body: &Bytes,
     targets: &[Result<SocketAddr, String>],
+    ask: Ask,
     timeout: Duration,
     metrics: &Metrics,
 ) -> Vec<Heard> {
@@ -42,7 +51,7 @@ pub async fn ask_all(
                 let (client, body, addr) = (client.clone(), body.clone(), *addr);
                 calls.spawn(trace::carried(async move {
                     let started = Instant::now();
-                    let result = client.admit(addr, body, true).await;
+                    let result = client.admit(addr, body, ask.dry_run).await;
                     (i, result, started.elapsed())
                 }));
             }

@@ -10,7 +10,7 @@
 use tracing::{debug, warn};
 
 use super::{
-    ask::{Heard, ask_all},
+    ask::{Ask, Heard, ask_all},
     cache::NodeCache,
     context::Context,
     decide::{self, Judged},
@@ -105,18 +105,14 @@ pub async fn prioritize(
     let pod = pod::read(args.pod.as_ref()).map_err(|e| e.to_string())?;
     let looked = match (args.nodes, args.node_names) {
         (Some(list), _) => from_objects(&list, context.client.port())?,
-        (None, Some(names)) if pod.need.is_empty() => names
-            .into_iter()
-            .map(|name| (name, Err(String::new())))
-            .collect(),
+        (None, Some(names)) if pod.need.is_empty() => return Ok(unscored(names)),
         (None, Some(names)) => from_cache(&context.nodes, names),
         (None, None) => return Err(NO_NODES.to_owned()),
     };
-    let judged = if pod.need.is_empty() {
-        vec![Judged::Silent("the pod asks for no hugepages".to_owned()); looked.len()]
-    } else {
-        judge_all(context, &pod, &looked).await
-    };
+    if pod.need.is_empty() {
+        return Ok(unscored(looked.into_iter().map(|(name, _)| name)));
+    }
+    let judged = judge_all(context, &pod, &looked).await;
     Ok(looked
         .into_iter()
         .zip(&judged)
@@ -125,6 +121,14 @@ pub async fn prioritize(
             score: decide::score(j),
         })
         .collect())
+}
+
+/// Every node scored 0: a pod without hugepages has no preference here.
+fn unscored(hosts: impl IntoIterator<Item = String>) -> Vec<HostPriority> {
+    hosts
+        .into_iter()
+        .map(|host| HostPriority { host, score: 0 })
+        .collect()
 }
 
 /// The `nodes` form's candidates, read from the objects sent; a Node without a name fails the
@@ -172,6 +176,7 @@ async fn judge_all(context: &Context, pod: &PodRequest, looked: &[Looked]) -> Ve
         &context.client,
         &pod.body,
         &targets,
+        Ask { dry_run: true },
         context.timeout,
         &context.metrics,
     )

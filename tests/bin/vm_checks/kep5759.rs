@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use hugepage_agent_tests::{Agent, HostLock, TestCgroup, Toucher, http};
+use hugepage_agent_tests::{Agent, HostLock, TestCgroup, Toucher};
 use serde_json::{Value, json};
 
-use crate::{CheckResult, Guest, sysfs};
+use crate::{CheckResult, Guest, admit, sysfs};
 
 pub fn story1(guest: &Guest, lock: &HostLock, agent: &mut Agent) -> CheckResult {
     let cgroup = TestCgroup::create(lock, "story1");
@@ -121,14 +121,6 @@ fn expect_check(
     Ok(String::new())
 }
 
-/// A UUID as the API server assigns one, distinct for each pod name.
-fn pod_uid(name: &str) -> String {
-    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
-    format!("00000000-0000-4000-8000-{:012x}", hash & 0xffff_ffff_ffff)
-}
-
 /// `POST /v1/admit` of a Guaranteed pod on `numa`: refused with `message`, or admitted.
 fn expect_admit(
     port: u16,
@@ -138,26 +130,18 @@ fn expect_admit(
     message: Option<&str>,
 ) -> CheckResult {
     let body = json!({
-        "pod": {"namespace": "vm-test", "name": name, "uid": pod_uid(name), "qosClass": "Guaranteed"},
+        "pod": {"namespace": "vm-test", "name": name, "uid": admit::pod_uid(name), "qosClass": "Guaranteed"},
         "containers": [{"name": "c", "resources": resources}],
         "numaNodes": numa,
     });
-    let (status, text) = http(
-        port,
-        "POST",
-        "/v1/admit",
-        Some("application/json"),
-        &body.to_string(),
-    );
-    let answer: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    let ok = status == 200
-        && match message {
-            Some(m) => answer["allowed"] == false && answer["message"] == m,
-            None => answer["allowed"] == true,
-        };
+    let answer = admit::post(port, &format!("{name} on {numa:?}"), &body)?;
+    let ok = match message {
+        Some(m) => answer["allowed"] == false && answer["message"] == m,
+        None => answer["allowed"] == true,
+    };
     if !ok {
         return Err(format!(
-            "POST /v1/admit {name} on {numa:?}: {status} {text}, expected {}",
+            "POST /v1/admit {name} on {numa:?}: {answer}, expected {}",
             message.unwrap_or("allowed")
         ));
     }

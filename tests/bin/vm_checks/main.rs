@@ -7,6 +7,7 @@
 //! A check that panics (the test helpers do) fails with the panic's message. Exit 0 when every
 //! check passed.
 
+mod admit;
 mod kep5759;
 mod numa_consumer;
 mod reservations;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use hugepage_agent_tests::{HostLock, TestCgroup, Toucher, http, pod_cgroups};
 use serde_json::{Value, json};
 
-use crate::{CheckResult, Guest, selection, sysfs};
+use crate::{CheckResult, Guest, admit, selection, sysfs};
 
 const MI: u64 = 1 << 20;
 
@@ -36,7 +36,7 @@ pub fn across_nodes(guest: &Guest) -> CheckResult {
     let bytes = &all.first().unwrap_or(&Value::Null)["bytes"][sysfs::SIZE_2M.to_string()];
     if status != 200
         || all.len() != 1
-        || all[0]["podUid"] != uid("reserve-a")
+        || all[0]["podUid"] != admit::pod_uid("reserve-a")
         || all[0]["numaNodes"] != json!([2, 3])
         || bytes.as_u64() != Some(72 * MI)
     {
@@ -167,35 +167,16 @@ pub fn discrepancy(guest: &Guest, lock: &HostLock) -> CheckResult {
     ))
 }
 
-/// The UID of the test pod `name`.
-fn uid(name: &str) -> String {
-    let n = name
-        .bytes()
-        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
-        & 0xffff_ffff_ffff;
-    format!("18000000-0000-4000-8000-{n:012x}")
-}
-
 /// `POST /v1/admit` of Guaranteed pod `name` (with its UID, so an admission reserves) asking `mi`
 /// MiB of 2 MiB pages and 64Mi of memory, under `restricted`, on `numa` or selected.
 fn admit(port: u16, name: &str, mi: u64, numa: Option<&[u32]>) -> Result<Value, String> {
     let mut body = json!({
-        "pod": {"namespace": "vm-test", "name": name, "uid": uid(name), "qosClass": "Guaranteed"},
+        "pod": {"namespace": "vm-test", "name": name, "uid": admit::pod_uid(name), "qosClass": "Guaranteed"},
         "containers": [{"name": "c", "resources": {"memory": "64Mi", "hugepages-2Mi": format!("{mi}Mi")}}],
         "topologyPolicy": "restricted",
     });
     if let Some(nodes) = numa {
         body["numaNodes"] = json!(nodes);
     }
-    let (status, text) = http(
-        port,
-        "POST",
-        "/v1/admit",
-        Some("application/json"),
-        &body.to_string(),
-    );
-    if status != 200 {
-        return Err(format!("POST /v1/admit {name}: {status} {text}"));
-    }
-    serde_json::from_str(&text).map_err(|e| format!("JSON: {e}: {text}"))
+    admit::post(port, name, &body)
 }

@@ -253,17 +253,7 @@ pub fn admit(port: u16, mi: u64, policy: &str) -> Result<Value, String> {
         "containers": [{"name": "c", "resources": {"memory": "64Mi", "hugepages-2Mi": format!("{mi}Mi")}}],
         "topologyPolicy": policy,
     });
-    let (status, text) = http(
-        port,
-        "POST",
-        "/v1/admit",
-        Some("application/json"),
-        &body.to_string(),
-    );
-    if status != 200 {
-        return Err(format!("POST /v1/admit: {status} {text}"));
-    }
-    serde_json::from_str(&text).map_err(|e| format!("JSON: {e}: {text}"))
+    crate::admit::post(port, &format!("{mi}Mi under {policy}"), &body)
 }
 
 /// The verdict selected and verified exactly `expect`'s nodes, or was refused for its reason

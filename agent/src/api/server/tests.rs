@@ -182,28 +182,13 @@ fn client_builder(
 }
 
 fn pki() -> Pki {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    };
+    use rcgen::ExtendedKeyUsagePurpose;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca = CertificateParams::new(Vec::new()).expect("params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, "test CA");
-    let ca_pem = ca.self_signed(&ca_key).expect("CA").pem();
-    let issuer = Issuer::new(ca, ca_key);
-    let leaf = |names: Vec<String>, usage| {
-        let key = KeyPair::generate().expect("key");
-        let mut params = CertificateParams::new(names).expect("params");
-        params.extended_key_usages = vec![usage];
-        let cert = params.signed_by(&key, &issuer).expect("leaf");
-        (cert.pem(), key.serialize_pem())
-    };
-    let (server_cert, server_key) = leaf(
-        vec![tls::SERVER_NAME.to_owned()],
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    let (client_cert, client_key) = leaf(Vec::new(), ExtendedKeyUsagePurpose::ClientAuth);
+
+    use crate::tls::test_pki::{ca, leaf};
+    let (ca_pem, issuer) = ca("test CA");
+    let (server_cert, server_key) = leaf(&issuer, ExtendedKeyUsagePurpose::ServerAuth);
+    let (client_cert, client_key) = leaf(&issuer, ExtendedKeyUsagePurpose::ClientAuth);
     let dir = tempfile::tempdir().expect("tempdir");
     for (name, pem) in [
         ("ca.crt", &ca_pem),

@@ -8,36 +8,20 @@ use std::{
 
 use hyper::{Response, server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-};
+use rcgen::ExtendedKeyUsagePurpose;
 use rustls::ServerConfig;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::*;
+use crate::tls::test_pki::{ca, leaf};
 
 /// The client's files (a CA, a client certificate of it) and an agent's server config.
 fn pki() -> (tempfile::TempDir, ClientFiles, Arc<ServerConfig>) {
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca = CertificateParams::new(Vec::new()).expect("params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, "agents' CA");
-    let ca_pem = ca.self_signed(&ca_key).expect("CA").pem();
-    let issuer = Issuer::new(ca, ca_key);
-    let leaf = |names: Vec<String>, usage| {
-        let key = KeyPair::generate().expect("key");
-        let mut params = CertificateParams::new(names).expect("params");
-        params.extended_key_usages = vec![usage];
-        let cert = params.signed_by(&key, &issuer).expect("leaf");
-        (cert.pem(), key.serialize_pem())
-    };
-    let (server_cert, server_key) = leaf(
-        vec![SERVER_NAME.to_owned()],
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    let (client_cert, client_key) = leaf(Vec::new(), ExtendedKeyUsagePurpose::ClientAuth);
+    let (ca_pem, issuer) = ca("agents' CA");
+    let (server_cert, server_key) = leaf(&issuer, ExtendedKeyUsagePurpose::ServerAuth);
+    let (client_cert, client_key) = leaf(&issuer, ExtendedKeyUsagePurpose::ClientAuth);
     let dir = tempfile::tempdir().expect("tempdir");
     let files = ClientFiles {
         ca: dir.path().join("ca.crt"),

@@ -1,0 +1,32 @@
+//! Certificates for the unit tests (test builds only): a CA and leaves it signs, as PEM, made
+//! with rcgen. The integration tests have their own in `tests/mtls.rs`.
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+};
+
+use super::SERVER_NAME;
+
+/// A CA: its certificate (PEM) and an issuer for leaves.
+pub fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(Vec::new()).expect("params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let cert = params.self_signed(&key).expect("self-signed");
+    (cert.pem(), Issuer::new(params, key))
+}
+
+/// A leaf of `issuer` for `usage`: (certificate PEM, key PEM). A server leaf carries
+/// [`SERVER_NAME`], a client leaf no name.
+pub fn leaf(issuer: &Issuer<'_, KeyPair>, usage: ExtendedKeyUsagePurpose) -> (String, String) {
+    let names = match usage {
+        ExtendedKeyUsagePurpose::ServerAuth => vec![SERVER_NAME.to_owned()],
+        _ => Vec::new(),
+    };
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(names).expect("params");
+    params.extended_key_usages = vec![usage];
+    let cert = params.signed_by(&key, issuer).expect("signed");
+    (cert.pem(), key.serialize_pem())
+}
