@@ -2,54 +2,43 @@
 //! ([`Client::admit`]): `POST /v1/admit?dryRun=true` for the extender (and for admission
 //! requests that are dry runs), `POST /v1/admit`, which reserves, for the admission webhook.
 //!
-//! Connections are kept alive and reused, pooled by agent address (hyper's pool): at most
-//! [`IDLE_PER_AGENT`] idle ones per agent, each closed after [`IDLE_TIMEOUT`] unused; one that
-//! the agent closed or that failed is dropped, never handed out again (a request that had not
-//! started on a reused connection found closed is sent again on another). Connections are
-//! dialled by [`super::dial`] with the client config current at the time: when the client's
-//! files are reloaded ([`super::agent_tls`]), the next call starts a new pool, so that every call
-//! after a reload uses the new material, and the old pool's connections close.
+//! Connections are kept alive and reused by agent address ([`super::pool`]); a connection that
+//! failed, that the agent closed, or whose exchange was abandoned (the caller's deadline) is
+//! closed, never parked again. A request that got no byte of answer on a reused connection (the
+//! agent closed it as it was sent) is sent once more on a new one: a dry run changes nothing, and
+//! an admission by pod UID again is the same admission (the agent does not count a pod's own
+//! reservation against it). Connections are dialled by [`super::dial`] with the client config
+//! current at the time: when the client's files are reloaded ([`super::agent_tls`]), the next
+//! call starts a new pool, so that every call after a reload uses the new material, and the old
+//! pool's connections close.
 //!
-//! An answer is read up to [`ANSWER_LIMIT`] bytes; anything but a 200 with the verdict's JSON is
-//! an error naming the agent's address. Each call is a span carrying the trace onwards
-//! ([`super::trace`]).
+//! The exchange itself is [`super::http1`]'s. An answer is read up to [`ANSWER_LIMIT`] bytes;
+//! anything but a 200 with the verdict's JSON is an error naming the agent's address. Each call
+//! is a span carrying the trace onwards ([`super::trace`]).
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Weak},
+    time::Instant,
+};
 
 use arc_swap::ArcSwap;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::{
-    Request, StatusCode,
-    body::Bytes,
-    header::{CONTENT_TYPE, HOST},
-};
-use hyper_util::{
-    client::legacy,
-    rt::{TokioExecutor, TokioTimer},
-};
+use hyper::body::Bytes;
 use rustls::ClientConfig;
 use serde::Deserialize;
 use tracing::Instrument;
 
 pub use super::agent_tls::ClientFiles;
 use super::{
-    dial::{DialError, Dialer},
+    dial::{Stream, dial},
+    http1::{self, Answer, Http1Error, Post},
+    pool::{Idle, SWEEP_EVERY},
     trace,
 };
 use crate::tls::{Current, Reloader, SERVER_NAME, TlsError, TlsStats, watched};
 
-/// Each pooled connection's read buffer: a verdict is about a kilobyte, and a thousand
-/// connections with hyper's growing buffer (from 8 KiB up) hold megabytes for nothing.
-const READ_BUFFER: usize = 4096;
-
 /// The most an agent's answer may be.
 pub const ANSWER_LIMIT: usize = 1 << 20;
-/// Idle connections kept per agent: a filter call asks each agent once, and calls overlap
-/// little.
-pub const IDLE_PER_AGENT: usize = 4;
-/// How long an idle connection is kept.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
 const ADMIT: &str = "/v1/admit";
 
 #[derive(Debug, thiserror::Error)]
@@ -94,19 +83,7 @@ pub struct CheckReply {
 /// The connections of one client config.
 struct Pool {
     config: Arc<ClientConfig>,
-    http: legacy::Client<Dialer, Full<Bytes>>,
-}
-
-impl Pool {
-    fn new(config: Arc<ClientConfig>) -> Pool {
-        let http = legacy::Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(IDLE_PER_AGENT)
-            .pool_idle_timeout(IDLE_TIMEOUT)
-            .pool_timer(TokioTimer::new())
-            .http1_read_buf_exact_size(READ_BUFFER)
-            .build(Dialer::new(config.clone()));
-        Pool { config, http }
-    }
+    idle: Idle,
 }
 
 /// Calls agents on `port` with the client certificate, over pooled connections.
@@ -135,7 +112,11 @@ impl Client {
         stats: Arc<TlsStats>,
     ) -> Result<(Client, Reloader<ClientFiles>), TlsError> {
         let (config, reloader) = watched(files.clone(), stats)?;
-        let pool = Arc::new(ArcSwap::from_pointee(Pool::new(config.load_full())));
+        let pool = Arc::new(ArcSwap::from_pointee(Pool {
+            config: config.load_full(),
+            idle: Idle::default(),
+        }));
+        tokio::spawn(sweep(Arc::downgrade(&pool)));
         Ok((Client { config, pool, port }, reloader))
     }
 
@@ -177,7 +158,10 @@ impl Client {
         if Arc::ptr_eq(&pool.config, &config) {
             return pool;
         }
-        let fresh = Arc::new(Pool::new(config));
+        let fresh = Arc::new(Pool {
+            config,
+            idle: Idle::default(),
+        });
         let before = self.pool.compare_and_swap(&pool, fresh.clone());
         if Arc::ptr_eq(&before, &pool) {
             fresh
@@ -195,62 +179,86 @@ impl Client {
         dry_run: bool,
         span: &tracing::Span,
     ) -> Result<Reply, CallError> {
-        let query = if dry_run { "?dryRun=true" } else { "" };
-        let http = |detail: String| CallError::Http { addr, detail };
-        let mut request = Request::post(format!("https://{addr}{ADMIT}{query}"))
-            .header(HOST, SERVER_NAME)
-            .header(CONTENT_TYPE, "application/json")
-            .body(Full::new(body))
-            .map_err(|e| http(e.to_string()))?;
-        request.headers_mut().extend(trace::outgoing(span));
-        let response = self
-            .pool()
-            .http
-            .request(request)
-            .await
-            .map_err(|e| failed(addr, &e))?;
-        let status = response.status();
-        span.record("http.response.status_code", status.as_u16());
-        let bytes = Limited::new(response.into_body(), ANSWER_LIMIT)
-            .collect()
-            .await
-            .map_err(|e| http(format!("reading the answer: {e}")))?
-            .to_bytes();
-        if status != StatusCode::OK {
+        let target = if dry_run {
+            "/v1/admit?dryRun=true"
+        } else {
+            ADMIT
+        };
+        let trace = trace::outgoing(span);
+        let headers: Vec<(&str, &[u8])> = trace
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes()))
+            .collect();
+        let post = Post {
+            target,
+            host: SERVER_NAME,
+            headers: &headers,
+            body: &body,
+        };
+        let answer = self.send(addr, &post).await?;
+        span.record("http.response.status_code", answer.status);
+        if answer.status != 200 {
             return Err(CallError::Status {
                 addr,
-                status: status.as_u16(),
-                detail: problem_detail(&bytes),
+                status: answer.status,
+                detail: problem_detail(&answer.body),
             });
         }
-        serde_json::from_slice(&bytes).map_err(|e| CallError::Answer {
+        serde_json::from_slice(&answer.body).map_err(|e| CallError::Answer {
             addr,
             detail: e.to_string(),
         })
     }
+
+    /// `post` on an idle connection to `addr`, or on a new one; the connection is parked again
+    /// after an answer that leaves it reusable.
+    async fn send(&self, addr: SocketAddr, post: &Post<'_>) -> Result<Answer, CallError> {
+        let pool = self.pool();
+        let failed = |e: Http1Error| CallError::Http {
+            addr,
+            detail: e.to_string(),
+        };
+        let (stream, answer) = match pool.idle.take(addr, Instant::now()) {
+            Some(mut stream) => match http1::exchange(&mut stream, post, ANSWER_LIMIT).await {
+                Err(Http1Error::Unanswered(_)) => on_new(&pool, addr, post).await?,
+                answer => (stream, answer),
+            },
+            None => on_new(&pool, addr, post).await?,
+        };
+        let answer = answer.map_err(failed)?;
+        if answer.reusable {
+            pool.idle.park(addr, stream, Instant::now());
+        }
+        Ok(answer)
+    }
 }
 
-/// A failed exchange: the dial's error when it is one, else hyper's causes on one line (its
-/// own message is only "client error (…)").
-fn failed(addr: SocketAddr, err: &legacy::Error) -> CallError {
-    let mut causes = Vec::new();
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        if let Some(dial) = cause.downcast_ref::<DialError>() {
-            return CallError::Http {
-                addr,
-                detail: dial.to_string(),
-            };
-        }
-        causes.push(cause.to_string());
-        source = cause.source();
+/// `post` on a new connection to `addr` with the pool's config: the connection and the
+/// exchange's result.
+async fn on_new(
+    pool: &Pool,
+    addr: SocketAddr,
+    post: &Post<'_>,
+) -> Result<(Stream, Result<Answer, Http1Error>), CallError> {
+    let mut stream = dial(pool.config.clone(), addr)
+        .await
+        .map_err(|e| CallError::Http {
+            addr,
+            detail: e.to_string(),
+        })?;
+    let answer = http1::exchange(&mut stream, post, ANSWER_LIMIT).await;
+    Ok((stream, answer))
+}
+
+/// Closes expired idle connections every [`SWEEP_EVERY`], in the pool current at the time,
+/// until the client is gone.
+async fn sweep(pool: Weak<ArcSwap<Pool>>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        every.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        pool.load().idle.sweep(Instant::now());
     }
-    let detail = if causes.is_empty() {
-        err.to_string()
-    } else {
-        causes.join(": ")
-    };
-    CallError::Http { addr, detail }
 }
 
 /// The `detail` of a problem document, else the body's start.

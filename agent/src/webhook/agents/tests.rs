@@ -6,16 +6,21 @@ use std::{
     time::Duration,
 };
 
-use hyper::{Response, server::conn::http1, service::service_fn};
+use http_body_util::Full;
+use hyper::{Request, Response, server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
 use rcgen::ExtendedKeyUsagePurpose;
 use rustls::ServerConfig;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-use tokio::net::TcpListener;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
 use tokio_rustls::TlsAcceptor;
 
 use super::*;
 use crate::tls::test_pki::{ca, leaf};
+use crate::webhook::pool::IDLE_TIMEOUT;
 
 /// The client's files (a CA, a client certificate of it) and an agent's server config.
 fn pki() -> (tempfile::TempDir, ClientFiles, Arc<ServerConfig>) {
@@ -155,4 +160,80 @@ async fn an_agent_not_listening_is_an_error_naming_it_and_saying_so() {
         text.starts_with(&format!("agent at {addr}: cannot connect: ")),
         "{text}"
     );
+}
+
+/// A stand-in agent that answers the first request on each connection, and on its second
+/// request reads it whole and closes the connection without a byte of answer (as an agent does
+/// that closes an idle connection just as a request is sent); it counts connections.
+async fn closes_on_second_request(config: Arc<ServerConfig>) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("its address");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let acceptor = TlsAcceptor::from(config.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 8192];
+                let verdict = br#"{"allowed":true,"numaNodes":[1]}"#;
+                for answered in [true, false] {
+                    // The request ends with the pod's JSON, which ends with '}'.
+                    let mut got = Vec::new();
+                    while !got.ends_with(b"}") {
+                        match tls.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if answered {
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+                            verdict.len()
+                        );
+                        let _ = tls.write_all(head.as_bytes()).await;
+                        let _ = tls.write_all(verdict).await;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn a_request_unanswered_on_a_reused_connection_is_sent_once_more_on_a_new_one() {
+    let (_dir, files, server) = pki();
+    let (addr, accepted) = closes_on_second_request(server).await;
+    let client = client(&files);
+    for call in 1..=3 {
+        let reply = client.admit(addr, Bytes::from_static(POD), call == 3).await;
+        assert!(
+            reply.as_ref().is_ok_and(|r| r.numa_nodes == [1]),
+            "call {call}: {reply:?}"
+        );
+    }
+    // 1 on a new connection; 2 unanswered on it, then on a second; 3 unanswered on that, then
+    // on a third.
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_by_the_sweep_once_expired_and_not_before() {
+    let (_dir, files, server) = pki();
+    let agent = stand(server, Duration::from_secs(60)).await;
+    let client = client(&files);
+    let call = || client.admit(agent.addr, Bytes::from_static(POD), true);
+    assert!(call().await.is_ok_and(|r| r.allowed));
+    let parked = Instant::now();
+    let pool = client.pool();
+    assert_eq!(pool.idle.sweep(parked + IDLE_TIMEOUT / 2), 0);
+    assert!(call().await.is_ok_and(|r| r.allowed));
+    assert_eq!(agent.accepted.load(Ordering::SeqCst), 1, "reused");
+    assert_eq!(pool.idle.sweep(Instant::now() + IDLE_TIMEOUT), 1);
+    assert!(call().await.is_ok_and(|r| r.allowed));
+    assert_eq!(agent.accepted.load(Ordering::SeqCst), 2, "dialled anew");
 }

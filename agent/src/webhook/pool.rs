@@ -1,0 +1,88 @@
+//! The webhook's idle connections to the agents, by agent address: a call takes one (the most
+//! recently parked) or dials, and parks it again after a complete answer. At most
+//! [`IDLE_PER_AGENT`] are kept per agent and none longer than [`IDLE_TIMEOUT`]; [`Idle::sweep`]
+//! closes the expired ones (the client runs it every [`SWEEP_EVERY`]).
+//!
+//! A parked connection holds its TLS state and socket only. Before one is handed out it is
+//! checked without blocking: if the agent closed it (end of stream) or sent anything while it was
+//! idle (a TLS alert), it is closed instead; a connection that idles must have nothing to read.
+//! The check reads the TCP socket under TLS, which is safe for exactly that reason: any byte
+//! there means the connection is not reused.
+
+use std::{
+    collections::HashMap,
+    io::ErrorKind,
+    net::SocketAddr,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use super::dial::Stream;
+
+/// Idle connections kept per agent: a filter call asks each agent once, and calls overlap
+/// little.
+pub const IDLE_PER_AGENT: usize = 4;
+/// How long an idle connection is kept.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How often expired connections are closed.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(15);
+
+struct Parked {
+    stream: Stream,
+    since: Instant,
+}
+
+/// The idle connections of one client config.
+#[derive(Default)]
+pub struct Idle {
+    parked: Mutex<HashMap<SocketAddr, Vec<Parked>>>,
+}
+
+impl Idle {
+    /// An idle connection to `addr` that is still open, if there is one; those found closed or
+    /// expired on the way are closed.
+    pub fn take(&self, addr: SocketAddr, now: Instant) -> Option<Stream> {
+        let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+        let list = parked.get_mut(&addr)?;
+        let mut found = None;
+        while let Some(p) = list.pop() {
+            if now.saturating_duration_since(p.since) < IDLE_TIMEOUT && quiet(&p.stream) {
+                found = Some(p.stream);
+                break;
+            }
+        }
+        if list.is_empty() {
+            parked.remove(&addr);
+        }
+        found
+    }
+
+    /// Parks `stream` to `addr` at `now`, unless [`IDLE_PER_AGENT`] already are (it is closed).
+    pub fn park(&self, addr: SocketAddr, stream: Stream, now: Instant) {
+        let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+        let list = parked.entry(addr).or_default();
+        if list.len() < IDLE_PER_AGENT {
+            list.push(Parked { stream, since: now });
+        }
+    }
+
+    /// Closes the connections idle for [`IDLE_TIMEOUT`] at `now`; how many were.
+    pub fn sweep(&self, now: Instant) -> usize {
+        let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+        let mut closed = 0;
+        parked.retain(|_, list| {
+            let before = list.len();
+            list.retain(|p| now.saturating_duration_since(p.since) < IDLE_TIMEOUT);
+            closed += before - list.len();
+            !list.is_empty()
+        });
+        closed
+    }
+}
+
+/// Whether an idle connection has nothing to read: not closed by the agent, no alert.
+fn quiet(stream: &Stream) -> bool {
+    let (tcp, _) = stream.get_ref();
+    let mut byte = [0u8; 1];
+    matches!(tcp.try_read(&mut byte), Err(e) if e.kind() == ErrorKind::WouldBlock)
+}
