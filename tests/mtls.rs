@@ -182,7 +182,8 @@ pub fn client_config(
             .expect("a client certificate"),
         None => builder.with_no_client_auth(),
     };
-    config.alpn_protocols = vec![b"http/1.1".to_vec(), b"h2".to_vec()];
+    // It speaks HTTP/1.1 only, and says so: a server offering HTTP/2 must not choose it.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Arc::new(config)
 }
 

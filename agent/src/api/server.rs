@@ -21,16 +21,16 @@
 //! stalls its handshake holds up no one and a reload never touches a connection in flight; then
 //! hyper serves HTTP/1.1 with keep-alive. A refused handshake is counted by why. Where the TLS
 //! config offers HTTP/2 ([`crate::tls::Alpn`], the webhook's listener) and the client chose it,
-//! the connection is served by the protocol its first bytes speak (HTTP/2's preface, else
-//! HTTP/1.1); the agent's API never offers it, and its connections are HTTP/1.1 only.
+//! the connection is served as HTTP/2; the agent's API never offers it, and its connections are
+//! HTTP/1.1 only.
 
 use std::{io, net::SocketAddr, sync::mpsc, thread, time::Duration};
 
 use axum::Router;
-use hyper::server::conn::http1;
+use hyper::server::conn::{http1, http2};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo},
-    server::conn::auto,
+    server::graceful::GracefulConnection,
     service::TowerToHyperService,
 };
 use tokio::{
@@ -343,7 +343,7 @@ async fn serve_connection(
     _open: watch::Receiver<()>,
 ) {
     let Some(tls) = tls else {
-        return serve_http(tcp, router, stop).await;
+        return until_stopped(http1_connection(tcp, router), stop).await;
     };
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(tcp));
     let shaken = tokio::select! {
@@ -352,45 +352,35 @@ async fn serve_connection(
     };
     match shaken {
         Ok(Ok(stream)) if stream.get_ref().1.alpn_protocol() == Some(b"h2") => {
-            serve_either(stream, router, stop).await;
+            let connection = http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+            until_stopped(connection, stop).await;
         }
-        Ok(Ok(stream)) => serve_http(stream, router, stop).await,
+        Ok(Ok(stream)) => until_stopped(http1_connection(stream, router), stop).await,
         Ok(Err(err)) => tls.refused(Refusal::of(&err)),
         Err(_) => tls.refused(Refusal::Timeout),
     }
 }
 
-/// HTTP/1.1 over `io` (kept alive) until the client closes it or `stop` turns true.
-async fn serve_http<I>(io: I, router: Router, mut stop: watch::Receiver<bool>)
+/// HTTP/1.1 over `io`, kept alive.
+fn http1_connection<I>(io: I, router: Router) -> impl GracefulConnection
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let connection = http1::Builder::new()
+    http1::Builder::new()
         .max_buf_size(READ_BUFFER)
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(router))
+}
+
+/// Serves `connection` until the client closes it or `stop` turns true; then lets it finish the
+/// requests it has begun.
+async fn until_stopped(connection: impl GracefulConnection, mut stop: watch::Receiver<bool>) {
     tokio::pin!(connection);
     tokio::select! {
         _ = connection.as_mut() => return,
         _ = stop.wait_for(|stopped| *stopped) => connection.as_mut().graceful_shutdown(),
     }
     // Errors of a connection are the client's (it went away); nothing to report.
-    let _ = connection.await;
-}
-
-/// HTTP/2, or HTTP/1.1 for a client that chose `h2` by ALPN but speaks HTTP/1.1 (the protocol is
-/// read from its first bytes), until the client closes the connection or `stop` turns true.
-async fn serve_either<I>(io: I, router: Router, mut stop: watch::Receiver<bool>)
-where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().max_buf_size(READ_BUFFER);
-    let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(router));
-    tokio::pin!(connection);
-    tokio::select! {
-        _ = connection.as_mut() => return,
-        _ = stop.wait_for(|stopped| *stopped) => connection.as_mut().graceful_shutdown(),
-    }
     let _ = connection.await;
 }
 

@@ -3,8 +3,10 @@
 //! requests that are dry runs), `POST /v1/admit`, which reserves, for the admission webhook.
 //!
 //! Connections are kept alive and reused by agent address ([`super::pool`]); a connection that
-//! failed, that the agent closed, or whose exchange was abandoned (the caller's deadline) is
-//! closed, never parked again. A request that got no byte of answer on a reused connection (the
+//! failed or that the agent closed is closed, never parked again. A dial may take up to
+//! [`super::dial::DIAL_TIMEOUT`] and an answer [`ANSWER_TIMEOUT`]: a call abandoned by its
+//! caller's deadline is left to finish within them ([`super::ask`]), so that its connection is
+//! parked for the next call instead of closed. A request that got no byte of answer on a reused connection (the
 //! agent closed it as it was sent) is sent once more on a new one: a dry run changes nothing, and
 //! an admission by pod UID again is the same admission (the agent does not count a pod's own
 //! reservation against it). Connections are dialled by [`super::dial`] with the client config
@@ -17,9 +19,10 @@
 //! is a span carrying the trace onwards ([`super::trace`]).
 
 use std::{
+    io,
     net::SocketAddr,
     sync::{Arc, Weak},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use arc_swap::ArcSwap;
@@ -37,6 +40,8 @@ use super::{
 };
 use crate::tls::{Current, Reloader, SERVER_NAME, TlsError, TlsStats, watched};
 
+/// How long an agent may take to answer on an open connection.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most an agent's answer may be.
 pub const ANSWER_LIMIT: usize = 1 << 20;
 const ADMIT: &str = "/v1/admit";
@@ -219,7 +224,7 @@ impl Client {
             detail: e.to_string(),
         };
         let (stream, answer) = match pool.idle.take(addr, Instant::now()) {
-            Some(mut stream) => match http1::exchange(&mut stream, post, ANSWER_LIMIT).await {
+            Some(mut stream) => match exchange_on(&mut stream, post).await {
                 Err(Http1Error::Unanswered(_)) => on_new(&pool, addr, post).await?,
                 answer => (stream, answer),
             },
@@ -246,8 +251,20 @@ async fn on_new(
             addr,
             detail: e.to_string(),
         })?;
-    let answer = http1::exchange(&mut stream, post, ANSWER_LIMIT).await;
+    let answer = exchange_on(&mut stream, post).await;
     Ok((stream, answer))
+}
+
+/// `post` on `stream`, answered within [`ANSWER_TIMEOUT`].
+async fn exchange_on(stream: &mut Stream, post: &Post<'_>) -> Result<Answer, Http1Error> {
+    tokio::time::timeout(ANSWER_TIMEOUT, http1::exchange(stream, post, ANSWER_LIMIT))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Http1Error::Read(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {ANSWER_TIMEOUT:?}"),
+            )))
+        })
 }
 
 /// Closes expired idle connections every [`SWEEP_EVERY`], in the pool current at the time,

@@ -1,7 +1,11 @@
 //! Asking every candidate's agent at once: one task per agent, all under one deadline for the
 //! whole call (`--agent-timeout`). What an agent answered in time is its [`Heard::Answer`];
 //! a failed call, a node whose agent cannot be found, and an agent still silent at the deadline
-//! (its call is then abandoned) are [`Heard::Silent`] with the reason. Each call that completes
+//! are [`Heard::Silent`] with the reason. A call still running at the deadline is not waited for,
+//! but it is not cancelled either: it finishes in the background within the dial's and the
+//! answer's own limits ([`super::agents`]), so that its connection is kept. Cancelled, a cold
+//! start's thousand calls whose handshakes outlast the deadline would each throw away a
+//! connection the next call must dial again, and the calls after it as well. Each call that completes
 //! is timed in the [`Metrics`]. The calls run in the caller's span and trace context, so that
 //! each is a child of the scheduler's call ([`super::trace`]).
 
@@ -67,7 +71,7 @@ pub async fn ask_all(
             });
         }
     }
-    calls.abort_all();
+    calls.detach_all();
     heard
         .into_iter()
         .zip(targets)

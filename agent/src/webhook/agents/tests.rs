@@ -53,14 +53,15 @@ fn pki() -> (tempfile::TempDir, ClientFiles, Arc<ServerConfig>) {
 }
 
 /// A stand-in agent answering every request with a verdict; it counts the connections it
-/// accepted, keeps the request targets, and drops each connection `linger` after accepting it.
+/// accepted, keeps the request targets, answers each `delay` after its request, and drops each
+/// connection `linger` after accepting it.
 struct Stand {
     addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
     targets: Arc<Mutex<Vec<String>>>,
 }
 
-async fn stand(config: Arc<ServerConfig>, linger: Duration) -> Stand {
+async fn stand(config: Arc<ServerConfig>, linger: Duration, delay: Duration) -> Stand {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("its address");
     let accepted = Arc::new(AtomicUsize::new(0));
@@ -79,7 +80,10 @@ async fn stand(config: Arc<ServerConfig>, linger: Duration) -> Stand {
                         seen.push(request.uri().to_string());
                     }
                     let verdict = Bytes::from_static(br#"{"allowed":true,"numaNodes":[0]}"#);
-                    async move { Ok::<_, std::convert::Infallible>(Response::new(Full::new(verdict))) }
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(verdict)))
+                    }
                 });
                 let connection = http1::Builder::new().serve_connection(TokioIo::new(tls), service);
                 // At `linger`, the connection is dropped: its socket closes, unannounced.
@@ -104,7 +108,7 @@ const POD: &[u8] = br#"{"metadata":{"name":"p"}}"#;
 #[tokio::test]
 async fn dry_runs_and_a_real_admission_differ_by_the_query_only_and_share_one_connection() {
     let (_dir, files, server) = pki();
-    let agent = stand(server, Duration::from_secs(60)).await;
+    let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
     let client = client(&files);
     for _ in 0..2 {
         let reply = client
@@ -133,7 +137,7 @@ async fn dry_runs_and_a_real_admission_differ_by_the_query_only_and_share_one_co
 #[tokio::test]
 async fn a_connection_the_agent_closed_is_dropped_and_the_next_call_dials_anew() {
     let (_dir, files, server) = pki();
-    let agent = stand(server, Duration::from_millis(200)).await;
+    let agent = stand(server, Duration::from_millis(200), Duration::ZERO).await;
     let client = client(&files);
     for round in 1..=3 {
         let reply = client
@@ -224,7 +228,7 @@ async fn a_request_unanswered_on_a_reused_connection_is_sent_once_more_on_a_new_
 #[tokio::test]
 async fn idle_connections_are_closed_by_the_sweep_once_expired_and_not_before() {
     let (_dir, files, server) = pki();
-    let agent = stand(server, Duration::from_secs(60)).await;
+    let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
     let client = client(&files);
     let call = || client.admit(agent.addr, Bytes::from_static(POD), true);
     assert!(call().await.is_ok_and(|r| r.allowed));
@@ -236,4 +240,49 @@ async fn idle_connections_are_closed_by_the_sweep_once_expired_and_not_before() 
     assert_eq!(pool.idle.sweep(Instant::now() + IDLE_TIMEOUT), 1);
     assert!(call().await.is_ok_and(|r| r.allowed));
     assert_eq!(agent.accepted.load(Ordering::SeqCst), 2, "dialled anew");
+}
+
+#[tokio::test]
+async fn a_call_past_the_deadline_finishes_in_the_background_and_its_connection_is_reused() {
+    use crate::webhook::{
+        ask::{Ask, Heard, ask_all},
+        metrics::Metrics,
+    };
+    let (_dir, files, server) = pki();
+    let agent = stand(server, Duration::from_secs(60), Duration::from_millis(300)).await;
+    let client = client(&files);
+    let metrics = Metrics::new(Arc::default());
+    let body = Bytes::from_static(POD);
+    let targets = [Ok(agent.addr)];
+    let ask = Ask { dry_run: true };
+    let late = ask_all(
+        &client,
+        &body,
+        &targets,
+        ask,
+        Duration::from_millis(50),
+        &metrics,
+    )
+    .await;
+    assert!(
+        matches!(&late[..], [Heard::Silent(why)] if why.ends_with("no answer within 50ms")),
+        "{late:?}"
+    );
+    // The late call is answered at 300 ms, and its connection parked.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let heard = ask_all(
+        &client,
+        &body,
+        &targets,
+        ask,
+        Duration::from_secs(2),
+        &metrics,
+    )
+    .await;
+    assert!(
+        matches!(&heard[..], [Heard::Answer(reply)] if reply.allowed),
+        "{heard:?}"
+    );
+    assert_eq!(agent.accepted.load(Ordering::SeqCst), 1, "one connection");
+    assert_eq!(agent.targets.lock().expect("the targets").len(), 2);
 }
