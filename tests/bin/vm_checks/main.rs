@@ -13,6 +13,7 @@ mod kep5759;
 mod numa_consumer;
 mod reservations;
 mod selection;
+mod strict;
 mod sysfs;
 mod topology;
 
@@ -252,6 +253,9 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
     });
     runner.check("discrepancy-node3-burstable", || {
         reservations::discrepancy(&guest, &lock)
+    });
+    runner.check_agent("strict-mode-multi-node", &mut agent, |agent| {
+        strict::multi_node(&guest, agent.port)
     });
     Ok(runner.failed)
 }
