@@ -9,6 +9,7 @@
 //! panic's message. Exit 0 when every check passed.
 
 mod admit;
+mod cgroup_events;
 mod kep5759;
 mod numa_consumer;
 mod reservations;
@@ -256,6 +257,9 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
     });
     runner.check_agent("strict-mode-multi-node", &mut agent, |agent| {
         strict::multi_node(&guest, agent.port)
+    });
+    runner.check_agent("cgroup-events", &mut agent, |agent| {
+        cgroup_events::kubepods_shaped(&guest, &lock, agent)
     });
     Ok(runner.failed)
 }
