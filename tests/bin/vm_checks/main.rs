@@ -12,6 +12,7 @@ mod admit;
 mod cgroup_events;
 mod kep5759;
 mod numa_consumer;
+mod psi;
 mod reservations;
 mod selection;
 mod strict;
@@ -261,5 +262,6 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
     runner.check_agent("cgroup-events", &mut agent, |agent| {
         cgroup_events::kubepods_shaped(&guest, &lock, agent)
     });
+    runner.check("psi-conditions", || psi::memory_high(&guest, &lock));
     Ok(runner.failed)
 }
