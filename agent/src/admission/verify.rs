@@ -9,8 +9,10 @@
 //! `strict` mode goes further than the KEP: `free_hugepages` still counts pages reserved by a
 //! mapping that has not touched them. The kernel keeps that reservation as one system-wide count
 //! (`resv_hugepages`), and a later fault may take its pages from any node, so strict subtracts the
-//! whole of it from the selected nodes' free pages: exact on a single node, conservative on more.
-//! Every answer reports both numbers.
+//! whole of it from the selected nodes' free pages: exact when the selection holds the nodes the
+//! reserved pages will fault on (always, on a machine of one node), conservative by the part that
+//! faults elsewhere when it does not, never above what stays available (`cargo xtask vm-test`'s
+//! `strict-mode-multi-node` measures both on four nodes). Every answer reports both numbers.
 
 use std::{
     collections::HashMap,

@@ -2,22 +2,28 @@
 //! `tests/vm/init`), against the guest's own sysfs and the real `hugepage-agent` binary built on
 //! the host. `--bin DIR` holds the binaries (`hugepage-agent`, `toucher`), `--work DIR` the
 //! exchange with the host: `machine.json` (the machine the host defined) in, `results` out (one
-//! `passed NAME: figures` or `failed NAME: why` a line) and, for a failed check, the agent's log
-//! as `NAME.agent.log`. Each check's line is also printed on the console, prefixed `vm-check: `.
-//! A check that panics (the test helpers do) fails with the panic's message. Exit 0 when every
-//! check passed.
+//! `passed NAME: figures` or `failed NAME: why` a line) and, for a failed check, the logs of the
+//! agents it used: the shared agent's as `NAME.agent.log`, each agent the check started of its
+//! own as `NAME.LABEL.agent.log` ([`OwnAgent`]). Each check's line is also printed on the
+//! console, prefixed `vm-check: `. A check that panics (the test helpers do) fails with the
+//! panic's message. Exit 0 when every check passed.
 
 mod admit;
+mod cgroup_events;
 mod kep5759;
 mod numa_consumer;
+mod psi;
 mod reservations;
 mod selection;
+mod strict;
 mod sysfs;
 mod topology;
 
 use std::{
+    cell::RefCell,
     fs,
     io::Write,
+    ops::{Deref, DerefMut},
     panic::AssertUnwindSafe,
     path::{Path, PathBuf},
     process::{Command, ExitCode},
@@ -34,6 +40,45 @@ pub type CheckResult = Result<String, String>;
 pub struct Guest {
     pub bin: PathBuf,
     pub machine: Value,
+    /// The logs of the agents the running check started of its own.
+    kept: KeptLogs,
+}
+
+/// The logs of the agents a check started of its own, each taken as its agent ends; the runner
+/// writes them out when the check fails and forgets them when it passed.
+#[derive(Default)]
+struct KeptLogs(RefCell<Vec<(String, Vec<Value>)>>);
+
+/// An agent a check started of its own (`label` tells it from the check's others); when it is
+/// dropped, on every path out of the check, panics included, its log goes to the check's
+/// [`KeptLogs`].
+pub struct OwnAgent<'g> {
+    agent: Agent,
+    label: String,
+    kept: &'g KeptLogs,
+}
+
+impl Deref for OwnAgent<'_> {
+    type Target = Agent;
+    fn deref(&self) -> &Agent {
+        &self.agent
+    }
+}
+
+impl DerefMut for OwnAgent<'_> {
+    fn deref_mut(&mut self) -> &mut Agent {
+        &mut self.agent
+    }
+}
+
+impl Drop for OwnAgent<'_> {
+    fn drop(&mut self) {
+        self.agent.log.take_in();
+        let seen = std::mem::take(&mut self.agent.log.seen);
+        if let Ok(mut kept) = self.kept.0.try_borrow_mut() {
+            kept.push((std::mem::take(&mut self.label), seen));
+        }
+    }
 }
 
 impl Guest {
@@ -42,13 +87,33 @@ impl Guest {
         Command::new(self.bin.join("hugepage-agent"))
     }
 
-    /// A running agent with its probes required (`--ebpf on`), ready.
-    pub fn start_agent(&self) -> Result<Agent, String> {
+    /// The shared agent, with its probes required (`--ebpf on`), started (see [`run`] for the
+    /// wait until it is ready).
+    pub fn start_agent(&self) -> Agent {
         let mut cmd = self.agent();
         cmd.args(["run", "--ebpf", "on"]);
-        let agent = Agent::start(cmd);
-        hugepage_agent_tests::wait_ready(agent.port, Duration::from_secs(120))
-            .ok_or("the agent was not ready within 120 s")?;
+        Agent::start(cmd)
+    }
+
+    /// Starts `cmd` (an agent command line, `run …`) as an agent of the running check's own,
+    /// whose log is kept if the check fails, and waits until it is ready.
+    pub fn start_own(
+        &self,
+        label: &str,
+        cmd: Command,
+        within: Duration,
+    ) -> Result<OwnAgent<'_>, String> {
+        let agent = OwnAgent {
+            agent: Agent::start(cmd),
+            label: label.to_owned(),
+            kept: &self.kept,
+        };
+        hugepage_agent_tests::wait_ready(agent.port, within).ok_or_else(|| {
+            format!(
+                "the agent ({label}) was not ready within {} s",
+                within.as_secs()
+            )
+        })?;
         Ok(agent)
     }
 
@@ -57,15 +122,19 @@ impl Guest {
     }
 }
 
-struct Runner {
+struct Runner<'g> {
     work: PathBuf,
     results: fs::File,
     failed: u32,
+    /// Where the running check's own agents leave their logs.
+    kept: &'g KeptLogs,
 }
 
-impl Runner {
-    /// Runs one check and records its line.
+impl Runner<'_> {
+    /// Runs one check and records its line; when it failed, writes the logs of the agents it
+    /// started of its own.
     fn check(&mut self, name: &str, f: impl FnOnce() -> CheckResult) -> bool {
+        self.kept.0.borrow_mut().clear();
         let started = Instant::now();
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
             let text = panic
@@ -82,8 +151,16 @@ impl Runner {
         };
         println!("vm-check: {line}");
         let _ = writeln!(self.results, "{line}");
+        let kept = std::mem::take(&mut *self.kept.0.borrow_mut());
         if outcome.is_err() {
             self.failed += 1;
+            for (label, log) in kept {
+                let log: Vec<String> = log.iter().map(Value::to_string).collect();
+                let file = self.work.join(format!("{name}.{label}.agent.log"));
+                if let Err(err) = fs::write(&file, log.join("\n")) {
+                    eprintln!("vm-checks: could not keep {}: {err}", file.display());
+                }
+            }
         }
         outcome.is_ok()
     }
@@ -136,21 +213,26 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
         .map_err(|e| format!("{}: {e}", machine_file.display()))
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))?;
     let results = fs::File::create(work.join("results")).map_err(|e| e.to_string())?;
-    let guest = Guest { bin, machine };
+    let guest = Guest {
+        bin,
+        machine,
+        kept: KeptLogs::default(),
+    };
     let mut runner = Runner {
         work: work.to_path_buf(),
         results,
         failed: 0,
+        kept: &guest.kept,
     };
     runner.check("machine", || topology::machine(&guest));
     runner.check("status-json-equals-sysfs", || topology::status_json(&guest));
-    let mut agent = match guest.start_agent() {
-        Ok(agent) => agent,
-        Err(why) => {
-            runner.check("agent-starts-with-probes", || Err(why));
-            return Ok(runner.failed);
-        }
-    };
+    let mut agent = guest.start_agent();
+    if hugepage_agent_tests::wait_ready(agent.port, Duration::from_secs(120)).is_none() {
+        runner.check_agent("agent-starts-with-probes", &mut agent, |_| {
+            Err("the agent was not ready within 120 s".to_owned())
+        });
+        return Ok(runner.failed);
+    }
     runner.check_agent("api-hugepages-topology", &mut agent, |agent| {
         topology::api_hugepages(agent.port)
     });
@@ -174,5 +256,12 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
     runner.check("discrepancy-node3-burstable", || {
         reservations::discrepancy(&guest, &lock)
     });
+    runner.check_agent("strict-mode-multi-node", &mut agent, |agent| {
+        strict::multi_node(&guest, agent.port)
+    });
+    runner.check_agent("cgroup-events", &mut agent, |agent| {
+        cgroup_events::kubepods_shaped(&guest, &lock, agent)
+    });
+    runner.check("psi-conditions", || psi::memory_high(&guest, &lock));
     Ok(runner.failed)
 }

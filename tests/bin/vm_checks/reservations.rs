@@ -23,7 +23,12 @@ const MI: u64 = 1 << 20;
 
 pub fn across_nodes(guest: &Guest) -> CheckResult {
     let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-    let agent = selection::start(guest, &dir.path().join("no_memory_manager_state"), true)?;
+    let agent = selection::start(
+        guest,
+        "sysfs-closest",
+        &dir.path().join("no_memory_manager_state"),
+        true,
+    )?;
     let first = admit(agent.port, "reserve-a", 72, None)?;
     if first["allowed"] != true || first["numaNodes"] != json!([2, 3]) {
         return Err(format!(
@@ -74,9 +79,7 @@ pub fn discrepancy(guest: &Guest, lock: &HostLock) -> CheckResult {
     cmd.args(["run", "--ebpf", "off", "--memory-manager-policy", "Static"])
         .args(["--reconcile-interval", "1s", "--kubelet-state"])
         .arg(&state);
-    let agent = hugepage_agent_tests::Agent::start(cmd);
-    hugepage_agent_tests::wait_ready(agent.port, Duration::from_secs(60))
-        .ok_or("the agent was not ready within 60 s")?;
+    let agent = guest.start_own("checkpoint", cmd, Duration::from_secs(60))?;
     let root = TestCgroup::create(lock, "discrepancy");
     let container = "1800000000000000000000000000000000000000000000000000000000000003";
     let (nested, cgroup) = pod_cgroups(

@@ -26,10 +26,10 @@
 
 use std::path::Path;
 
-use hugepage_agent_tests::{Agent, http};
+use hugepage_agent_tests::http;
 use serde_json::{Value, json};
 
-use crate::{CheckResult, Guest, sysfs};
+use crate::{CheckResult, Guest, OwnAgent, sysfs};
 
 const MI: u64 = 1 << 20;
 /// The 2 MiB pools the machine boots with, in MiB per node.
@@ -159,7 +159,8 @@ pub fn without_numa_nodes(guest: &Guest) -> CheckResult {
         (&state, "checkpoint", &FROM_CHECKPOINT),
     ] {
         for closest in [false, true] {
-            let agent = start(guest, file, closest)?;
+            let label = format!("{source}{}", if closest { "-closest" } else { "" });
+            let agent = start(guest, &label, file, closest)?;
             wait_source(agent.port, source)?;
             for case in cases {
                 for (policy, expect) in POLICIES.iter().zip(&case.expect) {
@@ -206,8 +207,14 @@ fn short(plain: Expect, closest: Expect) -> String {
 }
 
 /// An agent whose Memory Manager is the static policy, on the checkpoint `state` (or sysfs when
-/// it is absent), with or without `prefer-closest-numa-nodes`.
-pub fn start(guest: &Guest, state: &Path, closest: bool) -> Result<Agent, String> {
+/// it is absent), with or without `prefer-closest-numa-nodes`; its log is kept as `label`'s if
+/// the check fails.
+pub fn start<'g>(
+    guest: &'g Guest,
+    label: &str,
+    state: &Path,
+    closest: bool,
+) -> Result<OwnAgent<'g>, String> {
     let mut cmd = guest.agent();
     cmd.args(["run", "--ebpf", "off", "--memory-manager-policy", "Static"])
         .args([
@@ -216,10 +223,7 @@ pub fn start(guest: &Guest, state: &Path, closest: bool) -> Result<Agent, String
         ])
         .arg("--kubelet-state")
         .arg(state);
-    let agent = Agent::start(cmd);
-    hugepage_agent_tests::wait_ready(agent.port, std::time::Duration::from_secs(60))
-        .ok_or("the agent was not ready within 60 s")?;
-    Ok(agent)
+    guest.start_own(label, cmd, std::time::Duration::from_secs(60))
 }
 
 /// Waits until `/v1/hints` says the Memory Manager's state comes from `source`.
