@@ -19,6 +19,7 @@ mod flags;
 mod host_tree;
 pub mod https;
 mod log;
+pub mod mbind;
 pub mod mtls;
 pub mod peers;
 mod pressure;

@@ -106,7 +106,7 @@ fn touch(count: usize, page: usize, flags: i32, node: Option<usize>) -> Result<u
         unsafe { libc::madvise(addr, len, libc::MADV_NOHUGEPAGE) };
     }
     if let Some(node) = node {
-        bind(addr, len, node)?;
+        hugepage_agent_tests::mbind::bind(addr as usize, len, node)?;
     }
     let base = addr.cast::<u8>();
     for i in 0..count {
@@ -114,34 +114,6 @@ fn touch(count: usize, page: usize, flags: i32, node: Option<usize>) -> Result<u
         unsafe { base.add(i * page).write_volatile(1) };
     }
     Ok(addr as usize)
-}
-
-/// Binds the mapping at `addr` to NUMA node `node` (`MPOL_BIND`): its pages come from there.
-fn bind(addr: *mut libc::c_void, len: usize, node: usize) -> Result<(), String> {
-    const MPOL_BIND: libc::c_long = 2;
-    if node >= 64 {
-        return Err(format!("node {node}: only nodes 0 to 63 can be bound"));
-    }
-    let mask: u64 = 1 << node;
-    // SAFETY: the mapping just created; a one-word node mask of 64 bits.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mbind,
-            addr,
-            len,
-            MPOL_BIND,
-            &mask as *const u64,
-            64 as libc::c_ulong,
-            0 as libc::c_uint,
-        )
-    };
-    if rc != 0 {
-        return Err(format!(
-            "mbind to node {node}: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
 }
 
 /// CPU time of this thread (user and system, faults included) in nanoseconds.

@@ -219,7 +219,6 @@ struct Mapping {
 
 impl Mapping {
     fn reserve(pages: usize, node: u32) -> Result<Mapping, String> {
-        const MPOL_BIND: libc::c_long = 2;
         let len = pages * (2 << 20);
         // SAFETY: anonymous private mapping; no file, no fixed address.
         let addr = unsafe {
@@ -239,25 +238,7 @@ impl Mapping {
             ));
         }
         let mapping = Mapping { addr, len };
-        let mask: u64 = 1 << node;
-        // SAFETY: the mapping just created; a one-word node mask of 64 bits.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_mbind,
-                addr,
-                len,
-                MPOL_BIND,
-                &mask as *const u64,
-                64 as libc::c_ulong,
-                0 as libc::c_uint,
-            )
-        };
-        if rc != 0 {
-            return Err(format!(
-                "mbind to node {node}: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
+        hugepage_agent_tests::mbind::bind(addr as usize, len, node as usize)?;
         Ok(mapping)
     }
 
