@@ -12,6 +12,7 @@ mod admit;
 mod cgroup_events;
 mod kep5759;
 mod numa_consumer;
+mod pool_resize;
 mod psi;
 mod reservations;
 mod selection;
@@ -243,6 +244,9 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
     });
     runner.check_agent("kep5759-story1-1gi", &mut agent, |agent| {
         kep5759::story1(&guest, &lock, agent)
+    });
+    runner.check_agent("runtime-pool-resize-node1", &mut agent, |agent| {
+        pool_resize::node1_grows(agent.port, Duration::from_secs(10))
     });
     runner.check_agent("kep5759-story2-nodes-0-1", &mut agent, |agent| {
         kep5759::story2(&guest, agent.port)
