@@ -30,6 +30,8 @@ pub enum QuantityError {
     Negative(String),
     #[error("{0:?} is too large (at most 2^64-1 bytes)")]
     TooLarge(String),
+    #[error("{0:?} has more significant digits than can be read exactly (at most 38)")]
+    Precision(String),
 }
 
 /// A suffix's multiplier: `2^shift`, or `10^exp` (exp may be negative).
@@ -98,6 +100,8 @@ fn parse_scaled(text: &str, exp10: i32) -> Result<u128, QuantityError> {
     if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
         return Err(syntax());
     }
+    // Trailing zeros of the fraction change nothing (`1.000…0` is 1), only the digits' count.
+    let fraction = fraction.trim_end_matches('0');
     let multiplier = suffix(text, rest)?;
     let too_large = || QuantityError::TooLarge(text.to_owned());
     // The digits of both parts as one number, read in place (every admission reads a few
@@ -108,7 +112,15 @@ fn parse_scaled(text: &str, exp10: i32) -> Result<u128, QuantityError> {
         .try_fold(0u128, |n, digit| {
             n.checked_mul(10)?.checked_add(u128::from(digit - b'0'))
         })
-        .ok_or_else(too_large)?;
+        .ok_or_else(|| {
+            // A fraction's digits beyond u128 are a precision this reading does not keep, not a
+            // large value (a large whole part is).
+            if fraction.is_empty() {
+                too_large()
+            } else {
+                QuantityError::Precision(text.to_owned())
+            }
+        })?;
     if numerator != 0 && negative {
         return Err(QuantityError::Negative(text.to_owned()));
     }
@@ -128,9 +140,11 @@ fn parse_scaled(text: &str, exp10: i32) -> Result<u128, QuantityError> {
         numerator = numerator.checked_mul(scale).ok_or_else(too_large)?;
         denominator_exp = 0;
     }
-    let denominator = 10u128
-        .checked_pow(denominator_exp as u32)
-        .ok_or_else(too_large)?;
+    // A denominator beyond u128 is above any numerator: the value is below one unit, which
+    // rounds up to 1 unless it is 0 (it was refused as too large: `0.1e-38`).
+    let Some(denominator) = 10u128.checked_pow(denominator_exp as u32) else {
+        return Ok(u128::from(numerator != 0));
+    };
     Ok(numerator.div_ceil(denominator))
 }
 
@@ -209,6 +223,27 @@ mod tests {
         for text in ["2Mi", "6Gi", "1536Mi", "1000", "3Ti"] {
             assert_eq!(format_binary(parse_bytes(text).expect(text)), text);
         }
+    }
+
+    /// Found by the fuzz target `quantity`: a positive value below one byte whose denominator
+    /// is beyond u128 (more than 38 decimal places in all) was refused as "too large"; it is
+    /// one byte rounded up, as its billionths (1) say.
+    #[test]
+    fn a_value_far_below_one_byte_rounds_up_and_is_not_too_large() {
+        let tiny = ".000000000000000000006162134380544732368";
+        assert_eq!(parse_nanos(tiny), Ok(1));
+        assert_eq!(parse_bytes(tiny), Ok(1));
+        assert_eq!(parse_bytes("0.1e-38"), Ok(1));
+        assert_eq!(parse_bytes("0.0e-38"), Ok(0));
+        assert_eq!(
+            parse_bytes("1.0000000000000000000000000000000000000000"),
+            Ok(1)
+        );
+        let precise = "0.12345678901234567890123456789012345678901";
+        assert_eq!(
+            parse_bytes(precise),
+            Err(QuantityError::Precision(precise.into()))
+        );
     }
 
     #[test]

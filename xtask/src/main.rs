@@ -1,11 +1,13 @@
 //! `cargo xtask`: the project's own commands. `run` and `test` are the two the README names; both
 //! install what they need first (idempotently), so they work on a fresh machine.
 //!
-//! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages, and the tests'
-//!   peers: Prometheus, an OTLP receiver's venv, schemathesis's venv, `@grafana/schema`).
+//! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages, cargo-fuzz, and
+//!   the tests' peers: Prometheus, an OTLP receiver's venv, schemathesis's venv, `@grafana/schema`).
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
-//! * `test`: formatting, clippy, the build without the eBPF toolchain, every test and the VM
-//!   test; then a check that the tests left nothing on the host ([`host`]).
+//! * `test`: formatting, clippy, the build without the eBPF toolchain, every test, every fuzz
+//!   target for a few seconds and the VM test; then a check that the tests left nothing on the
+//!   host ([`host`]).
+//! * `fuzz [--seconds N] [TARGET]`: the parsers of outside input under libFuzzer ([`fuzz`]).
 //! * `vm-test`: Debian's Linux 6.1 booted under QEMU as a four-NUMA-node machine, the agent and
 //!   its checks run inside ([`vm`]); part of `test`.
 //! * `layers`: the agent's modules as floors; a circle between modules, or pure logic that
@@ -26,6 +28,7 @@
 
 mod bench;
 mod cmd;
+mod fuzz;
 mod host;
 mod image;
 mod layers;
@@ -61,6 +64,14 @@ enum Task {
         #[arg(long)]
         keep_cache: bool,
     },
+    /// Fuzz the parsers of outside input (cargo-fuzz on the nightly): every target, or one.
+    Fuzz {
+        /// How long each target runs.
+        #[arg(long, default_value_t = 60, value_name = "N")]
+        seconds: u64,
+        /// One target (see fuzz/Cargo.toml); all of them when absent.
+        target: Option<String>,
+    },
     /// Boot Debian's Linux 6.1 under QEMU with 4 NUMA nodes and run the agent's checks in it.
     VmTest,
     /// Print the agent's modules as floors; fail on a circle or on pure logic importing a reader.
@@ -90,6 +101,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Task::Setup => {
             setup::ensure()?;
+            setup::ensure_cargo_fuzz()?;
             setup::ensure_peers()?;
             vm::ensure_prerequisites()
         }
@@ -112,6 +124,7 @@ fn main() -> Result<()> {
             test(&env)
         }
         Task::FreshTest { keep_cache } => fresh_test(keep_cache),
+        Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
         Task::VmTest => vm::run(&setup::ensure()?),
         Task::Layers => layers::check(&cmd::workspace().join("agent/src")),
         Task::Image { source } => {
@@ -130,6 +143,10 @@ fn main() -> Result<()> {
     }
 }
 
+/// How long `test` runs each fuzz target: long enough to replay the seeds and mutate them a few
+/// hundred thousand times; the long runs are `cargo xtask fuzz --seconds N`.
+const FUZZ_TEST_SECONDS: u64 = 5;
+
 fn test(env: &cmd::Env) -> Result<()> {
     cmd::step("deploy/ files generated from dashboards/ are current");
     manifests::run(true)?;
@@ -141,6 +158,10 @@ fn test(env: &cmd::Env) -> Result<()> {
     layers::check(&cmd::workspace().join("agent/src"))?;
     cmd::step("formatting");
     cmd::cargo(env, &["fmt", "--all", "--", "--check"])?;
+    cmd::cargo(
+        env,
+        &["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"],
+    )?;
     cmd::step("clippy, every crate and target");
     cmd::cargo(
         env,
@@ -172,6 +193,10 @@ fn test(env: &cmd::Env) -> Result<()> {
     cmd::cargo(env, &["build", "--package", "hugepage-agent"])?;
     cmd::step("every test");
     let (mut passed, mut failed) = cmd::cargo_test(env, &["test", "--workspace"])?;
+    cmd::step(&format!(
+        "every fuzz target for {FUZZ_TEST_SECONDS} s (`cargo xtask fuzz` runs them longer)"
+    ));
+    fuzz::run(FUZZ_TEST_SECONDS, None)?;
     cmd::step("the VM test: Linux 6.1 with 4 NUMA nodes under QEMU, the agent's checks inside");
     let (vm_passed, vm_failed) = vm::test(env)?;
     (passed, failed) = (passed + vm_passed, failed + vm_failed);

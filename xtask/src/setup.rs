@@ -6,6 +6,9 @@
 //! and the CRD models of the Prometheus Operator and cert-manager (npm), each in the project's
 //! cache (`HUGEPAGE_AGENT_CACHE`, else `~/.cache/hugepage-agent`) at pinned versions.
 //!
+//! cargo-fuzz ([`ensure_cargo_fuzz`], for `cargo xtask fuzz` and `test`) is built from the crate
+//! registry at a pinned version into `<cache>/cargo-fuzz-<version>`.
+//!
 //! bpf-linker lives in `<cache>/bpf-linker-<nightly commit>`: a new nightly gets a new linker, and
 //! the check is "does that binary run", not "does the directory exist". `<cache>/bin` points at the
 //! current one, which is where a plain `cargo build` (`agent/build.rs`) finds it.
@@ -67,6 +70,8 @@ const CRD_MODEL_PACKAGES: [&str; 2] = [
 /// Debian packages only benchmarks need: `oha` (the HTTP load generator) builds against OpenSSL.
 pub const BENCH_PACKAGES: [&str; 2] = ["libssl-dev", "pkg-config"];
 const OHA_VERSION: &str = "1.16.0";
+/// cargo-fuzz, which builds and runs the fuzz targets of `fuzz/` (`cargo xtask fuzz`).
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// Makes sure everything is installed; returns the build environment.
 pub fn ensure() -> Result<Env> {
@@ -327,6 +332,40 @@ pub fn ensure_oha() -> Result<PathBuf> {
             "--no-default-features",
             "--features",
             "native-tls",
+            "--force",
+            "--root",
+        ],
+    );
+    install.arg(&prefix);
+    cmd::run(install)?;
+    Ok(bin)
+}
+
+/// cargo-fuzz, built from the crate registry once into `<cache>/cargo-fuzz-<version>`; returns
+/// the directory of its binary (for `PATH`: cargo finds `cargo-fuzz` there). The check is "does
+/// that version run".
+pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
+    let prefix = cache_dir()?.join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}"));
+    let bin = prefix.join("bin");
+    let wanted = format!("cargo-fuzz {CARGO_FUZZ_VERSION}");
+    let installed = Command::new(bin.join("cargo-fuzz"))
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == wanted);
+    if installed {
+        return Ok(bin);
+    }
+    cmd::step(&format!(
+        "building cargo-fuzz {CARGO_FUZZ_VERSION} (about a minute, once)"
+    ));
+    let mut install = command(
+        "cargo",
+        &[
+            "install",
+            "cargo-fuzz",
+            "--locked",
+            "--version",
+            CARGO_FUZZ_VERSION,
             "--force",
             "--root",
         ],

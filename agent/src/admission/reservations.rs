@@ -303,13 +303,7 @@ impl Store {
     fn snapshot(&mut self) -> Snapshot {
         self.generation += 1;
         let reservations: Vec<&Reservation> = self.entries.values().collect();
-        let data = serde_json::to_vec(&reservations).unwrap_or_default();
-        let text = serde_json::to_vec_pretty(&serde_json::json!({
-            "version": VERSION,
-            "reservations": reservations,
-            "checksum": checksum(&data),
-        }))
-        .unwrap_or_default();
+        let text = file_text(&reservations);
         Snapshot {
             generation: self.generation,
             text,
@@ -368,9 +362,20 @@ fn set_aside(path: &Path, why: &str) -> Result<PathBuf, ReservationError> {
     Ok(aside)
 }
 
+/// The file's content holding `reservations`, with their checksum.
+pub fn file_text(reservations: &[&Reservation]) -> Vec<u8> {
+    let data = serde_json::to_vec(reservations).unwrap_or_default();
+    serde_json::to_vec_pretty(&serde_json::json!({
+        "version": VERSION,
+        "reservations": reservations,
+        "checksum": checksum(&data),
+    }))
+    .unwrap_or_default()
+}
+
 /// A stored reservation's pod, checked as an admission checks it: a UID (every reservation has
-/// one), and a namespace and name when given.
-fn check_identifiers(r: &Reservation) -> Result<(), String> {
+/// one), and a namespace and name when given; why not, naming the field.
+pub fn check_identifiers(r: &Reservation) -> Result<(), String> {
     fn named(field: &'static str) -> impl Fn(IdentifierError) -> String {
         move |e| format!("{field} {e}")
     }
@@ -384,7 +389,8 @@ fn check_identifiers(r: &Reservation) -> Result<(), String> {
     Ok(())
 }
 
-fn parse(text: &[u8]) -> Result<Vec<Reservation>, String> {
+/// The reservations of a file's content, or why the file is refused (its checksum included).
+pub fn parse(text: &[u8]) -> Result<Vec<Reservation>, String> {
     let checkpoint: Checkpoint =
         serde_json::from_slice(text).map_err(|e| format!("not a reservations file: {e}"))?;
     if checkpoint.version != VERSION {

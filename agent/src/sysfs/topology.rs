@@ -7,18 +7,24 @@ use crate::host::{NodeInfo, NumaNode};
 
 const NODES: &str = "/sys/devices/system/node";
 
-/// Parses a kernel CPU or node list such as `0-3,8,10-11` (empty means none).
+/// The most ids a list may hold: far above the kernel's limits (8,192 CPUs, 1,024 nodes), and
+/// a bound on what a list read costs (`0-4294967295` would be 16 GiB).
+pub const MAX_LIST: usize = 1 << 16;
+
+/// Parses a kernel CPU or node list such as `0-3,8,10-11` (empty means none); a list of more
+/// than [`MAX_LIST`] ids is refused.
 pub fn parse_list(text: &str) -> Option<Vec<u32>> {
     let mut out = Vec::new();
     for part in text.trim().split(',').filter(|p| !p.is_empty()) {
         match part.split_once('-') {
             Some((a, b)) => {
                 let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
-                if a > b {
+                if a > b || (b - a) as usize >= MAX_LIST - out.len() {
                     return None;
                 }
                 out.extend(a..=b);
             }
+            None if out.len() == MAX_LIST => return None,
             None => out.push(part.parse().ok()?),
         }
     }
@@ -87,6 +93,14 @@ mod tests {
         assert_eq!(parse_list("\n"), Some(vec![]));
         assert_eq!(parse_list("3-1"), None);
         assert_eq!(parse_list("a"), None);
+        // Found by the fuzz target `sysfs_values`: a range was expanded whatever its size
+        // (`0-23333311` took seconds, `0-4294967295` 16 GiB).
+        assert_eq!(parse_list("0-23333311"), None);
+        assert_eq!(parse_list("0-4294967295"), None);
+        let most = format!("0-{}", MAX_LIST - 1);
+        assert_eq!(parse_list(&most).map(|l| l.len()), Some(MAX_LIST));
+        assert_eq!(parse_list(&format!("{most},0")), None);
+        assert_eq!(parse_list(&format!("{most},0-0")), None);
     }
 
     #[test]

@@ -667,7 +667,10 @@ impl Seen {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod reference;
+/// The kubelet's merge transcribed, for the tests and the fuzz target (`--features fuzzing`)
+/// that compare it with [`merge`]; not part of the agent's build.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod reference;
 #[cfg(test)]
 mod tests;

@@ -35,6 +35,8 @@ pub enum Http1Error {
     ClosedInHead,
     #[error("the answer's head is malformed: {0}")]
     Head(#[source] httparse::Error),
+    #[error("the answer's status {0:03} is not an HTTP status (100 to 999)")]
+    Status(u16),
     #[error("the answer's head is over {MAX_HEAD} bytes")]
     HeadTooLarge,
     #[error("the answer has no Content-Length (agents answer with one){0}")]
@@ -186,6 +188,10 @@ fn parse_head(buf: &[u8], limit: usize) -> Result<Parsed, Http1Error> {
         httparse::Status::Complete(len) => len,
     };
     let status = response.code.unwrap_or_default();
+    // httparse reads any three digits; `000` to `099` are no status (hyper refuses them too).
+    if status < 100 {
+        return Err(Http1Error::Status(status));
+    }
     if (100..200).contains(&status) {
         return Ok(Parsed::Interim(len));
     }

@@ -1,6 +1,6 @@
-//! The kubelet Topology Manager's merge transcribed line by line, for tests only: every
-//! permutation of the providers' hints in the kubelet's order, each merged and put through the
-//! kubelet's `compare`. Each block names the Go function it mirrors, in
+//! The kubelet Topology Manager's merge transcribed line by line, for tests and the fuzz target
+//! only: every permutation of the providers' hints in the kubelet's order, each merged and put
+//! through the kubelet's `compare`. Each block names the Go function it mirrors, in
 //! `pkg/kubelet/cm/topologymanager/` (`policy.go`, `policy_{none,best_effort,restricted,
 //! single_numa_node}.go`, `numa_info.go`, `bitmask/bitmask.go`). It shares nothing with the fast
 //! merge in `merge.rs` but the `TopologyHint` and `ProviderHints` data types, so that comparing
@@ -36,7 +36,7 @@ fn get_bits(s: u64) -> Vec<usize> {
 }
 
 /// numa_info.go `NUMAInfo`: the nodes and `NUMADistances map[int][]uint64`, read `d[from][to]`.
-pub(crate) struct NumaInfo {
+pub struct NumaInfo {
     pub nodes: Vec<usize>,
     pub distances: BTreeMap<usize, Vec<u64>>,
 }
@@ -97,7 +97,7 @@ impl NumaInfo {
 
 /// `Policy.Merge` of policy_none.go, policy_best_effort.go, policy_restricted.go and
 /// policy_single_numa_node.go.
-pub(crate) fn merge(
+pub fn merge(
     policy: Policy,
     prefer_closest_numa: bool,
     numa_info: &NumaInfo,
@@ -160,7 +160,7 @@ pub(crate) fn merge(
 /// policy.go `filterProvidersHints`. Go ranges over each provider's map in a random order;
 /// this takes the resources in name order (the merge's answer does not depend on it, see
 /// `tests.rs`).
-pub(crate) fn filter_providers_hints(providers_hints: &[ProviderHints]) -> Vec<Vec<TopologyHint>> {
+pub fn filter_providers_hints(providers_hints: &[ProviderHints]) -> Vec<Vec<TopologyHint>> {
     let any = |preferred| TopologyHint {
         affinity: None,
         preferred,
@@ -263,7 +263,7 @@ fn max_of_min_affinity_counts(filtered_hints: &[Vec<TopologyHint>]) -> u32 {
 /// Which rule of `HintMerger.compare` decided, counted so that tests can show the random cases
 /// reach every one (the names are those of the Go comments).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Rule {
+pub enum Rule {
     EmptyCandidate,
     NoCurrent,
     PreferredOverNot,
@@ -297,7 +297,7 @@ impl Rule {
 
 /// How often each rule decided.
 #[derive(Default)]
-pub(crate) struct Decisions([Cell<u64>; Rule::ALL.len()]);
+pub struct Decisions([Cell<u64>; Rule::ALL.len()]);
 
 impl Decisions {
     fn note(&self, rule: Rule) {
@@ -311,7 +311,7 @@ impl Decisions {
 }
 
 /// policy.go `HintMerger`: hints as `(affinity, preferred)` with the affinity always set.
-pub(crate) struct HintMerger<'a> {
+pub struct HintMerger<'a> {
     numa_info: &'a NumaInfo,
     hints: Vec<Vec<TopologyHint>>,
     best_non_preferred_affinity_count: u32,

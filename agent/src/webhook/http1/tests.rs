@@ -138,6 +138,16 @@ async fn answers_without_a_length_or_over_the_limit_or_garbled_are_refused_by_na
             "not a length",
         ),
         (b"\x16\x03\x01garbage\r\n\r\n", "malformed"),
+        // Found by the fuzz target `http1_answer`: httparse reads `000` as status 0, which was
+        // taken for a final answer.
+        (
+            b"HTTP/1.1 000 OK\r\ncontent-length: 2\r\n\r\n{}",
+            "status 000 is not an HTTP status",
+        ),
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 042 OK\r\ncontent-length: 0\r\n\r\n",
+            "status 042 is not an HTTP status",
+        ),
     ] {
         let (result, _) = against(&[answer], true).await;
         let err = result.expect_err("refused");
