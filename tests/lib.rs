@@ -64,20 +64,31 @@ pub fn host_lock() -> HostLock {
     HostLock { _file: file }
 }
 
-/// Sets the 2 MiB pool to at least `pages` and restores the previous size when dropped.
+/// Sets a hugepage pool to at least `pages` and restores its previous size when dropped: the
+/// system's 2 MiB pool ([`HugepagePool::reserve`]) or any pool's `nr_hugepages` file
+/// ([`HugepagePool::reserve_in`], a node's).
 pub struct HugepagePool {
+    file: String,
     previous: u64,
 }
 
 impl HugepagePool {
-    pub fn reserve(_lock: &HostLock, pages: u64) -> HugepagePool {
-        let previous = read_u64(NR_HUGEPAGES);
-        fs::write(NR_HUGEPAGES, pages.max(previous).to_string()).expect("write nr_hugepages");
-        let now = read_u64(NR_HUGEPAGES);
-        let pool = HugepagePool { previous };
+    pub fn reserve(lock: &HostLock, pages: u64) -> HugepagePool {
+        HugepagePool::reserve_in(lock, NR_HUGEPAGES, pages)
+    }
+
+    pub fn reserve_in(_lock: &HostLock, file: &str, pages: u64) -> HugepagePool {
+        let previous = read_u64(file);
+        let pool = HugepagePool {
+            file: file.to_owned(),
+            previous,
+        };
+        fs::write(file, pages.max(previous).to_string())
+            .unwrap_or_else(|e| panic!("writing {file}: {e}"));
+        let now = read_u64(file);
         assert!(
             now >= pages,
-            "asked the kernel for {pages} 2 MiB pages, it gave {now} (memory too fragmented?)"
+            "asked the kernel for {pages} pages in {file}, it gave {now} (memory too fragmented?)"
         );
         pool
     }
@@ -85,8 +96,8 @@ impl HugepagePool {
 
 impl Drop for HugepagePool {
     fn drop(&mut self) {
-        if let Err(err) = fs::write(NR_HUGEPAGES, self.previous.to_string()) {
-            eprintln!("restoring nr_hugepages to {}: {err}", self.previous);
+        if let Err(err) = fs::write(&self.file, self.previous.to_string()) {
+            eprintln!("restoring {} to {}: {err}", self.file, self.previous);
         }
     }
 }

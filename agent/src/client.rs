@@ -76,10 +76,7 @@ pub fn get_json<T: DeserializeOwned>(base: &AgentUrl, path: &str) -> Result<T, C
         Ok::<_, ClientError>((status, body))
     })?;
     if !status.is_success() {
-        let detail = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["detail"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        let detail = problem_detail(&body);
         return Err(ClientError::Status {
             url,
             status: status.as_u16(),
@@ -90,6 +87,14 @@ pub fn get_json<T: DeserializeOwned>(base: &AgentUrl, path: &str) -> Result<T, C
         url,
         detail: e.to_string(),
     })
+}
+
+/// The `detail` of an agent's problem document (RFC 9457), else the body's first 200 bytes.
+pub fn problem_detail(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("detail")?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned())
 }
 
 /// The error and its causes on one line (hyper's own message is only "client error (Connect)").

@@ -38,7 +38,10 @@ use super::{
     pool::{Idle, SWEEP_EVERY},
     trace,
 };
-use crate::tls::{Current, Reloader, SERVER_NAME, TlsError, TlsStats, watched};
+use crate::{
+    client::problem_detail,
+    tls::{Current, Reloader, SERVER_NAME, TlsError, TlsStats, watched},
+};
 
 /// How long an agent may take to answer on an open connection.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -276,14 +279,6 @@ async fn sweep(pool: Weak<ArcSwap<Pool>>) {
         let Some(pool) = pool.upgrade() else { return };
         pool.load().idle.sweep(Instant::now());
     }
-}
-
-/// The `detail` of a problem document, else the body's start.
-fn problem_detail(body: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("detail")?.as_str().map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned())
 }
 
 #[cfg(test)]

@@ -246,7 +246,7 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
         kep5759::story1(&guest, &lock, agent)
     });
     runner.check_agent("runtime-pool-resize-node1", &mut agent, |agent| {
-        pool_resize::node1_grows(agent.port, Duration::from_secs(10))
+        pool_resize::node1_grows(&lock, agent.port, Duration::from_secs(10))
     });
     runner.check_agent("kep5759-story2-nodes-0-1", &mut agent, |agent| {
         kep5759::story2(&guest, agent.port)

@@ -6,11 +6,9 @@
 //! put back to its boot size on every way out of the check. Its pods have no UID, so they reserve
 //! nothing; it runs before any check that reserves on node 1 (Story 2 reserves on `[0,1]`).
 
-use std::{
-    fs,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
+use hugepage_agent_tests::{HostLock, HugepagePool};
 use serde_json::{Value, json};
 
 use crate::{CheckResult, admit, sysfs};
@@ -23,26 +21,10 @@ fn nr_file() -> String {
     format!("/sys/devices/system/node/node{NODE}/hugepages/hugepages-2048kB/nr_hugepages")
 }
 
-/// Writes the pool's size back when dropped.
-struct Restore(u64);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        if let Err(e) = fs::write(nr_file(), self.0.to_string()) {
-            eprintln!(
-                "vm-checks: could not put node {NODE}'s 2 MiB pool back to {}: {e}",
-                self.0
-            );
-        }
-    }
-}
-
-pub fn node1_grows(port: u16, reconcile: Duration) -> CheckResult {
+pub fn node1_grows(lock: &HostLock, port: u16, reconcile: Duration) -> CheckResult {
     let before = sysfs::node_pools()?;
     let boot = sysfs::node_pool(NODE, sysfs::SIZE_2M)?;
-    let restore = Restore(boot.total);
-    fs::write(nr_file(), (boot.total + GROWN_BY).to_string())
-        .map_err(|e| format!("writing {}: {e}", nr_file()))?;
+    let pool = HugepagePool::reserve_in(lock, &nr_file(), boot.total + GROWN_BY);
     let written = Instant::now();
     let grown = sysfs::node_pool(NODE, sysfs::SIZE_2M)?;
     if (grown.total, grown.free) != (boot.total + GROWN_BY, boot.free + GROWN_BY) {
@@ -64,7 +46,7 @@ pub fn node1_grows(port: u16, reconcile: Duration) -> CheckResult {
     expect(port, "resized-over", free_mi + 2, Some(&message))?;
     let seen = map_shows(port, grown.total, reconcile + Duration::from_secs(10))?;
     let seen_after = seen.duration_since(written);
-    drop(restore);
+    drop(pool);
     let back = sysfs::node_pool(NODE, sysfs::SIZE_2M)?;
     if back.total != boot.total {
         return Err(format!("node {NODE} not put back: {back:?}, boot {boot:?}"));
