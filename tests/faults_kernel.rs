@@ -5,6 +5,7 @@
 
 use std::{
     fs,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -201,6 +202,7 @@ fn unreadable_sysfs_files(on_sysfs_error: &str) {
         "the host's namespace is untouched"
     );
     let file = format!("{NODE0_2M}/free_hugepages");
+    // The host still reads it (read_u64 panics otherwise).
     read_u64(&file);
     // The truth moves on while the agent cannot see it.
     let _grown = HugepagePool::reserve_in(&lock, &format!("{NODE0_2M}/nr_hugepages"), total + 2);
@@ -521,9 +523,7 @@ fn ring_buffers_overflowing_are_counted_and_a_reconcile_makes_inventory_and_map_
     let id_y = reserve(port, POD_Y, 2);
     let id_x = reserve(port, POD_X, X_PAGES);
     // W is watched: its faults are seen.
-    let w_id = fs::metadata(&container_w)
-        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-        .expect("stat");
+    let w_id = fs::metadata(&container_w).map(|m| m.ino()).expect("stat");
     fault_and_exit(&container_w, 2);
     agent.wait_for("hugetlb fault", Duration::from_secs(5), |l| {
         l["cgroup_id"] == w_id
@@ -587,9 +587,7 @@ fn ring_buffers_overflowing_are_counted_and_a_reconcile_makes_inventory_and_map_
     );
 
     // X is watched again: its next faults are seen.
-    let x_id = fs::metadata(&container_x)
-        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-        .expect("stat");
+    let x_id = fs::metadata(&container_x).map(|m| m.ino()).expect("stat");
     let x_second = Toucher::run(TOUCHER, Some(&container_x), 2, 0);
     agent.wait_for("hugetlb fault", Duration::from_secs(5), |l| {
         l["cgroup_id"] == x_id
