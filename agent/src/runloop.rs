@@ -1,7 +1,9 @@
 //! The agent's loop: where each thing that happens goes. A hugetlb fault goes to the probes
 //! (retries folded), the fault book and the map's refresher; a cgroup event to the reservations'
 //! pod inventory and the probe's watch set; a due re-read, a reconcile, a changed checkpoint or a
-//! changed kubelet to the module that owns that state. Everything here runs on one task, so the map keeps its one
+//! changed kubelet to the module that owns that state. Events the ring buffers lost leave the
+//! inventory and the watch set behind: the loss counters are read every [`LOSS_POLL`], and a rise
+//! brings the reconcile forward to now. Everything here runs on one task, so the map keeps its one
 //! writer; each concern's state and rules live in its own module, which this one only calls and
 //! whose outcomes it turns into metrics.
 //!
@@ -10,6 +12,7 @@
 //! discrepancy), [`LiveKubelet`] (the kubelet's settings).
 
 use std::{
+    collections::HashSet,
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -38,6 +41,8 @@ use crate::{
 
 /// How often the kubelet's checkpoint (a `stat`) and its process and files are checked for changes.
 const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
+/// How often the probes' loss counters are read (a handful of map reads).
+pub const LOSS_POLL: Duration = Duration::from_secs(1);
 
 /// The owners of every running concern, and the metrics their outcomes update.
 pub struct RunLoop {
@@ -65,6 +70,7 @@ impl RunLoop {
         tokio::pin!(shutdown);
         let mut reconcile = tokio::time::interval(reconcile);
         let mut checkpoint_poll = tokio::time::interval(CHECKPOINT_POLL);
+        let mut loss_poll = tokio::time::interval(LOSS_POLL);
         loop {
             tokio::select! {
                 signal = &mut shutdown => return signal,
@@ -72,6 +78,7 @@ impl RunLoop {
                 () = sleep_until(self.refresher.due()), if self.refresher.due().is_some() => self.refresh(),
                 _ = reconcile.tick() => self.reconcile(),
                 _ = checkpoint_poll.tick() => self.checkpoint_tick(),
+                _ = loss_poll.tick() => self.loss_tick(),
             }
         }
     }
@@ -98,7 +105,11 @@ impl RunLoop {
         }
         if c.is_v2() {
             match c.change {
-                CgroupChange::Mkdir => self.releaser.on_mkdir(&c.path, &owner),
+                // A mkdir read after its cgroup went (its rmdir lost with a full ring buffer)
+                // must not bring a removed pod back into the inventory.
+                CgroupChange::Mkdir if self.is_current(c) => {
+                    self.releaser.on_mkdir(&c.path, &owner)
+                }
                 CgroupChange::Rmdir => {
                     let ended = self.releaser.on_rmdir(&owner);
                     self.count(&ended);
@@ -122,10 +133,30 @@ impl RunLoop {
         self.release_faulted();
     }
 
+    /// Whether the cgroup of event `c` still exists (the same cgroup, not one of the same path).
+    fn is_current(&self, c: &CgroupEventInfo) -> bool {
+        self.probes
+            .v2()
+            .is_some_and(|v2| v2.is_current(&self.host, &c.path, c.cgroup_id))
+    }
+
+    /// Reconciles now if the ring buffers lost events since the last read of the counters.
+    pub fn loss_tick(&mut self) {
+        let lost = self.read_probe_losses();
+        if lost > 0 {
+            warn!(
+                lost,
+                "probe events lost (ring buffer full): reconciling now"
+            );
+            self.reconcile();
+        }
+    }
+
     /// The safety net: full cgroup rescan and sysfs re-read; a missed fault (-EBUSY) shows here.
+    /// The loss counters are read first: what is lost after that read shows at the next tick.
     pub fn reconcile(&mut self) {
-        self.rescan_cgroups();
         self.read_probe_losses();
+        self.rescan_cgroups();
         if let Err(err) = self.refresher.reconcile() {
             warn!("reconciling the hugepage map: {err}");
         }
@@ -169,11 +200,14 @@ impl RunLoop {
         }
     }
 
-    /// Reads the probes' own counters into the metrics.
-    pub fn read_probe_losses(&mut self) {
-        if let Some(losses) = self.probes.losses() {
-            self.metrics.set_probe_losses(losses);
-        }
+    /// Reads the probes' own counters into the metrics; returns how many events the ring
+    /// buffers lost since the previous read.
+    pub fn read_probe_losses(&mut self) -> u64 {
+        let Some((losses, new)) = self.probes.losses() else {
+            return 0;
+        };
+        self.metrics.set_probe_losses(losses);
+        new
     }
 
     /// Detaches the probes (logging their totals).
@@ -203,16 +237,22 @@ impl RunLoop {
             Err(err) => return warn!("rescanning pod cgroups: {err}"),
         };
         if let Some(v2) = self.probes.v2().cloned() {
+            let mut ids = HashSet::new();
+            let host = &self.host;
+            let mut visit = |rel: &str| {
+                pods.on_mkdir(rel, &classify(rel));
+                ids.extend(v2.id(host, rel).ok());
+            };
             if self.probes.filtering() {
-                match v2.scan_visiting(&self.host, |rel| pods.on_mkdir(rel, &classify(rel))) {
+                match v2.scan_visiting(host, visit) {
                     Ok(scan) => self.probes.sync_watched(&scan.watched),
                     Err(err) => return warn!("rescanning cgroups: {err}"),
                 }
-            } else if let Err(err) = cgroup_tree::walk(&self.host, &v2.mount, |rel| {
-                pods.on_mkdir(rel, &classify(rel))
-            }) {
+            } else if let Err(err) = cgroup_tree::walk(host, &v2.mount, &mut visit) {
                 return warn!("rescanning pod cgroups: {err}");
             }
+            // Faults of cgroups whose rmdir was lost are forgotten here.
+            self.faults.retain(|id| ids.contains(&id));
         }
         let ended = self.releaser.replace_pods(pods);
         self.count(&ended);

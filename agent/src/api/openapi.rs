@@ -283,12 +283,18 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                     "node": {"type": "integer"}, "cpus": {"type": "array", "items": {"type": "integer"}}, "distances": {"type": "array", "items": {"type": "integer"}},
                     "sizes": {"type": "array", "items": {"type": "object", "properties": {
                         "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"}, "surplus": {"type": "integer"},
-                        "reservedByAgent": {"type": "integer", "description": "bytes reserved for admitted pods that may draw from this node"}
+                        "reservedByAgent": {"type": "integer", "description": "bytes reserved for admitted pods that may draw from this node"},
+                        "stale": {"$ref": "#/components/schemas/Stale"}
                     }}}
                 }}},
                 "global": {"type": "array", "items": {"type": "object", "properties": {
-                    "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"}, "reserved": {"type": "integer"}, "surplus": {"type": "integer"}
+                    "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"}, "reserved": {"type": "integer"}, "surplus": {"type": "integer"},
+                    "stale": {"$ref": "#/components/schemas/Stale"}
                 }}}
+            }},
+            "Stale": {"type": "object", "description": "present while the pool's files cannot be read: its figures are the last good ones", "required": ["since", "error"], "properties": {
+                "since": {"type": "string", "format": "date-time", "description": "the first read that failed"},
+                "error": {"type": "string", "description": "the latest error, naming the file"}
             }},
             "Reservation": {"type": "object", "properties": {
                 "id": {"type": "string"}, "podUid": {"type": "string"}, "namespace": {"type": "string"}, "name": {"type": "string"},

@@ -73,6 +73,14 @@ impl FaultBook {
         }
     }
 
+    /// Keeps the cgroups `exists` says are still there (a rescan finds those whose rmdir was
+    /// lost).
+    pub fn retain(&self, exists: impl Fn(u64) -> bool) {
+        if let Ok(mut book) = self.0.lock() {
+            book.retain(|&id, _| exists(id));
+        }
+    }
+
     pub fn get(&self, cgroup_id: u64) -> Option<FaultStats> {
         self.0.lock().ok()?.get(&cgroup_id).copied()
     }

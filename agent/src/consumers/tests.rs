@@ -114,3 +114,16 @@ fn a_forgotten_cgroup_has_no_faults() {
     book.forget(7);
     assert_eq!(book.get(7), None);
 }
+
+#[test]
+fn the_fault_book_keeps_only_the_cgroups_a_rescan_still_finds() {
+    let book = FaultBook::default();
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1);
+    for id in [1, 2, 3] {
+        book.record(id, at);
+    }
+    book.retain(|id| id != 2);
+    assert_eq!(book.get(1).map(|s| s.count), Some(1));
+    assert_eq!(book.get(2), None, "removed while its rmdir was lost");
+    assert_eq!(book.get(3).map(|s| s.count), Some(1));
+}

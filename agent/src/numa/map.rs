@@ -5,15 +5,19 @@
 //! touched when the probes prompt it. Each snapshot carries a generation, the wall-clock time it
 //! was read, where its freshness comes from, and, when a fault prompted it, the delay from that
 //! fault to the snapshot (both clocks `CLOCK_MONOTONIC`, as `bpf_ktime_get_ns`).
+//!
+//! A pool whose files cannot be read (or whose directory has gone while its node is still there)
+//! keeps its last good figures, marked [`Stale`]: since when, and the error naming the file. The
+//! other pools are re-read as usual, and the mark goes with the first read that succeeds again.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use arc_swap::ArcSwap;
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{
     host::{GlobalPool, HugepageTable, NodeInfo, NodePool, NumaNode, PageSize},
@@ -49,6 +53,47 @@ pub struct SizeView {
     pub total: u64,
     pub free: u64,
     pub surplus: u64,
+    /// Present while these figures are the last good ones: the pool's files cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<Stale>,
+}
+
+/// Why a pool's figures are the last good ones, and since when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stale {
+    /// The first read that failed; the figures are from the read before it.
+    #[serde(serialize_with = "rfc3339", deserialize_with = "from_rfc3339")]
+    pub since: SystemTime,
+    /// The latest error, naming the file.
+    pub error: String,
+}
+
+/// One system-wide pool, as `GET /v1/hugepages` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GlobalView {
+    #[serde(flatten)]
+    pub pool: GlobalPool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale: Option<Stale>,
+}
+
+/// A pool: one node's (`node`), or the system-wide one (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PoolKey {
+    pub node: Option<NumaNode>,
+    pub size: PageSize,
+}
+
+impl PoolKey {
+    /// The pool's directory (host path, before `--host-root`).
+    pub fn dir(self) -> String {
+        match self.node {
+            Some(node) => hugepages::node_pool_dir(node, self.size),
+            None => hugepages::global_pool_dir(self.size),
+        }
+    }
 }
 
 /// One NUMA node: its CPUs, distances and pools.
@@ -69,7 +114,7 @@ pub struct Snapshot {
     pub updated_at: SystemTime,
     pub source: Source,
     pub nodes: Vec<NodeView>,
-    pub global: Vec<GlobalPool>,
+    pub global: Vec<GlobalView>,
     /// Delay from the hugetlb fault that prompted this snapshot to its publication.
     #[serde(
         skip_serializing_if = "Option::is_none",
@@ -81,6 +126,11 @@ pub struct Snapshot {
 
 fn rfc3339<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&humantime::format_rfc3339_micros(*t).to_string())
+}
+
+fn from_rfc3339<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_rfc3339_weak(&text).map_err(serde::de::Error::custom)
 }
 
 fn micros<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
@@ -106,6 +156,19 @@ pub struct MapWriter {
     table: HugepageTable,
     generation: u64,
     source: Source,
+    /// Pools whose last read failed (those with figures keep them).
+    stale: BTreeMap<PoolKey, Stale>,
+}
+
+/// What one re-read found: the pools that changed, and those whose files turned unreadable or
+/// readable again.
+#[derive(Debug, Default)]
+pub struct Reread {
+    pub changes: Vec<Change>,
+    /// Pools that could not be read this time but could the time before, with the error.
+    pub unreadable: Vec<(PoolKey, SysfsError)>,
+    /// Pools read again after failing, with what their mark said.
+    pub recovered: Vec<(PoolKey, Stale)>,
 }
 
 /// A pool whose counts differ from the previous snapshot.
@@ -120,7 +183,8 @@ impl MapWriter {
     pub fn new(host: HostFs, source: Source) -> Result<(MapWriter, MapReader), SysfsError> {
         let topology = topology::read(&host)?;
         let table = hugepages::read_table(&host)?;
-        let first = build(1, source, &topology, &table, None);
+        let stale = BTreeMap::new();
+        let first = build(1, source, &topology, &table, &stale, None);
         let shared = Arc::new(ArcSwap::from_pointee(first));
         let writer = MapWriter {
             host,
@@ -129,6 +193,7 @@ impl MapWriter {
             table,
             generation: 1,
             source,
+            stale,
         };
         Ok((writer, MapReader(shared)))
     }
@@ -143,37 +208,89 @@ impl MapWriter {
         self.publish(None);
     }
 
-    /// Re-reads topology and every pool; returns the pools that changed.
-    pub fn reconcile(&mut self) -> Result<Vec<Change>, SysfsError> {
-        let topology = topology::read(&self.host)?;
-        let table = hugepages::read_table(&self.host)?;
-        self.topology = topology;
-        Ok(self.replace(table, None))
+    /// Re-reads topology and every pool. A failed topology read changes nothing; a pool that
+    /// cannot be read keeps its last figures, marked stale.
+    pub fn reconcile(&mut self) -> Result<Reread, SysfsError> {
+        self.topology = topology::read(&self.host)?;
+        self.reread(None, None)
     }
 
     /// Re-reads the pools of `sizes` only (all sizes when `None`), prompted by a fault at
-    /// `fault_at` (CLOCK_MONOTONIC); returns the pools that changed.
+    /// `fault_at` (CLOCK_MONOTONIC).
     pub fn refresh(
         &mut self,
         sizes: Option<&BTreeSet<PageSize>>,
         fault_at: Option<Duration>,
-    ) -> Result<Vec<Change>, SysfsError> {
-        let Some(sizes) = sizes else {
-            let table = hugepages::read_table(&self.host)?;
-            return Ok(self.replace(table, fault_at));
-        };
+    ) -> Result<Reread, SysfsError> {
+        self.reread(sizes, fault_at)
+    }
+
+    fn reread(
+        &mut self,
+        sizes: Option<&BTreeSet<PageSize>>,
+        fault_at: Option<Duration>,
+    ) -> Result<Reread, SysfsError> {
         let nodes: Vec<NumaNode> = self.topology.iter().map(|n| n.node).collect();
+        let sizes: BTreeSet<PageSize> = match sizes {
+            Some(sizes) => sizes.clone(),
+            None => hugepages::all_sizes(&self.host, &nodes)?
+                .into_iter()
+                .chain(self.table.global.iter().map(|g| g.size))
+                .chain(self.table.nodes.iter().map(|p| p.size))
+                .collect(),
+        };
         let mut table = self.table.clone();
-        for &size in sizes {
-            let (pools, global) = hugepages::read_size(&self.host, &nodes, size)?;
-            table.nodes.retain(|p| p.size != size);
-            table.nodes.extend(pools);
-            table.global.retain(|g| g.size != size);
-            table.global.extend(global);
+        table
+            .nodes
+            .retain(|p| !sizes.contains(&p.size) && nodes.contains(&p.node));
+        table.global.retain(|g| !sizes.contains(&g.size));
+        self.stale
+            .retain(|k, _| k.node.is_none_or(|n| nodes.contains(&n)));
+        let mut out = Reread::default();
+        let now = SystemTime::now();
+        for &size in &sizes {
+            for &node in &nodes {
+                let key = PoolKey {
+                    node: Some(node),
+                    size,
+                };
+                let before = self
+                    .table
+                    .nodes
+                    .iter()
+                    .find(|p| p.node == node && p.size == size);
+                let read = hugepages::read_node_pool(&self.host, node, size);
+                if let Some(pool) = settle(
+                    &self.host,
+                    &mut self.stale,
+                    key,
+                    read,
+                    before,
+                    now,
+                    &mut out,
+                ) {
+                    table.nodes.push(pool);
+                }
+            }
+            let key = PoolKey { node: None, size };
+            let before = self.table.global.iter().find(|g| g.size == size);
+            let read = hugepages::read_global_pool(&self.host, size);
+            if let Some(pool) = settle(
+                &self.host,
+                &mut self.stale,
+                key,
+                read,
+                before,
+                now,
+                &mut out,
+            ) {
+                table.global.push(pool);
+            }
         }
         table.nodes.sort_by_key(|p| (p.node, p.size));
         table.global.sort_by_key(|g| g.size);
-        Ok(self.replace(table, fault_at))
+        out.changes = self.replace(table, fault_at);
+        Ok(out)
     }
 
     fn replace(&mut self, table: HugepageTable, fault_at: Option<Duration>) -> Vec<Change> {
@@ -206,10 +323,50 @@ impl MapWriter {
             self.source,
             &self.topology,
             &self.table,
+            &self.stale,
             delay,
         );
         self.shared.store(Arc::new(snapshot));
     }
+}
+
+/// What the map holds for `key` after `read`: the figures read, or the last ones (marked
+/// stale) when the read failed or the directory went. Records the transitions in `out`.
+fn settle<P: Clone>(
+    host: &HostFs,
+    stale: &mut BTreeMap<PoolKey, Stale>,
+    key: PoolKey,
+    read: Result<Option<P>, SysfsError>,
+    before: Option<&P>,
+    now: SystemTime,
+    out: &mut Reread,
+) -> Option<P> {
+    let err = match read {
+        Ok(Some(pool)) => {
+            if let Some(mark) = stale.remove(&key) {
+                out.recovered.push((key, mark));
+            }
+            return Some(pool);
+        }
+        Ok(None) if before.is_none() => {
+            stale.remove(&key);
+            return None;
+        }
+        Ok(None) => SysfsError::Read {
+            path: host.path(key.dir()),
+            source: std::io::ErrorKind::NotFound.into(),
+        },
+        Err(err) => err,
+    };
+    let error = err.to_string();
+    match stale.get_mut(&key) {
+        Some(mark) => mark.error = error,
+        None => {
+            stale.insert(key, Stale { since: now, error });
+            out.unreadable.push((key, err));
+        }
+    }
+    before.cloned()
 }
 
 fn build(
@@ -217,8 +374,10 @@ fn build(
     source: Source,
     topology: &[NodeInfo],
     table: &HugepageTable,
+    stale: &BTreeMap<PoolKey, Stale>,
     fault_to_map: Option<Duration>,
 ) -> Snapshot {
+    let mark = |node, size| stale.get(&PoolKey { node, size }).cloned();
     let nodes = topology
         .iter()
         .map(|info| NodeView {
@@ -232,6 +391,7 @@ fn build(
                     total: p.total,
                     free: p.free,
                     surplus: p.surplus,
+                    stale: mark(Some(p.node), p.size),
                 })
                 .collect(),
         })
@@ -241,7 +401,14 @@ fn build(
         updated_at: SystemTime::now(),
         source,
         nodes,
-        global: table.global.clone(),
+        global: table
+            .global
+            .iter()
+            .map(|g| GlobalView {
+                pool: g.clone(),
+                stale: mark(None, g.size),
+            })
+            .collect(),
         fault_to_map,
     }
 }

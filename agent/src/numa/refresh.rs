@@ -3,7 +3,9 @@
 //! [`COALESCE`]; a re-read that saw no change (the fault had not taken its page yet: a 1 GiB fault
 //! zeroes its page first) is repeated after twice the delay, up to [`FOLLOW_UPS`] times. The
 //! periodic reconcile re-reads everything. Each re-read is logged as the pools' changes, and a
-//! prompted one carries a `map refresh` span with the fault's time.
+//! prompted one carries a `map refresh` span with the fault's time. A pool that turns unreadable
+//! is logged once with the file (the map keeps its last figures, marked stale), and once more
+//! when it reads again.
 //!
 //! Where this stops: what a change means for reservations, the discrepancy or the metrics is the
 //! caller's; this module only reads sysfs into the map and says what changed.
@@ -13,7 +15,7 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::map::{Change, MapWriter, Snapshot, Source, monotonic_now};
+use super::map::{Change, MapWriter, Reread, Snapshot, Source, monotonic_now};
 use crate::{host::PageSize, sysfs::SysfsError};
 
 /// Faults arriving within this delay share one sysfs re-read. The tracepoint fires when a fault
@@ -99,7 +101,9 @@ impl Refresher {
         let _entered = span.enter();
         let sizes = (!pending.all).then_some(&pending.sizes);
         match self.writer.refresh(sizes, pending.first_fault) {
-            Ok(changes) => {
+            Ok(reread) => {
+                log_transitions(&reread);
+                let changes = reread.changes;
                 span.record("hugepage_agent.pools_changed", changes.len() as i64);
                 if changes.is_empty() && pending.follow_ups < FOLLOW_UPS {
                     self.pending = Pending {
@@ -128,9 +132,10 @@ impl Refresher {
 
     /// Re-reads every pool (the safety net: a fault the probe missed shows here).
     pub fn reconcile(&mut self) -> Result<Vec<Change>, SysfsError> {
-        let changes = self.writer.reconcile()?;
-        log_changes(&changes, None);
-        Ok(changes)
+        let reread = self.writer.reconcile()?;
+        log_transitions(&reread);
+        log_changes(&reread.changes, None);
+        Ok(reread.changes)
     }
 }
 
@@ -181,13 +186,34 @@ fn log_changes(changes: &[Change], fault_to_map: Option<Duration>) {
     }
 }
 
+/// Pools that turned unreadable (the map keeps their last figures) or readable again.
+fn log_transitions(reread: &Reread) {
+    for (key, err) in &reread.unreadable {
+        warn!(
+            node = key.node.map(|n| n.0),
+            size = %key.size,
+            error = %err,
+            "hugepage pool unreadable: the map keeps its last figures, marked stale"
+        );
+    }
+    for (key, mark) in &reread.recovered {
+        let stale_ms = mark.since.elapsed().map_or(0, |d| d.as_millis() as u64);
+        info!(
+            node = key.node.map(|n| n.0),
+            size = %key.size,
+            stale_ms,
+            "hugepage pool readable again"
+        );
+    }
+}
+
 fn log_snapshot(s: &Snapshot) {
     for n in &s.nodes {
         for p in &n.sizes {
             info!(node = n.info.node.0, size = %PageSize(p.page_size_bytes), total = p.total, free = p.free, surplus = p.surplus, "hugepage pool");
         }
     }
-    for g in &s.global {
+    for g in s.global.iter().map(|g| &g.pool) {
         info!(size = %g.size, total = g.total, free = g.free, reserved = g.reserved, surplus = g.surplus, "hugepage pool (system-wide)");
     }
 }

@@ -52,6 +52,14 @@ pub struct Losses {
     pub find_vma_busy: u64,
 }
 
+impl Losses {
+    /// Events the ring buffers could not hold since `before` (both rings).
+    pub fn events_lost_since(&self, before: &Losses) -> u64 {
+        let total = |l: &Losses| l.hugetlb_faults_lost + l.cgroup_events_lost;
+        total(self).saturating_sub(total(before))
+    }
+}
+
 /// The loaded probes (if any) and the state kept beside them.
 pub struct LiveProbes {
     host: HostFs,
@@ -59,6 +67,8 @@ pub struct LiveProbes {
     probes: Option<Probes>,
     retries: RetryFilter,
     last_counters: Option<Counters>,
+    /// The losses as last read.
+    last_losses: Losses,
 }
 
 impl LiveProbes {
@@ -70,6 +80,7 @@ impl LiveProbes {
             probes: None,
             retries: RetryFilter::new(DEFAULT_WINDOW),
             last_counters: None,
+            last_losses: Losses::default(),
         }
     }
 
@@ -182,8 +193,9 @@ impl LiveProbes {
         }
     }
 
-    /// What the probes lost or missed so far (`None` without probes, or when unreadable).
-    pub fn losses(&mut self) -> Option<Losses> {
+    /// What the probes lost or missed so far, and how many events the ring buffers lost since
+    /// the previous read (`None` without probes, or when unreadable).
+    pub fn losses(&mut self) -> Option<(Losses, u64)> {
         let probes = self.probes.as_ref()?;
         match probes.counters() {
             Ok(now) => {
@@ -196,11 +208,14 @@ impl LiveProbes {
                     );
                 }
                 self.last_counters = Some(now);
-                Some(Losses {
+                let losses = Losses {
                     hugetlb_faults_lost: now.get(Counter::HugetlbFaultsLost),
                     cgroup_events_lost: now.get(Counter::CgroupEventsLost),
                     find_vma_busy: now.get(Counter::FindVmaBusy),
-                })
+                };
+                let new = losses.events_lost_since(&self.last_losses);
+                self.last_losses = losses;
+                Some((losses, new))
             }
             Err(err) => {
                 warn!("reading probe counters: {}", err.explain());
@@ -264,6 +279,31 @@ mod tests {
         assert_eq!(live.losses(), None);
         live.sync_watched(&BTreeSet::from([1, 2]));
         assert!(!live.detach());
+    }
+
+    #[test]
+    fn events_lost_since_counts_both_rings_and_ignores_the_mmap_lock() {
+        let before = Losses {
+            hugetlb_faults_lost: 10,
+            cgroup_events_lost: 5,
+            find_vma_busy: 1,
+        };
+        let same = Losses {
+            find_vma_busy: 9,
+            ..before
+        };
+        assert_eq!(
+            same.events_lost_since(&before),
+            0,
+            "a busy mmap lock loses no event"
+        );
+        let after = Losses {
+            hugetlb_faults_lost: 2010,
+            cgroup_events_lost: 905,
+            find_vma_busy: 1,
+        };
+        assert_eq!(after.events_lost_since(&before), 2900);
+        assert_eq!(before.events_lost_since(&after), 0, "never negative");
     }
 
     #[test]

@@ -74,6 +74,12 @@ impl CgroupV2 {
             })
     }
 
+    /// Whether `rel` is still the cgroup `id`: a mkdir read from the ring buffer after its
+    /// cgroup went (its rmdir lost, or not read yet) is not.
+    pub fn is_current(&self, host: &HostFs, rel: &str, id: u64) -> bool {
+        self.id(host, rel).is_ok_and(|now| now == id)
+    }
+
     /// This cgroup's own limits, `(size name, bytes)`; `u64::MAX` for "max".
     fn limits(&self, host: &HostFs, rel: &str) -> Result<Vec<(String, u64)>, WatchError> {
         let dir = self.dir(rel);

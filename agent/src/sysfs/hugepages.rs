@@ -69,31 +69,53 @@ pub fn read_size(
 ) -> Result<(Vec<NodePool>, Option<GlobalPool>), SysfsError> {
     let mut pools = Vec::new();
     for &node in nodes {
-        let d = format!("{NODES}/node{}/hugepages/{}", node.0, size.dir_name());
-        if !host.exists(&d) {
-            continue;
-        }
-        pools.push(NodePool {
-            node,
-            size,
-            total: host.read_u64(format!("{d}/nr_hugepages"))?,
-            free: host.read_u64(format!("{d}/free_hugepages"))?,
-            surplus: host.read_u64(format!("{d}/surplus_hugepages"))?,
-        });
+        pools.extend(read_node_pool(host, node, size)?);
     }
-    let d = format!("{GLOBAL}/{}", size.dir_name());
-    let global = if host.exists(&d) {
-        Some(GlobalPool {
-            size,
-            total: host.read_u64(format!("{d}/nr_hugepages"))?,
-            free: host.read_u64(format!("{d}/free_hugepages"))?,
-            reserved: host.read_u64(format!("{d}/resv_hugepages"))?,
-            surplus: host.read_u64(format!("{d}/surplus_hugepages"))?,
-        })
-    } else {
-        None
-    };
-    Ok((pools, global))
+    Ok((pools, read_global_pool(host, size)?))
+}
+
+/// The pool of `size` on `node`; `None` when the node has no directory for that size.
+pub fn read_node_pool(
+    host: &HostFs,
+    node: NumaNode,
+    size: PageSize,
+) -> Result<Option<NodePool>, SysfsError> {
+    let d = node_pool_dir(node, size);
+    if !host.exists(&d) {
+        return Ok(None);
+    }
+    Ok(Some(NodePool {
+        node,
+        size,
+        total: host.read_u64(format!("{d}/nr_hugepages"))?,
+        free: host.read_u64(format!("{d}/free_hugepages"))?,
+        surplus: host.read_u64(format!("{d}/surplus_hugepages"))?,
+    }))
+}
+
+/// The system-wide pool of `size`; `None` when there is no directory for that size.
+pub fn read_global_pool(host: &HostFs, size: PageSize) -> Result<Option<GlobalPool>, SysfsError> {
+    let d = global_pool_dir(size);
+    if !host.exists(&d) {
+        return Ok(None);
+    }
+    Ok(Some(GlobalPool {
+        size,
+        total: host.read_u64(format!("{d}/nr_hugepages"))?,
+        free: host.read_u64(format!("{d}/free_hugepages"))?,
+        reserved: host.read_u64(format!("{d}/resv_hugepages"))?,
+        surplus: host.read_u64(format!("{d}/surplus_hugepages"))?,
+    }))
+}
+
+/// The directory of the pool of `size` on `node` (host path, before `--host-root`).
+pub fn node_pool_dir(node: NumaNode, size: PageSize) -> String {
+    format!("{NODES}/node{}/hugepages/{}", node.0, size.dir_name())
+}
+
+/// The directory of the system-wide pool of `size`.
+pub fn global_pool_dir(size: PageSize) -> String {
+    format!("{GLOBAL}/{}", size.dir_name())
 }
 
 /// Reads every pool of every node and size, and the global pools.

@@ -164,7 +164,7 @@ impl Metrics {
         let sizes: std::collections::BTreeSet<PageSize> = s
             .global
             .iter()
-            .map(|g| g.size)
+            .map(|g| g.pool.size)
             .chain(
                 s.nodes
                     .iter()

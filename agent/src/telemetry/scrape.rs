@@ -14,7 +14,7 @@ use crate::{
     admission::reservations::Reservation,
     host::PageSize,
     kubeletconfig::settings::Row,
-    numa::map::Snapshot,
+    numa::map::{Snapshot, Stale},
     psi::{condition::Status, monitor::PsiView},
 };
 
@@ -74,7 +74,13 @@ pub fn render(format: Format, metrics: &Metrics, s: &Sources<'_>) -> String {
 }
 
 fn pools(e: &mut Encoder, s: &Sources<'_>) {
-    let rows: Vec<(String, String, [u64; 3])> = s
+    let now = SystemTime::now();
+    let stale_for = |mark: &Option<Stale>| {
+        mark.as_ref().map_or(0.0, |m| {
+            now.duration_since(m.since).map_or(0.0, |d| d.as_secs_f64())
+        })
+    };
+    let rows: Vec<(String, String, [u64; 3], f64)> = s
         .snapshot
         .nodes
         .iter()
@@ -84,6 +90,7 @@ fn pools(e: &mut Encoder, s: &Sources<'_>) {
                     n.info.node.0.to_string(),
                     PageSize(p.page_size_bytes).to_string(),
                     [p.total, p.free, p.surplus],
+                    stale_for(&p.stale),
                 )
             })
         })
@@ -97,17 +104,35 @@ fn pools(e: &mut Encoder, s: &Sources<'_>) {
     .enumerate()
     {
         e.family(name, Kind::Gauge, help);
-        for (node, size, values) in &rows {
+        for (node, size, values, _) in &rows {
             e.sample(name, &[("numa_node", node), ("hugepage_size", size)], values[i] as f64);
         }
+    }
+    const STALE: &str = "hugepage_agent_hugepages_stale_seconds";
+    e.family(STALE, Kind::Gauge, "How long a pool's figures above have been its last good ones because its sysfs files cannot be read (GET /v1/hugepages says why); 0 while they read.");
+    for (node, size, _, stale) in &rows {
+        e.sample(
+            STALE,
+            &[("numa_node", node), ("hugepage_size", size)],
+            *stale,
+        );
     }
     const RESV: &str = "hugepage_agent_hugepages_reserved_pages";
     e.family(RESV, Kind::Gauge, "Hugepages reserved by mappings but not yet faulted (resv_hugepages; the kernel keeps it system-wide only), per page size.");
     for g in &s.snapshot.global {
         e.sample(
             RESV,
-            &[("hugepage_size", &g.size.to_string())],
-            g.reserved as f64,
+            &[("hugepage_size", &g.pool.size.to_string())],
+            g.pool.reserved as f64,
+        );
+    }
+    const RESV_STALE: &str = "hugepage_agent_hugepages_reserved_stale_seconds";
+    e.family(RESV_STALE, Kind::Gauge, "How long the system-wide figures of a page size (reserved pages above) have been the last good ones because their sysfs files cannot be read; 0 while they read.");
+    for g in &s.snapshot.global {
+        e.sample(
+            RESV_STALE,
+            &[("hugepage_size", &g.pool.size.to_string())],
+            stale_for(&g.stale),
         );
     }
     const UPDATED: &str = "hugepage_agent_map_updated_timestamp_seconds";

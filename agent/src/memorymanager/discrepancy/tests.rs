@@ -28,6 +28,7 @@ fn snapshot(free_pages: u64) -> Snapshot {
                 total: 8192,
                 free: free_pages,
                 surplus: 0,
+                stale: None,
             }],
         }],
         global: Vec::new(),

@@ -75,7 +75,8 @@ fn a_prompted_refresh_rereads_only_the_touched_size() {
     set_free(&host, 0, GI1, 0);
     let changes = writer
         .refresh(Some(&BTreeSet::from([MI2])), Some(monotonic_now()))
-        .expect("refresh");
+        .expect("refresh")
+        .changes;
     assert_eq!(changes.len(), 1);
     assert_eq!(
         (
@@ -108,18 +109,92 @@ fn readers_keep_their_snapshot_while_the_writer_publishes() {
     assert!(reader.load().generation > held.generation);
 }
 
+fn pool(s: &Snapshot, node: u32, size: PageSize) -> &SizeView {
+    s.nodes[node as usize]
+        .sizes
+        .iter()
+        .find(|v| v.page_size_bytes == size.0)
+        .expect("the pool is in the map")
+}
+
+const NODE1_2M: &str = "/sys/devices/system/node/node1/hugepages/hugepages-2048kB";
+
 #[test]
-fn a_failed_read_names_the_file_and_keeps_the_last_snapshot() {
+fn an_unreadable_pool_keeps_its_last_figures_marked_stale_with_the_file_and_recovers() {
     let (_d, host) = host();
     let (mut writer, reader) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
-    fs::remove_file(
-        host.path("/sys/devices/system/node/node1/hugepages/hugepages-2048kB/free_hugepages"),
-    )
-    .expect("rm");
-    let err = writer.reconcile().unwrap_err().to_string();
-    assert!(
-        err.contains("node1/hugepages/hugepages-2048kB/free_hugepages"),
-        "{err}"
+    let file = host.path(format!("{NODE1_2M}/free_hugepages"));
+    fs::remove_file(&file).expect("rm");
+    set_free(&host, 0, MI2, 3);
+    let before = SystemTime::now();
+    let reread = writer.reconcile().expect("the other pools are read");
+    let s = reader.load();
+    assert_eq!(free(&s, 0, MI2), Some(3), "the readable pools are re-read");
+    let stale = pool(&s, 1, MI2);
+    assert_eq!(stale.free, 4, "the last good figure stays");
+    let mark = stale.stale.as_ref().expect("marked stale");
+    assert!(mark.since >= before, "{mark:?}");
+    assert!(mark.error.contains(&file.display().to_string()), "{mark:?}");
+    assert!(pool(&s, 0, MI2).stale.is_none());
+    assert_eq!(reread.unreadable.len(), 1, "reported once: {reread:?}");
+    assert_eq!(
+        reread.unreadable[0].0,
+        PoolKey {
+            node: Some(NumaNode(1)),
+            size: MI2
+        }
     );
+    let json = serde_json::to_value(&*s).expect("json");
+    assert_eq!(
+        json["nodes"][1]["sizes"][0]["stale"]["error"].as_str(),
+        Some(mark.error.as_str())
+    );
+    assert!(json["nodes"][0]["sizes"][0].get("stale").is_none());
+
+    let again = writer.reconcile().expect("reconcile");
+    assert!(
+        again.unreadable.is_empty(),
+        "still stale: not reported again"
+    );
+    assert_eq!(
+        pool(&reader.load(), 1, MI2).stale.as_ref().map(|m| m.since),
+        Some(mark.since),
+        "the mark keeps when it began"
+    );
+
+    fs::write(&file, "1\n").expect("the file is back");
+    let back = writer.reconcile().expect("reconcile");
+    assert_eq!(back.recovered.len(), 1, "{back:?}");
+    let s = reader.load();
+    assert_eq!((pool(&s, 1, MI2).free, &pool(&s, 1, MI2).stale), (1, &None));
+}
+
+#[test]
+fn a_pool_directory_that_goes_while_its_node_stays_is_stale_not_dropped() {
+    let (_d, host) = host();
+    let (mut writer, reader) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
+    fs::remove_dir_all(host.path(NODE1_2M)).expect("rm");
+    let reread = writer
+        .refresh(Some(&BTreeSet::from([MI2])), None)
+        .expect("refresh");
+    assert_eq!(reread.unreadable.len(), 1);
+    let s = reader.load();
+    let kept = pool(&s, 1, MI2);
+    assert_eq!(kept.free, 4);
+    assert!(
+        kept.stale
+            .as_ref()
+            .is_some_and(|m| m.error.contains("node1/hugepages/hugepages-2048kB")),
+        "{kept:?}"
+    );
+}
+
+#[test]
+fn a_failed_topology_read_names_the_file_and_keeps_the_last_snapshot() {
+    let (_d, host) = host();
+    let (mut writer, reader) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
+    fs::remove_file(host.path("/sys/devices/system/node/node1/distance")).expect("rm");
+    let err = writer.reconcile().unwrap_err().to_string();
+    assert!(err.contains("node1/distance"), "{err}");
     assert_eq!(reader.load().generation, 1);
 }

@@ -99,3 +99,16 @@ fn the_ids_are_the_directory_inodes() {
     assert_eq!(v2.id(&host, "/a/b").expect("id"), ino(root.path(), "/a/b"));
     assert!(v2.id(&host, "/gone").is_err());
 }
+
+#[test]
+fn a_cgroup_is_current_while_its_directory_is_there_with_the_same_id() {
+    let (root, host, v2) = hierarchy(&[("/kubepods/podA", &[])]);
+    let id = ino(root.path(), "/kubepods/podA");
+    assert!(v2.is_current(&host, "/kubepods/podA", id));
+    assert!(
+        !v2.is_current(&host, "/kubepods/podA", id + 1),
+        "another cgroup of that path"
+    );
+    fs::remove_dir(root.path().join("sys/fs/cgroup/unified/kubepods/podA")).expect("rmdir");
+    assert!(!v2.is_current(&host, "/kubepods/podA", id), "gone");
+}
