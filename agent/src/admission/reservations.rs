@@ -152,6 +152,10 @@ impl Store {
             source,
         })?;
         let path = dir.join(FILE);
+        // A write killed before its rename leaves its temporary file; the file it was to replace
+        // is whole. It is never read, and the next write would truncate it: removed now so that
+        // it holds no space meanwhile (if it cannot be, nothing depends on it).
+        let _ = fs::remove_file(temporary(&path));
         let mut store = Store {
             writer: Arc::new(Writer {
                 path: path.clone(),
@@ -329,16 +333,25 @@ impl Snapshot {
 }
 
 impl Writer {
+    /// A write that fails (a full or read-only state directory) leaves the file as it was and
+    /// removes its temporary file.
     fn replace(&self, text: &[u8]) -> Result<(), ReservationError> {
-        let tmp = self.path.with_extension("json.tmp");
+        let tmp = temporary(&self.path);
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ReservationError::Io { path, source }
         };
-        let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(text).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        fs::rename(&tmp, &self.path).map_err(io(&self.path))?;
+        let renamed = fs::File::create(&tmp)
+            .and_then(|mut f| {
+                f.write_all(text)?;
+                f.sync_all()
+            })
+            .map_err(io(&tmp))
+            .and_then(|()| fs::rename(&tmp, &self.path).map_err(io(&self.path)));
+        if renamed.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        renamed?;
         if let Some(dir) = self.path.parent() {
             fs::File::open(dir)
                 .and_then(|d| d.sync_all())
@@ -346,6 +359,11 @@ impl Writer {
         }
         Ok(())
     }
+}
+
+/// The temporary file a write of `path` goes through before its rename.
+fn temporary(path: &Path) -> PathBuf {
+    path.with_extension("json.tmp")
 }
 
 /// Renames the file `path` aside as `<path>.<why>-<unix time>`; the new name.

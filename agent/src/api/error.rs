@@ -130,6 +130,17 @@ impl ApiError {
         )
     }
 
+    /// The agent's own state (its reservations file) could not be written: a disk fault on this
+    /// node, not a verdict on the request (the webhook's failure policy decides).
+    pub fn state_write_failed(detail: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "state-write-failed",
+            "Saving the agent's state failed",
+            detail,
+        )
+    }
+
     pub fn unavailable(detail: impl Into<String>) -> ApiError {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

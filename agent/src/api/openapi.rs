@@ -197,7 +197,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                     "400": problem("Invalid JSON, an invalid field (named in `field`), or a dryRun that is not true or false"),
                     "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
                     "415": problem("Content type is not application/json"),
-                    "500": problem("The reservation could not be saved (named in detail)")
+                    "500": problem("The reservation could not be saved (type state-write-failed, the file and the error named in detail): a disk fault on the node, not a verdict")
                 }
             }},
             "/v1/hints": hints_path(),

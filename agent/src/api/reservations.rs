@@ -42,8 +42,8 @@ pub async fn persist(state: &AppState, pending: Pending) -> Result<(), ApiError>
         tracing::warn!(%id, "writing the reservations without {id}: {again}");
     }
     tracing::warn!(%id, "the reservation could not be saved, so the admission failed: {failure}");
-    Err(ApiError::internal(format!(
-        "the reservation could not be saved: {failure}"
+    Err(ApiError::state_write_failed(format!(
+        "the reservation could not be saved, so the pod is not admitted: {failure}"
     )))
 }
 
@@ -62,7 +62,7 @@ pub async fn delete(state: &AppState, id: &str) -> Result<Reservation, ApiError>
     tracing::info!(id = %found.id, pod_uid = %found.pod_uid, "reservation deleted");
     if let Some(snapshot) = snapshot {
         write(snapshot).await.map_err(|e| {
-            ApiError::internal(format!(
+            ApiError::state_write_failed(format!(
                 "reservation {id} is deleted, but the file still holds it until it expires: {e}"
             ))
         })?;

@@ -773,6 +773,7 @@ async fn an_admission_whose_reservation_cannot_be_written_fails_and_holds_nothin
             "application/problem+json"
         )
     );
+    assert_eq!(problem["type"], "state-write-failed", "{problem}");
     assert!(
         problem["detail"]
             .as_str()

@@ -266,3 +266,36 @@ fn a_reservation_that_could_not_be_written_is_taken_back() {
     assert_eq!(store.held(MI2, &[NumaNode(0)], "x", t0()), 0);
     assert!(store.forget(&made.id).is_none(), "already taken back");
 }
+
+#[test]
+fn a_write_that_fails_leaves_the_file_as_it_was_and_no_temporary_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    saved(&mut store, &verdict(&[0], GI, 8 * GI), POD_A);
+    let file = dir.path().join(FILE);
+    let before = fs::read(&file).expect("written");
+    // The rename fails (a directory is in the file's place, as the file is left by a failing
+    // disk): the temporary file written and fsynced is removed, not left to fill the directory.
+    fs::rename(&file, dir.path().join("aside")).expect("move the file");
+    fs::create_dir(&file).expect("a directory in its place");
+    fs::write(file.join("keep"), "x").expect("not empty");
+    let (_, snapshot) = store.reserve(&verdict(&[0], GI, 8 * GI), POD_B, "", "", t0());
+    let err = snapshot.write().expect_err("cannot replace a directory");
+    assert!(err.to_string().contains("reservations.json"), "{err}");
+    assert!(!temporary(&file).exists(), "the temporary file is left");
+    assert_eq!(fs::read(dir.path().join("aside")).expect("aside"), before);
+}
+
+#[test]
+fn a_temporary_file_a_killed_write_left_is_removed_on_open_and_never_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    saved(&mut store, &verdict(&[0], GI, 8 * GI), POD_A);
+    let tmp = temporary(&dir.path().join(FILE));
+    let text = fs::read(dir.path().join(FILE)).expect("written");
+    fs::write(&tmp, &text[..text.len() / 2]).expect("half a write");
+    let (reopened, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    assert_eq!(warning, None, "the temporary file is not the file");
+    assert_eq!(reopened.list(), store.list());
+    assert!(!tmp.exists(), "{} is left", tmp.display());
+}
