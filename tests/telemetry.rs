@@ -263,7 +263,7 @@ fn traceparent() -> String {
 }
 
 #[test]
-fn over_grpc_the_admission_span_arrives_and_a_dead_collector_only_raises_the_drop_counter() {
+fn over_grpc_spans_arrive_and_a_stalled_or_dead_collector_only_raises_the_drop_counter() {
     let mut receiver = OtlpReceiver::start();
     let (_state, dir) = state_dir();
     let running = traced_agent(&receiver, "grpc", "100", &dir);
@@ -290,26 +290,47 @@ fn over_grpc_the_admission_span_arrives_and_a_dead_collector_only_raises_the_dro
         took.sort();
         took[n / 2]
     };
+    let dropped_since = |before: f64, why: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, exposition) = get(port, "/metrics");
+            let dropped = metric_sum(&exposition, "hugepage_agent_trace_spans_dropped_total");
+            if dropped > before {
+                return dropped;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the drop counter did not rise with the collector {why}"
+            );
+            // Keep spans coming, so the queue (64) fills behind the stuck export.
+            admit(port, REJECTED, None);
+        }
+    };
     let up = latency(200);
+
+    // A collector that stalls: its process stopped, its sockets open. The kernel still accepts
+    // and buffers; the export waits for its time-out (OTEL_EXPORTER_OTLP_TIMEOUT, 1 s) while
+    // spans queue behind it and the queue drops what does not fit. The Drop of the receiver
+    // kills it, stopped or not.
+    let send = |sig| {
+        let pid = libc::pid_t::try_from(receiver.pid()).expect("pid");
+        // SAFETY: a signal to our own child, which is still ours to wait for.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "signal {sig}");
+    };
+    send(libc::SIGSTOP);
+    let stalled = latency(200);
+    let dropped = dropped_since(0.0, "stalled");
+    send(libc::SIGCONT);
+
     receiver.stop();
     let down = latency(200);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let dropped = loop {
-        let (_, exposition) = get(port, "/metrics");
-        let dropped = metric_sum(&exposition, "hugepage_agent_trace_spans_dropped_total");
-        if dropped > 0.0 || Instant::now() > deadline {
-            break dropped;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert!(
-        dropped > 0.0,
-        "the drop counter did not rise with the collector down"
-    );
-    assert!(
-        down < up * 2 + Duration::from_millis(2),
-        "median admission {up:?} with the collector up, {down:?} with it down"
-    );
+    dropped_since(dropped, "down");
+    for (why, median) in [("stalled", stalled), ("down", down)] {
+        assert!(
+            median < up * 2 + Duration::from_millis(2),
+            "median admission {up:?} with the collector up, {median:?} with it {why}"
+        );
+    }
     let (status, log) = running.terminate();
     assert!(status.success(), "{status:?}: {log:#?}");
 }
