@@ -13,6 +13,7 @@ use std::{
 
 use hugepage_agent::{probes::watch::CgroupV2, sysfs::HostFs};
 
+pub mod abusers;
 pub mod apiserver;
 pub mod cluster;
 mod flags;

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
     admission::verify::{Gate, Mode, OnSysfsError, Settings},
-    api::admit::DEFAULT_MAX_CONTAINERS,
+    api::{admit::DEFAULT_MAX_CONTAINERS, server::Limits},
     client::{AgentUrl, ClientError},
     kubeletconfig::{
         cmdline,
@@ -129,6 +129,64 @@ pub struct Cli {
         global = true
     )]
     pub max_containers: u32,
+    /// Connections each listener (`--listen`, `--metrics-listen`, the webhook's) keeps open at
+    /// once; one more is accepted and closed at once with a reset, and counted.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_MAX_CONNECTIONS",
+        default_value_t = 1024,
+        value_parser = clap::value_parser!(u32).range(1..),
+        global = true
+    )]
+    pub max_connections: u32,
+    /// How long a connection may take to send a request's complete head, counted from when it
+    /// is ready for one: a new connection, or a keep-alive one after its last answer, so an idle
+    /// connection is closed after it too. Ends slow heads (slowloris).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_HEADER_READ_TIMEOUT",
+        default_value = "30s",
+        global = true
+    )]
+    pub header_read_timeout: String,
+    /// How long a request's body may take to arrive after its head; past it the request is
+    /// answered 408 and the connection closed.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_BODY_READ_TIMEOUT",
+        default_value = "30s",
+        global = true
+    )]
+    pub body_read_timeout: String,
+    /// HTTP/2 streams one connection may have open at once (the webhook's listener).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_HTTP2_MAX_CONCURRENT_STREAMS",
+        default_value_t = 100,
+        value_parser = clap::value_parser!(u32).range(1..),
+        global = true
+    )]
+    pub http2_max_concurrent_streams: u32,
+    /// HTTP/2 streams a client may reset before they are served (rapid reset,
+    /// CVE-2023-44487) before the connection is ended with GOAWAY.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_HTTP2_MAX_PENDING_RESET_STREAMS",
+        default_value_t = 20,
+        value_parser = clap::value_parser!(u32).range(1..),
+        global = true
+    )]
+    pub http2_max_pending_reset_streams: u32,
+    /// HTTP/2 streams the server may reset for a client's errors ("MadeYouReset",
+    /// CVE-2025-8671) before the connection is ended with GOAWAY.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_HTTP2_MAX_LOCAL_RESET_STREAMS",
+        default_value_t = 1024,
+        value_parser = clap::value_parser!(u32).range(1..),
+        global = true
+    )]
+    pub http2_max_local_reset_streams: u32,
     /// How often sysfs and the cgroup tree are re-read in full (e.g. 10s, 500ms, 1m).
     #[arg(
         long,
@@ -540,6 +598,9 @@ pub struct Config {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// `--allow-unauthenticated-clients`: the API beyond loopback without client certificates.
     pub allow_unauthenticated_clients: bool,
+    /// What every listener tolerates of its clients (`--max-connections`, the time-outs, the
+    /// HTTP/2 limits).
+    pub limits: Limits,
 }
 
 impl Config {
@@ -586,6 +647,7 @@ impl TryFrom<Cli> for Config {
                 });
             }
         }
+        let limits = limits(&cli)?;
         let traces = TraceConfig::from_env()?;
         let listen = cli
             .listen
@@ -696,6 +758,7 @@ impl TryFrom<Cli> for Config {
             tls,
             metrics_listen,
             allow_unauthenticated_clients: cli.allow_unauthenticated_clients,
+            limits,
             verification: Settings {
                 gate: cli.verification.unwrap_or(Gate::On),
                 mode: cli.verification_mode,
@@ -703,6 +766,24 @@ impl TryFrom<Cli> for Config {
             },
         })
     }
+}
+
+/// The listeners' limits the flags set.
+fn limits(cli: &Cli) -> Result<Limits, ConfigError> {
+    let above_zero = |d: Duration| d.is_zero().then(|| "must be above zero".to_owned());
+    let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+    Ok(Limits {
+        max_connections: count(cli.max_connections),
+        header_read_timeout: duration(
+            "--header-read-timeout",
+            &cli.header_read_timeout,
+            above_zero,
+        )?,
+        body_read_timeout: duration("--body-read-timeout", &cli.body_read_timeout, above_zero)?,
+        http2_max_concurrent_streams: cli.http2_max_concurrent_streams,
+        http2_max_pending_reset_streams: count(cli.http2_max_pending_reset_streams),
+        http2_max_local_reset_streams: count(cli.http2_max_local_reset_streams),
+    })
 }
 
 /// A duration flag: parsed, then `reject` says what is wrong with the value, if anything.
@@ -1078,6 +1159,43 @@ mod tests {
             Cli::try_parse_from(["hugepage-agent", "webhook"]).is_err(),
             "the agents' files are required"
         );
+    }
+
+    #[test]
+    fn the_listeners_limits_have_their_defaults_unless_told() {
+        let config = Config::try_from(cli(&[])).expect("valid");
+        assert_eq!(config.limits, Limits::DEFAULT);
+        let told = cli(&[
+            "--max-connections",
+            "8",
+            "--header-read-timeout",
+            "500ms",
+            "--body-read-timeout",
+            "2s",
+            "--http2-max-concurrent-streams",
+            "4",
+            "--http2-max-pending-reset-streams",
+            "5",
+            "--http2-max-local-reset-streams",
+            "6",
+        ]);
+        let limits = Config::try_from(told).expect("valid").limits;
+        assert_eq!(
+            limits,
+            Limits {
+                max_connections: 8,
+                header_read_timeout: Duration::from_millis(500),
+                body_read_timeout: Duration::from_secs(2),
+                http2_max_concurrent_streams: 4,
+                http2_max_pending_reset_streams: 5,
+                http2_max_local_reset_streams: 6,
+            }
+        );
+        let zero = cli(&["--body-read-timeout", "0s"]);
+        let err = Config::try_from(zero).expect_err("zero");
+        assert!(err.to_string().starts_with("--body-read-timeout "), "{err}");
+        let none = ["hugepage-agent", "--max-connections", "0"];
+        assert!(Cli::try_parse_from(none).is_err(), "no connections at all");
     }
 
     #[test]

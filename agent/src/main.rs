@@ -80,12 +80,16 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Webhook(ref settings) => {
-            webhook::run(config.listen, settings, telemetry.export_stats.clone()).map_err(|e| {
-                tracing::error!("{e}");
-                e.to_string()
-            })
-        }
+        Command::Webhook(ref settings) => webhook::run(
+            config.listen,
+            config.limits,
+            settings,
+            telemetry.export_stats.clone(),
+        )
+        .map_err(|e| {
+            tracing::error!("{e}");
+            e.to_string()
+        }),
         Command::Merge { ref input } => {
             return match whatif::merge_file(input) {
                 Ok(line) => {

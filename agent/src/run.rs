@@ -26,7 +26,7 @@ use crate::{
     api::{
         self, AppState, Readiness,
         lane::Lane,
-        server::{Endpoint, Server, ServerError},
+        server::{Endpoint, Server, ServerError, Serving},
     },
     config::{Config, EbpfMode},
     consumers::FaultBook,
@@ -139,16 +139,13 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
     let (stop_server, stopped) = watch::channel(false);
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));
     let tls_task = reloader.map(|r| tokio::spawn(r.watch(stopped.clone())));
-    let mut server = Server::start(
-        bound,
-        config.api_threads,
-        api::router(state.clone()),
-        tls,
-        stopped.clone(),
-    )?;
+    let api_stats = metrics.api_connections.clone();
+    let api = Serving::new(api::router(state.clone()), tls, config.limits, api_stats);
+    let mut server = Server::start(bound, config.api_threads, api, stopped.clone())?;
     if let Some(bound) = metrics_bound {
-        let metrics_server = Server::start(bound, 1, api::metrics_router(state), None, stopped)?;
-        server = server.and(metrics_server);
+        let stats = metrics.metrics_connections.clone();
+        let plain = Serving::new(api::metrics_router(state), None, config.limits, stats);
+        server = server.and(Server::start(bound, 1, plain, stopped)?);
     }
     let pods = PodCgroups::scan(&config.host).unwrap_or_else(|err| {
         warn!("finding pod cgroups: {err}; reservations end by expiry until the next reconcile");

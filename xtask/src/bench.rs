@@ -34,6 +34,9 @@ pub enum Bench {
     /// The webhook's scheduler-extender filter over 10, 100 and 1,000 nodes in both forms
     /// (`nodenames` from its Node cache, `nodes`), against real agents: p50, p99, calls/s, RSS.
     Extender,
+    /// A well-behaved client's p99 unloaded and while clients misbehave: idle connections,
+    /// slowloris heads, oversized heads, garbage (the agent), HTTP/2 reset loops (the webhook).
+    Abuse,
 }
 
 pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
@@ -43,12 +46,13 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
         Bench::Verify => ("verify-latency", Vec::new()),
         Bench::Psi => ("psi-latency", Vec::new()),
         Bench::Hints => ("hints-latency", Vec::new()),
-        Bench::Inventory | Bench::AdmitSize | Bench::Extender => {
+        Bench::Inventory | Bench::AdmitSize | Bench::Extender | Bench::Abuse => {
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
             let agent = release.join("hugepage-agent");
             let binary = match which {
                 Bench::AdmitSize => "admit-size",
                 Bench::Extender => "extender-load",
+                Bench::Abuse => "abuse-load",
                 _ => "inventory-load",
             };
             (

@@ -7,9 +7,25 @@
 //! lane, not on the API thread, and a typical body, one frame, is never copied. A body whose
 //! `Content-Length` is over the limit is refused before any of it is read; one that turns out
 //! longer, as soon as it does.
+//!
+//! A body must also arrive in time: the listener hands every request its body wrapped in
+//! [`Timed`], which fails with [`TimedOut`] once `--body-read-timeout` has passed since the head
+//! was read (a client sending a byte a second holds a connection no longer than that), and
+//! [`read`] reports it as [`BodyError::TimedOut`].
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use axum::body::{Body, Bytes};
 use http_body_util::BodyExt;
+use hyper::body::{Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+use crate::telemetry::connections::{ConnectionStats, Cut};
 
 /// Bytes of a body read before the thread takes turns with other connections (a typical
 /// admission's body is a few hundred bytes to a few KiB).
@@ -21,6 +37,81 @@ pub enum BodyError {
     TooLarge { limit: usize },
     #[error("reading the body: {0}")]
     Read(String),
+    #[error("the body did not arrive within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// A body still arriving when its time was up.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("the body did not arrive within {0:?}")]
+pub struct TimedOut(pub Duration);
+
+/// A request body that must end within a time from when it was wrapped (when the request's head
+/// was read); past it, the next frame it waits for is [`TimedOut`], counted in `stats`.
+#[derive(Debug)]
+pub struct Timed<B> {
+    inner: B,
+    limit: Duration,
+    deadline: Pin<Box<Sleep>>,
+    stats: Arc<ConnectionStats>,
+}
+
+impl<B> Timed<B> {
+    pub fn new(inner: B, limit: Duration, stats: Arc<ConnectionStats>) -> Timed<B> {
+        Timed {
+            inner,
+            limit,
+            deadline: Box::pin(tokio::time::sleep_until(Instant::now() + limit)),
+            stats,
+        }
+    }
+}
+
+impl<B> hyper::body::Body for Timed<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    this.stats.cut(Cut::BodyTimeout);
+                    Poll::Ready(Some(Err(TimedOut(this.limit).into())))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The [`BodyError`] of a frame that failed: [`TimedOut`] (under axum's wrapping) or a read.
+fn failed(err: axum::Error) -> BodyError {
+    let err = err.into_inner();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err.as_ref());
+    while let Some(e) = source {
+        if let Some(TimedOut(limit)) = e.downcast_ref::<TimedOut>() {
+            return BodyError::TimedOut(*limit);
+        }
+        source = e.source();
+    }
+    BodyError::Read(err.to_string())
 }
 
 /// A body as it arrived: its frames, in order.
@@ -65,7 +156,7 @@ pub async fn read(
     let mut body = body;
     let mut received = Received::default();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| BodyError::Read(e.to_string()))?;
+        let frame = frame.map_err(failed)?;
         let Ok(data) = frame.into_data() else {
             // Trailers: nothing of the request.
             continue;
@@ -142,6 +233,44 @@ mod tests {
         assert_eq!(undeclared, Err(BodyError::TooLarge { limit: 100 }));
         let understated = read(chunked(vec![vec![b'x'; 60], vec![b'x'; 60]]), Some(10), 100).await;
         assert_eq!(understated, Err(BodyError::TooLarge { limit: 100 }));
+    }
+
+    /// A body that never sends anything.
+    struct Silent;
+
+    impl hyper::body::Body for Silent {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_still_arriving_at_its_deadline_is_cut_and_counted_one_in_time_is_not() {
+        let limit = Duration::from_millis(200);
+        let stats = Arc::new(ConnectionStats::default());
+        let silent = Body::new(Timed::new(Silent, limit, stats.clone()));
+        let started = Instant::now();
+        assert_eq!(
+            read(silent, None, 100).await,
+            Err(BodyError::TimedOut(limit))
+        );
+        assert!(
+            started.elapsed() >= limit,
+            "cut after {:?}",
+            started.elapsed()
+        );
+        assert_eq!(stats.cuts(Cut::BodyTimeout), 1);
+        let chunks = Chunks(vec![Bytes::from_static(b"ab"); 3].into());
+        let prompt = Body::new(Timed::new(chunks, limit, stats.clone()));
+        let prompt = read(prompt, None, 100).await.expect("in time");
+        assert_eq!(prompt.join(), Bytes::from_static(b"ababab"));
+        assert_eq!(stats.cuts(Cut::BodyTimeout), 1);
     }
 
     /// Bug (#23): a 1 MiB body was read to its end before any other connection was served.

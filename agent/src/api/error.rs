@@ -67,6 +67,16 @@ impl ApiError {
         )
     }
 
+    /// A body that did not arrive within `--body-read-timeout`.
+    pub fn body_timeout(limit: std::time::Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "Body too slow",
+            format!("the body did not arrive within {limit:?} (--body-read-timeout)"),
+        )
+    }
+
     /// A pod of more containers than `--max-containers` allows.
     pub fn too_many_containers(field: &str, count: usize, max: usize) -> ApiError {
         let mut e = ApiError::new(

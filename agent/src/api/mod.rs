@@ -130,7 +130,7 @@ pub fn metrics_router(state: AppState) -> Router {
 }
 
 /// A request body ([`body::read`], in turns) and its content type, or the problem with the body
-/// (413 over the limit).
+/// (413 over the limit, 408 past `--body-read-timeout`).
 async fn request_body(
     headers: &HeaderMap,
     body: Body,
@@ -143,6 +143,7 @@ async fn request_body(
         .map_err(|e| match e {
             body::BodyError::TooLarge { limit } => ApiError::too_large(limit),
             body::BodyError::Read(detail) => ApiError::bad_json(detail),
+            body::BodyError::TimedOut(limit) => ApiError::body_timeout(limit),
         })?;
     let content_type = headers
         .get(header::CONTENT_TYPE)

@@ -51,6 +51,7 @@ fn hints_path() -> Value {
                 "loadedAt": {"type": "string", "format": "date-time"}
             }}}}},
             "400": problem("Invalid JSON, or an invalid field (named in `field`)"),
+            "408": problem("The body did not arrive within --body-read-timeout (type body-timeout); the connection is closed"),
             "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
             "415": problem("Content type is not application/json")
         }
@@ -195,7 +196,8 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                 "responses": {
                     "200": {"description": "The verdict (allowed or not)", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Verdict"}}}},
                     "400": problem("Invalid JSON, an invalid field (named in `field`), or a dryRun that is not true or false"),
-                    "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
+                    "408": problem("The body did not arrive within --body-read-timeout (type body-timeout); the connection is closed"),
+            "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
                     "415": problem("Content type is not application/json"),
                     "500": problem("The reservation could not be saved (type state-write-failed, the file and the error named in detail): a disk fault on the node, not a verdict")
                 }

@@ -23,24 +23,53 @@
 //! config offers HTTP/2 ([`crate::tls::Alpn`], the webhook's listener) and the client chose it,
 //! the connection is served as HTTP/2; the agent's API never offers it, and its connections are
 //! HTTP/1.1 only.
+//!
+//! A client that misbehaves must not hurt the others; what a listener tolerates is its
+//! [`Limits`], and what they did is counted in its [`ConnectionStats`]:
+//! * at most `max_connections` open at once (its threads together): one more is accepted and
+//!   closed at once with a reset, so the client learns at once instead of waiting in the
+//!   backlog, where it would also delay the well-behaved connections queued behind it;
+//! * a request's head must be complete within `header_read_timeout`, counted from when the
+//!   connection is ready for it: hyper starts that timer when it waits for a head, after
+//!   an answer too, so the same limit closes an idle keep-alive connection;
+//! * a body must arrive within `body_read_timeout` of its head ([`super::body::Timed`]): the
+//!   handler answers 408 and hyper, the body unread, closes the connection;
+//! * a head over the read buffer (64 KiB) is answered 431 and the connection closed, bytes
+//!   that are not HTTP 400 and closed (hyper's own answers, counted here);
+//! * HTTP/2: at most `http2_max_concurrent_streams` streams at once, and GOAWAY
+//!   `ENHANCE_YOUR_CALM` once a client has reset more than `http2_max_pending_reset_streams`
+//!   streams before they were served (rapid reset, CVE-2023-44487) or made the server reset
+//!   more than `http2_max_local_reset_streams` ("MadeYouReset", CVE-2025-8671); header lists
+//!   as large as an HTTP/1.1 head; a ping every [`H2_PING_EVERY`] ends a connection whose
+//!   peer is gone.
 
-use std::{io, net::SocketAddr, sync::mpsc, thread, time::Duration};
+use std::{
+    convert::Infallible, io, net::SocketAddr, sync::Arc, sync::mpsc, thread, time::Duration,
+};
 
-use axum::Router;
-use hyper::server::conn::{http1, http2};
+use axum::{Router, response::Response};
+use hyper::{
+    Request,
+    body::Incoming,
+    server::conn::{http1, http2},
+};
 use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
     server::graceful::GracefulConnection,
-    service::TowerToHyperService,
+    service::{TowerToHyperService, TowerToHyperServiceFuture},
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::{TcpListener, TcpSocket, TcpStream},
     sync::{oneshot, watch},
 };
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::tls::{HANDSHAKE_TIMEOUT, Refusal, ServerTls};
+use super::body::Timed;
+use crate::{
+    telemetry::connections::{ConnectionStats, Cut},
+    tls::{HANDSHAKE_TIMEOUT, Refusal, ServerTls},
+};
 
 /// Connections waiting to be accepted.
 const BACKLOG: u32 = 1024;
@@ -48,6 +77,74 @@ const BACKLOG: u32 = 1024;
 const BLOCKING_GRACE: Duration = Duration::from_secs(1);
 /// How long accepting pauses after an error that is not the connection's (out of descriptors).
 const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
+
+/// What a listener tolerates of its clients (the flags of the same names, `--max-connections`
+/// and so on); see the module's documentation for what each does when it acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once on the listener, its threads together.
+    pub max_connections: usize,
+    /// From a connection being ready for a request (new, or idle after an answer) to that
+    /// request's complete head.
+    pub header_read_timeout: Duration,
+    /// From a request's head to the end of its body.
+    pub body_read_timeout: Duration,
+    /// HTTP/2 streams open at once on one connection.
+    pub http2_max_concurrent_streams: u32,
+    /// HTTP/2 streams the client reset before they were served, before GOAWAY.
+    pub http2_max_pending_reset_streams: usize,
+    /// HTTP/2 streams the server had to reset for the client's errors, before GOAWAY.
+    pub http2_max_local_reset_streams: usize,
+}
+
+impl Limits {
+    /// What an operator gets without flags: far above what the webhook's pools, the kubelet's
+    /// probes and Prometheus open, and time-outs no answer on a working network comes near.
+    pub const DEFAULT: Limits = Limits {
+        max_connections: 1024,
+        header_read_timeout: Duration::from_secs(30),
+        body_read_timeout: Duration::from_secs(30),
+        http2_max_concurrent_streams: 100,
+        http2_max_pending_reset_streams: 20,
+        http2_max_local_reset_streams: 1024,
+    };
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits::DEFAULT
+    }
+}
+
+/// How often an HTTP/2 connection is pinged, and how long the answer may take before the
+/// connection is closed: a peer gone without a word frees its place.
+pub const H2_PING_EVERY: Duration = Duration::from_secs(60);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What one listener serves with: its routes, its TLS, its limits and their counts.
+#[derive(Debug, Clone)]
+pub struct Serving {
+    pub router: Router,
+    pub tls: Option<ServerTls>,
+    pub limits: Limits,
+    pub stats: Arc<ConnectionStats>,
+}
+
+impl Serving {
+    pub fn new(
+        router: Router,
+        tls: Option<ServerTls>,
+        limits: Limits,
+        stats: Arc<ConnectionStats>,
+    ) -> Serving {
+        Serving {
+            router,
+            tls,
+            limits,
+            stats,
+        }
+    }
+}
 
 /// A listener: the flag that names its address, and its threads' name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,14 +244,13 @@ impl Server {
         })
     }
 
-    /// Starts `threads` threads serving `router` on `bound` until `stop` turns true, each
-    /// connection over TLS when `tls` is given, and waits until each listens; a thread that
-    /// cannot start is an error naming it.
+    /// Starts `threads` threads serving on `bound` until `stop` turns true, each connection
+    /// over TLS when `serving` has it and within its limits, and waits until each listens; a
+    /// thread that cannot start is an error naming it.
     pub fn start(
         bound: Bound,
         threads: usize,
-        router: Router,
-        tls: Option<ServerTls>,
+        serving: Serving,
         stop: watch::Receiver<bool>,
     ) -> Result<Server, ServerError> {
         let name = bound.endpoint.threads;
@@ -171,15 +267,14 @@ impl Server {
                 .try_clone()
                 .map_err(|source| failed(index, source))?;
             let (tx, rx) = oneshot::channel();
-            let router = router.clone();
-            let tls = tls.clone();
+            let serving = serving.clone();
             let stop = stop.clone();
             let listening = listening.clone();
             let thread = format!("{name}-{index}");
             thread::Builder::new()
                 .name(thread.clone())
                 .spawn(move || {
-                    serve_thread(index, socket, router, tls, stop, listening);
+                    serve_thread(index, socket, serving, stop, listening);
                     let _ = tx.send(());
                 })
                 .map_err(|source| failed(index, source))?;
@@ -249,8 +344,7 @@ type Listening = Result<(), (usize, io::Error)>;
 fn serve_thread(
     index: usize,
     socket: std::net::TcpListener,
-    router: Router,
-    tls: Option<ServerTls>,
+    serving: Serving,
     stop: watch::Receiver<bool>,
     listening: mpsc::Sender<Listening>,
 ) {
@@ -273,19 +367,15 @@ fn serve_thread(
         }
     };
     let _ = listening.send(Ok(()));
-    runtime.block_on(serve(listener, router, tls, stop));
+    runtime.block_on(serve(listener, serving, stop));
     runtime.shutdown_timeout(BLOCKING_GRACE);
 }
 
 /// Accepts until `stop` turns true, each connection in a task of its own (a TLS handshake
-/// included, so a slow client holds up nobody); then waits for every connection to end, each
-/// told to close once its request in flight is answered.
-async fn serve(
-    listener: TcpListener,
-    router: Router,
-    tls: Option<ServerTls>,
-    mut stop: watch::Receiver<bool>,
-) {
+/// included, so a slow client holds up nobody) or, over `max_connections`, closed at once;
+/// then waits for every connection to end, each told to close once its request in flight is
+/// answered.
+async fn serve(listener: TcpListener, serving: Serving, mut stop: watch::Receiver<bool>) {
     // Every connection's task holds a receiver; once all are dropped, every connection ended.
     let (open, connection) = watch::channel(());
     loop {
@@ -294,13 +384,16 @@ async fn serve(
             _ = stop.wait_for(|stopped| *stopped) => break,
         };
         match accepted {
-            Ok((tcp, _)) => {
+            Ok((tcp, peer)) => {
+                let Some(counted) = Counted::open(&serving) else {
+                    refuse(tcp, peer, &serving);
+                    continue;
+                };
                 tokio::spawn(serve_connection(
                     tcp,
-                    router.clone(),
-                    tls.clone(),
+                    serving.clone(),
                     stop.clone(),
-                    connection.clone(),
+                    (connection.clone(), counted),
                 ));
             }
             Err(err) => accept_failed(err).await,
@@ -309,6 +402,34 @@ async fn serve(
     drop(listener);
     drop(connection);
     open.closed().await;
+}
+
+/// A connection counted open in its listener's stats until dropped.
+struct Counted(Arc<ConnectionStats>);
+
+impl Counted {
+    /// Counts a connection open, or `None` if `max_connections` already are.
+    fn open(serving: &Serving) -> Option<Counted> {
+        let stats = &serving.stats;
+        stats
+            .try_open(serving.limits.max_connections)
+            .then(|| Counted(Arc::clone(stats)))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// Closes a connection over the limit at once, with a reset (no FIN, no TIME_WAIT left here),
+/// and counts it.
+fn refuse(tcp: TcpStream, peer: SocketAddr, serving: &Serving) {
+    serving.stats.cut(Cut::OverLimit);
+    debug!(%peer, max = serving.limits.max_connections, "connection over --max-connections closed");
+    // Without it the close is an orderly FIN: the client learns the same, a little later.
+    let _ = tcp.set_zero_linger();
 }
 
 /// An accept error: the connection's own (it is gone) or the process's (out of descriptors:
@@ -334,54 +455,143 @@ async fn accept_failed(err: io::Error) {
 const READ_BUFFER: usize = 64 << 10;
 
 /// One connection: the TLS handshake (with its deadline) when configured, then HTTP/1.1, or
-/// HTTP/2 as well when ALPN chose `h2`.
+/// HTTP/2 as well when ALPN chose `h2`; how it ended is counted if a limit ended it. `_held`
+/// keeps the listener's drain waiting and the connection counted open until it ends.
 async fn serve_connection(
     tcp: TcpStream,
-    router: Router,
-    tls: Option<ServerTls>,
+    serving: Serving,
     mut stop: watch::Receiver<bool>,
-    _open: watch::Receiver<()>,
+    _held: (watch::Receiver<()>, Counted),
 ) {
-    let Some(tls) = tls else {
-        return until_stopped(http1_connection(tcp, router), stop).await;
+    let service = TimedBodies::new(&serving);
+    let Some(tls) = serving.tls.as_ref() else {
+        let ended = until_stopped(http1_connection(tcp, service, &serving.limits), stop).await;
+        return counted(ended, &serving.stats);
     };
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(tcp));
     let shaken = tokio::select! {
         shaken = handshake => shaken,
         _ = stop.wait_for(|stopped| *stopped) => return,
     };
-    match shaken {
+    let ended = match shaken {
         Ok(Ok(stream)) if stream.get_ref().1.alpn_protocol() == Some(b"h2") => {
-            let connection = http2::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
-            until_stopped(connection, stop).await;
+            let connection =
+                http2_builder(&serving.limits).serve_connection(TokioIo::new(stream), service);
+            until_stopped(connection, stop).await
         }
-        Ok(Ok(stream)) => until_stopped(http1_connection(stream, router), stop).await,
-        Ok(Err(err)) => tls.refused(Refusal::of(&err)),
-        Err(_) => tls.refused(Refusal::Timeout),
+        Ok(Ok(stream)) => {
+            until_stopped(http1_connection(stream, service, &serving.limits), stop).await
+        }
+        Ok(Err(err)) => return tls.refused(Refusal::of(&err)),
+        Err(_) => return tls.refused(Refusal::Timeout),
+    };
+    counted(ended, &serving.stats);
+}
+
+/// The router, each request's body wrapped in [`Timed`] with `body_read_timeout`.
+#[derive(Clone)]
+struct TimedBodies {
+    router: TowerToHyperService<Router>,
+    limit: Duration,
+    stats: Arc<ConnectionStats>,
+}
+
+impl TimedBodies {
+    fn new(serving: &Serving) -> TimedBodies {
+        TimedBodies {
+            router: TowerToHyperService::new(serving.router.clone()),
+            limit: serving.limits.body_read_timeout,
+            stats: Arc::clone(&serving.stats),
+        }
     }
 }
 
-/// HTTP/1.1 over `io`, kept alive.
-fn http1_connection<I>(io: I, router: Router) -> impl GracefulConnection
+impl hyper::service::Service<Request<Incoming>> for TimedBodies {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = TowerToHyperServiceFuture<Router, Request<Timed<Incoming>>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let request = request.map(|body| Timed::new(body, self.limit, Arc::clone(&self.stats)));
+        self.router.call(request)
+    }
+}
+
+/// HTTP/1.1 over `io`, kept alive, with the read buffer and the head's time-out.
+fn http1_connection<I>(
+    io: I,
+    service: TimedBodies,
+    limits: &Limits,
+) -> impl GracefulConnection<Error = hyper::Error>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     http1::Builder::new()
         .max_buf_size(READ_BUFFER)
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(router))
+        // The buffer alone does not bound a head: one read may fill it past its size (hyper
+        // reads into all the capacity it reserved), and a 70 KiB head was served.
+        .max_header_size(READ_BUFFER)
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(io), service)
+}
+
+/// HTTP/2 with the limits' streams and resets.
+fn http2_builder(limits: &Limits) -> http2::Builder<TokioExecutor> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.http2_max_concurrent_streams)
+        .max_pending_accept_reset_streams(limits.http2_max_pending_reset_streams)
+        .max_local_error_reset_streams(limits.http2_max_local_reset_streams)
+        .max_header_list_size(READ_BUFFER as u32)
+        .keep_alive_interval(H2_PING_EVERY)
+        .keep_alive_timeout(H2_PING_TIMEOUT);
+    builder
+}
+
+/// Counts the end of a connection if a limit made it; other errors are the client's going
+/// away, nothing to report.
+fn counted(ended: Result<(), hyper::Error>, stats: &ConnectionStats) {
+    if let Err(err) = ended
+        && let Some(why) = cut_by(&err)
+    {
+        debug!(limit = why.label(), "connection ended by a limit: {err}");
+        stats.cut(why);
+    }
+}
+
+/// The limit that ended a connection with `err`, if one did.
+fn cut_by(err: &hyper::Error) -> Option<Cut> {
+    if err.is_timeout() {
+        return Some(Cut::HeaderTimeout);
+    }
+    if err.is_parse_too_large() {
+        return Some(Cut::HeadTooLarge);
+    }
+    if err.is_parse() {
+        return Some(Cut::Malformed);
+    }
+    let h2 = std::error::Error::source(err)?.downcast_ref::<h2::Error>()?;
+    (h2.is_go_away() && !h2.is_remote() && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM))
+        .then_some(Cut::Http2Abuse)
 }
 
 /// Serves `connection` until the client closes it or `stop` turns true; then lets it finish the
-/// requests it has begun.
-async fn until_stopped(connection: impl GracefulConnection, mut stop: watch::Receiver<bool>) {
+/// requests it has begun. How it ended.
+async fn until_stopped<C>(
+    connection: C,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), hyper::Error>
+where
+    C: GracefulConnection<Error = hyper::Error>,
+{
     tokio::pin!(connection);
     tokio::select! {
-        _ = connection.as_mut() => return,
+        ended = connection.as_mut() => return ended,
         _ = stop.wait_for(|stopped| *stopped) => connection.as_mut().graceful_shutdown(),
     }
-    // Errors of a connection are the client's (it went away); nothing to report.
-    let _ = connection.await;
+    connection.await
 }
 
 #[cfg(test)]

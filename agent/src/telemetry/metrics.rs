@@ -1,7 +1,8 @@
 //! The counters and histograms the agent updates as things happen: verifications (KEP-5759's
 //! three metrics and its proposed discrepancy gauge), admissions, reservations, hugetlb faults,
 //! cgroup events, the probes' own counters, the delay from an eBPF event to the map, and the API
-//! listener's TLS (handshakes refused, files reloaded).
+//! listener's TLS (handshakes refused, files reloaded), and the listeners' connections and
+//! limits ([`super::connections`]).
 //!
 //! Label values are bounded: page sizes and NUMA nodes are those of the host when the agent
 //! started (a size a request names that the host lacks is `other`), results and reasons are
@@ -19,6 +20,7 @@ use std::{
 };
 
 use super::{
+    connections::{self, ConnectionStats},
     encode::{Encoder, HistogramValue, Kind},
     export::ExportStats,
 };
@@ -154,6 +156,10 @@ pub struct Metrics {
     pub traces: Arc<ExportStats>,
     /// The API listener's TLS: handshakes refused, files reloaded.
     pub tls: Arc<TlsStats>,
+    /// The API listener's connections and limits (`listener="api"`).
+    pub api_connections: Arc<ConnectionStats>,
+    /// The metrics listener's (`listener="metrics"`).
+    pub metrics_connections: Arc<ConnectionStats>,
 }
 
 impl Metrics {
@@ -205,6 +211,8 @@ impl Metrics {
             event_to_map: Histogram::new(&EVENT_TO_MAP_BUCKETS),
             traces,
             tls: Arc::default(),
+            api_connections: Arc::default(),
+            metrics_connections: Arc::default(),
         }
     }
 
@@ -433,6 +441,11 @@ impl Metrics {
         e.histogram(EM, &[], &self.event_to_map.value());
         self.traces.encode(e);
         encode_tls(&self.tls, e);
+        let listeners = [
+            ("api", &*self.api_connections),
+            ("metrics", &*self.metrics_connections),
+        ];
+        connections::encode("hugepage_agent", &listeners, e);
     }
 }
 

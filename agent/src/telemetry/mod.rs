@@ -1,6 +1,6 @@
 //! Telemetry: the log, OpenTelemetry traces over OTLP ([`traces`], through the bounded queue of
 //! [`export`]), and the Prometheus metrics served at `GET /metrics` ([`metrics`] for what events
-//! update, [`scrape`] for what is read when scraped, [`encode`] for the text formats).
+//! update, [`scrape`] for what is read when scraped, [`connections`] for what the listeners' limits did, [`encode`] for the text formats).
 //!
 //! [`init`] installs one `tracing` subscriber with two layers, each with its own filter: the log
 //! (`RUST_LOG`, events and, at debug level, span context) and, when traces are on, the
@@ -8,6 +8,7 @@
 //! level, so with the default log level they cost the log nothing and reach only the exporter.
 //! [`Telemetry::shutdown`] flushes the spans still queued; `main` calls it after the agent stops.
 
+pub mod connections;
 pub mod encode;
 pub mod export;
 pub mod metrics;

@@ -3,7 +3,8 @@
 //! judged, the Node cache's size and watch errors, the nodes kept (fail-open) or filtered out (fail-closed) because their agent did not answer, and the
 //! latency of the agent calls that completed (a call abandoned at the deadline is counted as a
 //! node without an answer, not timed); the reloads of its TLS files, served and agent client
-//! ones; and the trace exporter's spans exported and dropped. Every series exists from the start
+//! ones; its listener's connections and what its limits cut; and the trace exporter's spans
+//! exported and dropped. Every series exists from the start
 //! at zero; no label carries a pod or a node.
 
 use std::{
@@ -17,6 +18,7 @@ use std::{
 use super::FailurePolicy;
 use crate::{
     telemetry::{
+        connections::{self, ConnectionStats},
         encode::{Encoder, Format, Kind},
         export::ExportStats,
         metrics::Histogram,
@@ -99,6 +101,8 @@ pub struct Metrics {
     pub tls: Arc<TlsStats>,
     /// The agent client files' reloads (`--agent-ca-file`, `--agent-client-*-file`).
     pub agent_tls: Arc<TlsStats>,
+    /// The listener's connections and limits (`listener="webhook"`).
+    pub connections: Arc<ConnectionStats>,
     traces: Arc<ExportStats>,
 }
 
@@ -122,6 +126,7 @@ impl Metrics {
             watch_errors: AtomicU64::new(0),
             tls: Arc::default(),
             agent_tls: Arc::default(),
+            connections: Arc::default(),
             traces,
         }
     }
@@ -241,6 +246,8 @@ impl Metrics {
                 e.sample(RELOADS, &labels, n as f64);
             }
         }
+        let listener = [("webhook", &*self.connections)];
+        connections::encode("hugepage_agent_webhook", &listener, &mut e);
         self.traces.encode(&mut e);
         e.finish()
     }

@@ -48,7 +48,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use crate::{
-    api::server::{Endpoint, Server, ServerError},
+    api::server::{Endpoint, Limits, Server, ServerError, Serving},
     telemetry::export::ExportStats,
     tls::{self, Alpn, TlsError, TlsFiles},
 };
@@ -95,21 +95,23 @@ pub enum WebhookError {
     Io(#[from] std::io::Error),
 }
 
-/// Runs the webhook on `listen` over TLS until SIGINT or SIGTERM; `/metrics` shows the trace
-/// exporter's `traces`.
+/// Runs the webhook on `listen` over TLS, within `limits`, until SIGINT or SIGTERM; `/metrics`
+/// shows the trace exporter's `traces`.
 pub fn run(
     listen: SocketAddr,
+    limits: Limits,
     settings: &Settings,
     traces: Arc<ExportStats>,
 ) -> Result<(), WebhookError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(run_async(listen, settings, traces))
+        .block_on(run_async(listen, limits, settings, traces))
 }
 
 async fn run_async(
     listen: SocketAddr,
+    limits: Limits,
     settings: &Settings,
     traces: Arc<ExportStats>,
 ) -> Result<(), WebhookError> {
@@ -136,6 +138,7 @@ async fn run_async(
         Arc::clone(&metrics),
         stopped.clone(),
     );
+    let connections = Arc::clone(&metrics.connections);
     let context = routes::Context {
         client,
         policy: settings.failure_policy,
@@ -146,13 +149,13 @@ async fn run_async(
     };
     let watcher = tokio::spawn(reloader.watch(stopped.clone()));
     let client_watcher = tokio::spawn(client_reloader.watch(stopped.clone()));
-    let server = Server::start(
-        bound,
-        THREADS,
+    let serving = Serving::new(
         routes::router(context),
         Some(server_tls),
-        stopped,
-    )?;
+        limits,
+        connections,
+    );
+    let server = Server::start(bound, THREADS, serving, stopped)?;
     info!(
         listen = %addr,
         agent_port = settings.agent_port,

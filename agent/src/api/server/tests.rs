@@ -71,7 +71,8 @@ async fn blocked(threads: usize) -> Blocked {
     let addr = bound.addr();
     let (stop, stopped) = watch::channel(false);
     let app = router(Arc::clone(&entered), Arc::clone(&release));
-    let server = Server::start(bound, threads, app, None, stopped).expect("start");
+    let serving = Serving::new(app, None, Limits::DEFAULT, Arc::default());
+    let server = Server::start(bound, threads, serving, stopped).expect("start");
     let slow = tokio::task::spawn_blocking(move || get_body(addr, "/slow"));
     entered.notified().await;
     Blocked {
@@ -250,7 +251,8 @@ async fn a_client_stalling_its_handshake_holds_up_no_one_and_a_refusal_is_counte
     let addr = bound.addr();
     let (stop, stopped) = watch::channel(false);
     let app = Router::new().route("/", get(|| async { "hello over TLS" }));
-    let server = Server::start(bound, 1, app, Some(server_tls), stopped).expect("start");
+    let serving = Serving::new(app, Some(server_tls), Limits::DEFAULT, Arc::default());
+    let server = Server::start(bound, 1, serving, stopped).expect("start");
 
     // Connected, and silent: its handshake waits in its own task.
     let _stalled = TcpStream::connect(addr).expect("connect");
@@ -282,4 +284,134 @@ async fn a_client_stalling_its_handshake_holds_up_no_one_and_a_refusal_is_counte
         Drained::default(),
         "the stalled handshake does not hold up the stop"
     );
+}
+
+/// A server of one thread with `limits` answering `GET /` with "hello"; its stats.
+fn limited(
+    limits: Limits,
+) -> (
+    SocketAddr,
+    watch::Sender<bool>,
+    Server,
+    Arc<ConnectionStats>,
+) {
+    let bound = Server::bind(Endpoint::API, any_port()).expect("bind");
+    let addr = bound.addr();
+    let (stop, stopped) = watch::channel(false);
+    let stats = Arc::new(ConnectionStats::default());
+    let app = Router::new().route("/", get(|| async { "hello" }));
+    let serving = Serving::new(app, None, limits, stats.clone());
+    let server = Server::start(bound, 1, serving, stopped).expect("start");
+    (addr, stop, server, stats)
+}
+
+/// Waits up to 5 s for `done`.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let waited = async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), waited)
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_connection_over_the_limit_is_closed_at_once_and_counted_and_its_place_comes_back() {
+    let limits = Limits {
+        max_connections: 1,
+        ..Limits::DEFAULT
+    };
+    let (addr, stop, server, stats) = limited(limits);
+    let held = TcpStream::connect(addr).expect("connect");
+    eventually("the first is open", || stats.open() == 1).await;
+    let over = tokio::task::spawn_blocking(move || {
+        let mut over = TcpStream::connect(addr).expect("the kernel accepts it");
+        over.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let _ = write!(over, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+        let mut answer = Vec::new();
+        over.read_to_end(&mut answer).map(|_| answer)
+    })
+    .await
+    .expect("client");
+    match over {
+        Ok(answer) => assert!(answer.is_empty(), "answered over the limit"),
+        Err(err) => assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}"),
+    }
+    assert_eq!(stats.cuts(Cut::OverLimit), 1);
+    drop(held);
+    eventually("the first is closed", || stats.open() == 0).await;
+    let answer = tokio::task::spawn_blocking(move || get_body(addr, "/"))
+        .await
+        .expect("client");
+    assert_eq!(answer, "hello");
+    stop.send(true).expect("stop");
+    assert_eq!(
+        server.stopped(Duration::from_secs(5)).await,
+        Drained::default()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_head_not_complete_in_time_and_an_idle_connection_are_closed_and_counted() {
+    let limits = Limits {
+        header_read_timeout: Duration::from_millis(300),
+        ..Limits::DEFAULT
+    };
+    let (addr, stop, _server, stats) = limited(limits);
+    let closed_after = move |head: &'static [u8]| {
+        let mut tcp = TcpStream::connect(addr).expect("connect");
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        tcp.write_all(head).expect("send");
+        let started = std::time::Instant::now();
+        let mut rest = Vec::new();
+        let _ = tcp.read_to_end(&mut rest);
+        (started.elapsed(), rest)
+    };
+    let (slow, _) = tokio::task::spawn_blocking(move || closed_after(b"GET / HTTP/1.1\r\nHost"))
+        .await
+        .expect("client");
+    assert!(slow < Duration::from_secs(4), "closed after {slow:?}");
+    // Answered, then idle: closed by the same time-out.
+    let (idle, answer) =
+        tokio::task::spawn_blocking(move || closed_after(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"))
+            .await
+            .expect("client");
+    assert!(String::from_utf8_lossy(&answer).ends_with("hello"));
+    assert!(idle < Duration::from_secs(4), "closed after {idle:?}");
+    eventually("both counted", || stats.cuts(Cut::HeaderTimeout) == 2).await;
+    stop.send(true).expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn an_oversized_head_is_431_and_garbage_400_each_counted() {
+    let (addr, stop, _server, stats) = limited(Limits::DEFAULT);
+    let answer = move |request: Vec<u8>| {
+        let mut tcp = TcpStream::connect(addr).expect("connect");
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let _ = tcp.write_all(&request);
+        let mut answer = Vec::new();
+        let _ = tcp.read_to_end(&mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    let mut big = b"GET / HTTP/1.1\r\nX-Big: ".to_vec();
+    big.extend(std::iter::repeat_n(b'a', READ_BUFFER + (6 << 10)));
+    let too_large = tokio::task::spawn_blocking(move || answer(big))
+        .await
+        .expect("client");
+    assert!(too_large.starts_with("HTTP/1.1 431 "), "{too_large}");
+    let garbage = b"\x16\x03\x01\x00\xffnot http at all\r\n\r\n".to_vec();
+    let bad = tokio::task::spawn_blocking(move || answer(garbage))
+        .await
+        .expect("client");
+    assert!(bad.starts_with("HTTP/1.1 400 "), "{bad}");
+    eventually("counted", || {
+        stats.cuts(Cut::HeadTooLarge) == 1 && stats.cuts(Cut::Malformed) == 1
+    })
+    .await;
+    stop.send(true).expect("stop");
 }

@@ -1,0 +1,156 @@
+//! What the HTTP listeners' limits did: connections open now, and connections ended or requests
+//! cut by a limit, by which ([`Cut`]). The listeners ([`crate::api::server`]) update one
+//! [`ConnectionStats`] each; the agent's `/metrics` shows its API and metrics listeners', the
+//! webhook's its own.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::encode::{Encoder, Kind};
+
+/// Why a limit ended a connection or cut a request short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Accepted over `--max-connections` and closed at once.
+    OverLimit,
+    /// No complete request head within `--header-read-timeout` (an idle keep-alive connection
+    /// included): closed.
+    HeaderTimeout,
+    /// A request body not received within `--body-read-timeout`: answered (HTTP/1.1: and closed).
+    BodyTimeout,
+    /// A request head larger than the read buffer (64 KiB): 431 and closed.
+    HeadTooLarge,
+    /// Bytes that are not an HTTP/1.1 request: 400 and closed.
+    Malformed,
+    /// An HTTP/2 connection ended by the server with GOAWAY `ENHANCE_YOUR_CALM`: streams reset
+    /// over `--http2-max-pending-reset-streams` or `--http2-max-local-reset-streams` (rapid
+    /// reset), or another flood h2 refuses.
+    Http2Abuse,
+}
+
+impl Cut {
+    pub const ALL: [Cut; 6] = [
+        Cut::OverLimit,
+        Cut::HeaderTimeout,
+        Cut::BodyTimeout,
+        Cut::HeadTooLarge,
+        Cut::Malformed,
+        Cut::Http2Abuse,
+    ];
+
+    /// The `limit` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Cut::OverLimit => "max_connections",
+            Cut::HeaderTimeout => "header_timeout",
+            Cut::BodyTimeout => "body_timeout",
+            Cut::HeadTooLarge => "head_too_large",
+            Cut::Malformed => "malformed",
+            Cut::Http2Abuse => "http2_abuse",
+        }
+    }
+}
+
+/// One listener's connections: open now, and cut by each limit so far.
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    open: AtomicU64,
+    cut: [AtomicU64; Cut::ALL.len()],
+}
+
+impl ConnectionStats {
+    /// Counts a connection open if fewer than `max` are; false (nothing counted) if not.
+    pub fn try_open(&self, max: usize) -> bool {
+        let max = u64::try_from(max).unwrap_or(u64::MAX);
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// A connection counted by [`ConnectionStats::try_open`] ended.
+    pub fn close(&self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> u64 {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// A limit acted.
+    pub fn cut(&self, why: Cut) {
+        if let Some(i) = Cut::ALL.iter().position(|c| *c == why) {
+            self.cut[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How often `why` acted so far.
+    pub fn cuts(&self, why: Cut) -> u64 {
+        Cut::ALL
+            .iter()
+            .position(|c| *c == why)
+            .map_or(0, |i| self.cut[i].load(Ordering::Relaxed))
+    }
+}
+
+/// Writes `<prefix>_http_connections{listener}` and
+/// `<prefix>_http_limited_total{listener,limit}` for each listener.
+pub fn encode(prefix: &str, listeners: &[(&str, &ConnectionStats)], e: &mut Encoder) {
+    let open = format!("{prefix}_http_connections");
+    e.family(
+        &open,
+        Kind::Gauge,
+        "Connections open on the listener (at most --max-connections).",
+    );
+    for (listener, stats) in listeners {
+        e.sample(&open, &[("listener", listener)], stats.open() as f64);
+    }
+    let limited = format!("{prefix}_http_limited_total");
+    e.family(&limited, Kind::Counter, "Connections closed or requests cut short by a limit of the listener: max_connections (refused at accept), header_timeout, body_timeout, head_too_large (431), malformed (400), http2_abuse (GOAWAY ENHANCE_YOUR_CALM).");
+    for (listener, stats) in listeners {
+        for why in Cut::ALL {
+            let labels = [("listener", *listener), ("limit", why.label())];
+            e.sample(&limited, &labels, stats.cuts(why) as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::encode::Format;
+
+    #[test]
+    fn at_most_max_are_open_and_a_closed_one_frees_its_place() {
+        let stats = ConnectionStats::default();
+        assert!(stats.try_open(2));
+        assert!(stats.try_open(2));
+        assert!(!stats.try_open(2), "a third over a limit of two");
+        assert_eq!(stats.open(), 2);
+        stats.close();
+        assert!(stats.try_open(2));
+        assert_eq!(stats.open(), 2);
+    }
+
+    #[test]
+    fn every_limit_has_its_series_from_the_start() {
+        let stats = ConnectionStats::default();
+        stats.cut(Cut::HeaderTimeout);
+        let mut e = Encoder::new(Format::Prometheus);
+        encode("x", &[("api", &stats)], &mut e);
+        let text = e.finish();
+        assert!(
+            text.contains("x_http_connections{listener=\"api\"} 0"),
+            "{text}"
+        );
+        for why in Cut::ALL {
+            let n = u8::from(why == Cut::HeaderTimeout);
+            let series = format!(
+                "x_http_limited_total{{listener=\"api\",limit=\"{}\"}} {n}",
+                why.label()
+            );
+            assert!(text.contains(&series), "{series} in {text}");
+        }
+    }
+}
