@@ -99,3 +99,16 @@ fn the_ids_are_the_directory_inodes() {
     assert_eq!(v2.id(&host, "/a/b").expect("id"), ino(root.path(), "/a/b"));
     assert!(v2.id(&host, "/gone").is_err());
 }
+
+/// A reconcile walks while pods come and go: a file of a cgroup removed between its opening and
+/// its read answers ENODEV, and that cgroup is skipped like one whose directory is gone, not
+/// the walk abandoned (the soak logged "rescanning cgroups: … No such device (os error 19)").
+#[test]
+fn a_cgroup_removed_during_the_walk_is_skipped_whichever_error_says_so() {
+    use std::io::{Error, ErrorKind};
+    assert!(gone(&Error::from_raw_os_error(libc::ENODEV)));
+    assert!(gone(&Error::from_raw_os_error(libc::ENOENT)));
+    assert!(gone(&Error::from(ErrorKind::NotFound)));
+    assert!(!gone(&Error::from_raw_os_error(libc::EACCES)));
+    assert!(!gone(&Error::from_raw_os_error(libc::EIO)));
+}
