@@ -34,6 +34,10 @@ pub enum Bench {
     /// The webhook's scheduler-extender filter over 10, 100 and 1,000 nodes in both forms
     /// (`nodenames` from its Node cache, `nodes`), against real agents: p50, p99, calls/s, RSS.
     Extender,
+    /// The agent with eBPF on under admissions in bursts, cgroup churn, hugetlb faults, PSI
+    /// triggers, scrapes and reservation expiries for 10 minutes (`--minutes M`): its RSS,
+    /// descriptors, threads, ring-buffer losses and admission p99 every 10 s, and their slopes.
+    Soak,
 }
 
 pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
@@ -43,12 +47,13 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
         Bench::Verify => ("verify-latency", Vec::new()),
         Bench::Psi => ("psi-latency", Vec::new()),
         Bench::Hints => ("hints-latency", Vec::new()),
-        Bench::Inventory | Bench::AdmitSize | Bench::Extender => {
+        Bench::Inventory | Bench::AdmitSize | Bench::Extender | Bench::Soak => {
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
             let agent = release.join("hugepage-agent");
             let binary = match which {
                 Bench::AdmitSize => "admit-size",
                 Bench::Extender => "extender-load",
+                Bench::Soak => "soak",
                 _ => "inventory-load",
             };
             (
