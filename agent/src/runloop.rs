@@ -265,6 +265,8 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
+/// Logs one cgroup event. The cgroup's depth is `cgroup_level`: in the JSON log a field named
+/// `level` would follow the line's own `level` and, read as JSON, replace its severity.
 fn log_cgroup(c: &CgroupEventInfo, owner: Owner) {
     let change = match c.change {
         CgroupChange::Mkdir => "mkdir",
@@ -284,5 +286,60 @@ fn log_cgroup(c: &CgroupEventInfo, owner: Owner) {
         } => (Some(uid.0), Some(qos), container.map(|c| c.id)),
         Owner::System => (None, None, None),
     };
-    info!(change, cgroup_id = c.cgroup_id, hierarchy = c.hierarchy, level = c.level, path = %c.path, pid, truncated = c.truncated, pod_uid, qos = qos.map(tracing::field::display), container_id, "cgroup event");
+    info!(change, cgroup_id = c.cgroup_id, hierarchy = c.hierarchy, cgroup_level = c.level, path = %c.path, pid, truncated = c.truncated, pod_uid, qos = qos.map(tracing::field::display), container_id, "cgroup event");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use super::*;
+
+    /// Collects what the log writes.
+    #[derive(Clone, Default)]
+    struct Written(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Written {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().expect("the buffer").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_cgroup_event_in_the_json_log_keeps_its_severity_and_its_depth() {
+        let written = Written::default();
+        let to = written.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_writer(move || to.clone())
+            .finish();
+        let event = CgroupEventInfo {
+            at: Duration::ZERO,
+            change: CgroupChange::Mkdir,
+            cgroup_id: 7,
+            hierarchy: 0,
+            level: 4,
+            path: "/kubepods/burstable/pod0".to_owned(),
+            truncated: false,
+        };
+        tracing::subscriber::with_default(subscriber, || log_cgroup(&event, Owner::System));
+        let text = String::from_utf8(written.0.lock().expect("the buffer").clone()).expect("UTF-8");
+        assert_eq!(text.matches("\"level\":").count(), 1, "{text}");
+        let line: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON line");
+        assert_eq!(
+            (&line["level"], &line["cgroup_level"]),
+            (&"INFO".into(), &4.into()),
+            "{line}"
+        );
+    }
 }

@@ -139,9 +139,7 @@ impl CgroupV2 {
             match self.limits(host, &rel) {
                 Ok(limits) => effective.apply(limits),
                 // Removed while we walked: nothing to watch there.
-                Err(WatchError::Sysfs(SysfsError::Read { source, .. }))
-                    if source.kind() == std::io::ErrorKind::NotFound =>
-                {
+                Err(WatchError::Sysfs(SysfsError::Read { source, .. })) if gone(&source) => {
                     continue;
                 }
                 Err(err) => return Err(err),
@@ -153,11 +151,7 @@ impl CgroupV2 {
                     Ok(id) => {
                         scan.watched.insert(id);
                     }
-                    Err(WatchError::Stat { source, .. })
-                        if source.kind() == std::io::ErrorKind::NotFound =>
-                    {
-                        continue;
-                    }
+                    Err(WatchError::Stat { source, .. }) if gone(&source) => continue,
                     Err(err) => return Err(err),
                 }
             }
@@ -172,11 +166,7 @@ impl CgroupV2 {
         let dir = self.dir(rel);
         let names = match host.list(&dir) {
             Ok(names) => names,
-            Err(SysfsError::Read { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                return Ok(Vec::new());
-            }
+            Err(SysfsError::Read { source, .. }) if gone(&source) => return Ok(Vec::new()),
             Err(err) => return Err(err.into()),
         };
         Ok(names
@@ -184,6 +174,13 @@ impl CgroupV2 {
             .filter(|n| host.path(format!("{dir}/{n}")).is_dir())
             .collect())
     }
+}
+
+/// Whether `err` says the cgroup was removed while it was read: its directory is gone
+/// (`ENOENT`), or a file of it was opened before the removal and read after (`ENODEV`, what
+/// kernfs answers for a removed cgroup's files).
+fn gone(err: &std::io::Error) -> bool {
+    err.kind() == std::io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ENODEV)
 }
 
 /// Effective per-size limits along a path: the minimum of every level that sets one.

@@ -66,7 +66,7 @@ pub fn kubepods_shaped(guest: &Guest, lock: &HostLock, agent: &mut Agent) -> Che
         };
         let shown = (
             line["path"].as_str(),
-            line["level"].as_u64(),
+            line["cgroup_level"].as_u64(),
             line["hierarchy"].as_i64(),
             line["pod_uid"].as_str(),
             line["qos"].as_str(),

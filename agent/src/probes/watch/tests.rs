@@ -112,3 +112,16 @@ fn a_cgroup_is_current_while_its_directory_is_there_with_the_same_id() {
     fs::remove_dir(root.path().join("sys/fs/cgroup/unified/kubepods/podA")).expect("rmdir");
     assert!(!v2.is_current(&host, "/kubepods/podA", id), "gone");
 }
+
+/// A reconcile walks while pods come and go: a file of a cgroup removed between its opening and
+/// its read answers ENODEV, and that cgroup is skipped like one whose directory is gone, not
+/// the walk abandoned (the soak logged "rescanning cgroups: … No such device (os error 19)").
+#[test]
+fn a_cgroup_removed_during_the_walk_is_skipped_whichever_error_says_so() {
+    use std::io::{Error, ErrorKind};
+    assert!(gone(&Error::from_raw_os_error(libc::ENODEV)));
+    assert!(gone(&Error::from_raw_os_error(libc::ENOENT)));
+    assert!(gone(&Error::from(ErrorKind::NotFound)));
+    assert!(!gone(&Error::from_raw_os_error(libc::EACCES)));
+    assert!(!gone(&Error::from_raw_os_error(libc::EIO)));
+}
