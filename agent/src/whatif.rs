@@ -15,7 +15,8 @@ use crate::{
         hints::{self, HintError, Hints, Scope},
     },
     topologymanager::{
-        NumaInfo, Policy, PolicyOptions, ProviderHints, merge::MergeError, merge::merge,
+        NumaInfo, Policy, PolicyOptions, ProviderHints, bitmask::BitmaskError, merge::MergeError,
+        merge::merge,
     },
 };
 
@@ -32,6 +33,8 @@ pub enum WhatIfError {
     State(#[from] CheckpointError),
     #[error("{0}")]
     Hints(HintError),
+    #[error("{path}: machine state: {source}")]
+    Machine { path: String, source: BitmaskError },
     #[error("{path}: {source}")]
     Merge { path: String, source: MergeError },
     #[error("--container is needed in container scope: the pod has {0:?}")]
@@ -45,12 +48,18 @@ fn read(path: &Path) -> Result<Vec<u8>, WhatIfError> {
     })
 }
 
+/// The file's one JSON value: anything after it (a second value, a torn edit) is refused.
 fn json<T: serde::de::DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, WhatIfError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| WhatIfError::Json {
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| WhatIfError::Json {
         path: path.display().to_string(),
         detail: format!("at {}: {}", e.path(), e.inner()),
-    })
+    })?;
+    de.end().map_err(|e| WhatIfError::Json {
+        path: path.display().to_string(),
+        detail: format!("after the JSON value: {e}"),
+    })?;
+    Ok(value)
 }
 
 /// What `hints` prints, and why the kubelet would return no hints when it does not.
@@ -67,8 +76,26 @@ pub fn hints(
     scope: Scope,
     gates: FeatureGates,
 ) -> Result<HintsAnswer, WhatIfError> {
-    let state = checkpoint::parse(state_path, &read(state_path)?, Verification::UnlessAbsent)?;
-    let pod: Pod = json(pod_path, &read(pod_path)?)?;
+    let (state, pod) = (read(state_path)?, read(pod_path)?);
+    hints_of(
+        (state_path, &state),
+        (pod_path, &pod),
+        container,
+        scope,
+        gates,
+    )
+}
+
+/// [`hints`] on the two files as read: each a path (named in errors) and its bytes.
+pub fn hints_of(
+    (state_path, state): (&Path, &[u8]),
+    (pod_path, pod): (&Path, &[u8]),
+    container: Option<&str>,
+    scope: Scope,
+    gates: FeatureGates,
+) -> Result<HintsAnswer, WhatIfError> {
+    let state = checkpoint::parse(state_path, state, Verification::UnlessAbsent)?;
+    let pod: Pod = json(pod_path, pod)?;
     let result = match scope {
         Scope::Pod => hints::pod_hints(&state, &pod, gates),
         Scope::Container => {
@@ -92,6 +119,10 @@ pub fn hints(
         Err(HintError::Request(e)) => Ok(HintsAnswer {
             hints: None,
             note: Some(format!("the kubelet returns no hints: {e}")),
+        }),
+        Err(HintError::Machine(source)) => Err(WhatIfError::Machine {
+            path: state_path.display().to_string(),
+            source,
         }),
         Err(e) => Err(WhatIfError::Hints(e)),
     }
@@ -118,7 +149,12 @@ struct MergeInput {
 
 /// `merge --input MERGE.json`: the merged hint and the admit decision, as JSON.
 pub fn merge_file(path: &Path) -> Result<String, WhatIfError> {
-    let input: MergeInput = json(path, &read(path)?)?;
+    merge_of(path, &read(path)?)
+}
+
+/// [`merge_file`] on the file as read: its path (named in errors) and its bytes.
+pub fn merge_of(path: &Path, bytes: &[u8]) -> Result<String, WhatIfError> {
+    let input: MergeInput = json(path, bytes)?;
     let merge_error = |source| WhatIfError::Merge {
         path: path.display().to_string(),
         source,
@@ -130,4 +166,74 @@ pub fn merge_file(path: &Path) -> Result<String, WhatIfError> {
         path: "(answer)".into(),
         detail: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// Found by the `whatif_inputs` fuzz target: a merge file with text after its object
+    /// (`{…}st-effort", …`) was answered as if the rest were not there.
+    #[test]
+    fn text_after_the_json_value_is_refused_naming_the_file() {
+        let merge = r#"{"policy": "best-effort", "numaNodes": [0, 1]}"#;
+        merge_of(Path::new("/m.json"), merge.as_bytes()).expect("one object");
+        for after in [" {}", "st-effort\", \"x\": 1}", "]"] {
+            let text = format!("{merge}{after}");
+            let err = merge_of(Path::new("/m.json"), text.as_bytes())
+                .expect_err(&text)
+                .to_string();
+            assert!(
+                err.starts_with("/m.json: after the JSON value: trailing characters"),
+                "{text}: {err}"
+            );
+        }
+        merge_of(Path::new("/m.json"), format!("{merge} \n\t").as_bytes())
+            .expect("white space after the object is fine");
+        let state = r#"{"policyName": "Static", "machineState": {}}"#;
+        let pod = r#"{"spec": {"containers": [{"name": "app"}]}}"#;
+        let err = hints_of(
+            (Path::new("/state"), state.as_bytes()),
+            (Path::new("/pod.json"), format!("{pod}{pod}").as_bytes()),
+            None,
+            Scope::Container,
+            FeatureGates::default(),
+        )
+        .err()
+        .expect("two pods in one file")
+        .to_string();
+        assert!(err.starts_with("/pod.json: after the JSON value"), "{err}");
+    }
+
+    /// Found writing the `whatif_inputs` fuzz target (and reproduced on its build): a state
+    /// whose machine has a node id past 63 was refused as `machine state: NUMA node 64 is out of
+    /// range…`, without the file.
+    #[test]
+    fn a_machine_state_out_of_range_names_the_state_file() {
+        let table =
+            r#"{"total": 1, "systemReserved": 0, "allocatable": 1, "reserved": 0, "free": 1}"#;
+        let state = format!(
+            r#"{{"policyName": "Static", "machineState": {{"64": {{"numberOfAssignments": 0, "memoryMap": {{"memory": {table}}}, "cells": []}}}}}}"#
+        );
+        let limits = r#"{"memory": "1Gi", "cpu": "1"}"#;
+        let pod = format!(
+            r#"{{"spec": {{"containers": [{{"name": "app", "resources": {{"requests": {limits}, "limits": {limits}}}}}]}}}}"#
+        );
+        let err = hints_of(
+            (Path::new("/state"), state.as_bytes()),
+            (Path::new("/pod.json"), pod.as_bytes()),
+            None,
+            Scope::Container,
+            FeatureGates::default(),
+        )
+        .err()
+        .expect("node 64")
+        .to_string();
+        assert_eq!(
+            err,
+            "/state: machine state: NUMA node 64 is out of range: node ids go from 0 to 63"
+        );
+    }
 }

@@ -1,9 +1,11 @@
-//! `cargo xtask fuzz [--seconds N] [TARGET]`: the fuzz targets of `fuzz/` (cargo-fuzz, libFuzzer
-//! with AddressSanitizer, on the nightly toolchain), each run for `N` seconds from its seed corpus
-//! (`fuzz/corpus/<target>`, read only: what libFuzzer finds goes to a scratch corpus in the
-//! target directory). One line per target, `fuzz <target>: <N> executions, <M> crashes`; any
-//! crash fails the command, its input left in `fuzz/artifacts/<target>/` and named, with
-//! libFuzzer's log.
+//! `cargo xtask fuzz [--seconds N | --runs N] [TARGET]`: the fuzz targets of `fuzz/` (cargo-fuzz,
+//! libFuzzer with AddressSanitizer, on the nightly toolchain), each run for `N` seconds, or for
+//! `N` executions, from its seed corpus (`fuzz/corpus/<target>`, read only: what libFuzzer finds
+//! goes to a scratch corpus in the target directory). One line per target,
+//! `fuzz <target>: <N> executions, <M> crashes, <T> s`; any crash fails the command, its input
+//! left in `fuzz/artifacts/<target>/` and named, with libFuzzer's log. The targets are compiled
+//! by clippy (`-D warnings`) as they are built; [`check`] is what `cargo xtask test` asks of the
+//! fuzz crate besides: its lock file in step.
 //!
 //! The targets build against the agent's library without the eBPF programs (`AYA_BUILD_SKIP=1`:
 //! nothing fuzzed touches them) in a target directory of their own, `<target dir>/fuzz`, so the
@@ -14,6 +16,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    time::Instant,
 };
 
 use anyhow::{Context, Result, bail};
@@ -21,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use crate::{cmd, setup};
 
 /// Every target, as `fuzz/Cargo.toml` lists them.
-pub const TARGETS: [&str; 12] = [
+pub const TARGETS: [&str; 16] = [
     "quantity",
     "admit_body",
     "checkpoint",
@@ -34,7 +37,29 @@ pub const TARGETS: [&str; 12] = [
     "extender_args",
     "http1_answer",
     "topology_merge",
+    "whatif_inputs",
+    "kubelet_config",
+    "kubelet_cmdline",
+    "admit_live",
 ];
+
+/// How long each target runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Budget {
+    /// For this many seconds (libFuzzer's `-max_total_time`).
+    Seconds(u64),
+    /// For this many executions (libFuzzer's `-runs`), however long they take.
+    Runs(u64),
+}
+
+impl Budget {
+    fn flag(self) -> String {
+        match self {
+            Budget::Seconds(n) => format!("-max_total_time={n}"),
+            Budget::Runs(n) => format!("-runs={n}"),
+        }
+    }
+}
 
 /// What one target's run did.
 struct Outcome {
@@ -43,8 +68,8 @@ struct Outcome {
     log: PathBuf,
 }
 
-/// Builds the targets and runs `only` (else every one) for `seconds` each.
-pub fn run(seconds: u64, only: Option<&str>) -> Result<()> {
+/// Builds the targets and runs `only` (else every one), each for `budget`.
+pub fn run(budget: Budget, only: Option<&str>) -> Result<()> {
     let targets: Vec<&str> = match only {
         Some(name) if TARGETS.contains(&name) => vec![name],
         Some(name) => bail!(
@@ -57,21 +82,36 @@ pub fn run(seconds: u64, only: Option<&str>) -> Result<()> {
         "the fuzz targets build with the nightly toolchain; install it with `rustup toolchain install nightly`",
     )?;
     let cargo_fuzz = setup::ensure_cargo_fuzz()?;
-    let out = cmd::target_dir().join("fuzz");
+    let sysroot = cmd::output("rustc", &["+nightly", "--print", "sysroot"])?;
+    let clippy = Path::new(sysroot.trim()).join("bin/clippy-driver");
+    if !clippy.is_file() {
+        bail!(
+            "{} is missing: the fuzz targets build through clippy; install it with `rustup component add clippy --toolchain nightly`",
+            clippy.display()
+        );
+    }
+    let tools = Tools {
+        cargo_fuzz,
+        clippy,
+        out: cmd::target_dir().join("fuzz"),
+    };
+    let out = &tools.out;
     cmd::step(&format!(
-        "building the fuzz targets (nightly, AddressSanitizer) in {}",
+        "building the fuzz targets (nightly, AddressSanitizer, linted by clippy) in {}",
         out.display()
     ));
-    let mut build = fuzz_command(&cargo_fuzz, &out, "build");
+    let mut build = tools.command("build");
     build.args(only);
     cmd::run(build)?;
     let mut failed = Vec::new();
     for target in targets {
-        let outcome = run_one(&cargo_fuzz, &out, target, seconds)?;
+        let started = Instant::now();
+        let outcome = run_one(&tools, target, budget)?;
         println!(
-            "fuzz {target}: {} executions, {} crashes",
+            "fuzz {target}: {} executions, {} crashes, {:.1} s",
             outcome.executions,
-            outcome.crashes.len()
+            outcome.crashes.len(),
+            started.elapsed().as_secs_f64()
         );
         if !outcome.crashes.is_empty() {
             for input in &outcome.crashes {
@@ -95,31 +135,82 @@ pub fn run(seconds: u64, only: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-/// `cargo +nightly fuzz <verb>` on `fuzz/`, building into `out`.
-fn fuzz_command(cargo_fuzz: &Path, out: &Path, verb: &str) -> Command {
-    let mut path = std::ffi::OsString::from(cargo_fuzz);
-    if let Some(rest) = std::env::var_os("PATH") {
-        path.push(":");
-        path.push(rest);
-    }
-    let mut command = Command::new("cargo");
-    command
-        .args(["+nightly", "fuzz", verb, "--fuzz-dir"])
-        .arg(cmd::workspace().join("fuzz"))
-        .arg("--target-dir")
-        .arg(out)
+/// What `cargo xtask test` asks of the fuzz crate before running it: `fuzz/Cargo.lock` in step
+/// with the crate and the agent's dependencies (the fuzz crate is a workspace of its own, so a
+/// dependency added to the agent changes both lock files).
+pub fn check() -> Result<()> {
+    cmd::step("fuzz/Cargo.lock is in step with the fuzz crate and the agent");
+    let manifest = cmd::workspace().join("fuzz/Cargo.toml");
+    let metadata = Command::new("cargo")
+        .args([
+            "metadata",
+            "--locked",
+            "--format-version",
+            "1",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
         .current_dir(cmd::workspace())
-        .env("PATH", path)
-        .env("RUSTUP_TOOLCHAIN", "nightly")
-        .env("AYA_BUILD_SKIP", "1")
-        // The stable cargo running xtask set these; the nightly one sets its own.
-        .env_remove("CARGO")
-        .env_remove("RUSTC")
-        .env_remove("RUSTDOC");
-    command
+        .stdout(Stdio::null())
+        .output()
+        .context("starting cargo metadata")?;
+    if !metadata.status.success() {
+        bail!(
+            "fuzz/Cargo.lock is not in step with fuzz/Cargo.toml and the agent's dependencies:\n{}\n\
+             update it with `cargo metadata --manifest-path fuzz/Cargo.toml --format-version 1 \
+             > /dev/null` (it changes the lock file as little as it can) and commit it",
+            String::from_utf8_lossy(&metadata.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
-fn run_one(cargo_fuzz: &Path, out: &Path, target: &str, seconds: u64) -> Result<Outcome> {
+/// What runs the targets.
+struct Tools {
+    cargo_fuzz: PathBuf,
+    /// The nightly's clippy, which compiles the targets (not the agent nor the dependencies):
+    /// `RUSTC_WORKSPACE_WRAPPER`, as `cargo clippy` does, so that the targets are linted, a
+    /// warning failing the build, by the build the fuzzing needs anyway (a `cargo clippy` of its
+    /// own would check every dependency again, the nightly's way).
+    clippy: PathBuf,
+    /// The target directory of the fuzz build.
+    out: PathBuf,
+}
+
+impl Tools {
+    /// `cargo +nightly fuzz <verb>` on `fuzz/`, building into `out`.
+    fn command(&self, verb: &str) -> Command {
+        let mut path = std::ffi::OsString::from(&self.cargo_fuzz);
+        if let Some(rest) = std::env::var_os("PATH") {
+            path.push(":");
+            path.push(rest);
+        }
+        let mut command = Command::new("cargo");
+        command
+            .args(["+nightly", "fuzz", verb, "--fuzz-dir"])
+            .arg(cmd::workspace().join("fuzz"))
+            .arg("--target-dir")
+            .arg(&self.out)
+            .current_dir(cmd::workspace())
+            .env("PATH", path)
+            .env("RUSTUP_TOOLCHAIN", "nightly")
+            .env("AYA_BUILD_SKIP", "1")
+            .env("RUSTC_WORKSPACE_WRAPPER", &self.clippy)
+            // `cargo clippy -- -D warnings` passes its arguments to clippy-driver so.
+            .env(
+                "CLIPPY_ARGS",
+                "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__",
+            )
+            // The stable cargo running xtask set these; the nightly one sets its own.
+            .env_remove("CARGO")
+            .env_remove("RUSTC")
+            .env_remove("RUSTDOC");
+        command
+    }
+}
+
+fn run_one(tools: &Tools, target: &str, budget: Budget) -> Result<Outcome> {
+    let out = &tools.out;
     let seeds = cmd::workspace().join("fuzz/corpus").join(target);
     let scratch = out.join("corpus").join(target);
     let artifacts = cmd::workspace().join("fuzz/artifacts").join(target);
@@ -130,12 +221,12 @@ fn run_one(cargo_fuzz: &Path, out: &Path, target: &str, seconds: u64) -> Result<
     let before = crash_files(&artifacts)?;
     let log = logs.join(format!("{target}.log"));
     let log_file = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-    let mut fuzz = fuzz_command(cargo_fuzz, out, "run");
+    let mut fuzz = tools.command("run");
     fuzz.arg(target)
         .arg(&scratch)
         .arg(&seeds)
         .arg("--")
-        .arg(format!("-max_total_time={seconds}"))
+        .arg(budget.flag())
         .args([
             "-print_final_stats=1",
             "-timeout=10",
@@ -196,7 +287,25 @@ fn executions(log: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::executions;
+    use super::{TARGETS, executions};
+
+    #[test]
+    fn every_target_of_the_fuzz_crate_is_listed_and_has_seeds() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+        let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("fuzz/Cargo.toml");
+        let bins: Vec<&str> = manifest
+            .lines()
+            .filter_map(|l| l.strip_prefix("name = \""))
+            .filter_map(|l| l.strip_suffix('"'))
+            .filter(|name| *name != "hugepage-agent-fuzz")
+            .collect();
+        assert_eq!(bins, TARGETS, "fuzz/Cargo.toml's [[bin]]s against TARGETS");
+        for target in TARGETS {
+            let seeds = std::fs::read_dir(root.join("corpus").join(target))
+                .unwrap_or_else(|e| panic!("fuzz/corpus/{target}: {e}"));
+            assert!(seeds.count() > 0, "fuzz/corpus/{target} holds no seed");
+        }
+    }
 
     #[test]
     fn executions_come_from_libfuzzers_stats_else_its_status_lines() {

@@ -7,7 +7,8 @@
 //! * `test`: formatting, clippy, the build without the eBPF toolchain, every test, every fuzz
 //!   target for a few seconds and the VM test; then a check that the tests left nothing on the
 //!   host ([`host`]).
-//! * `fuzz [--seconds N] [TARGET]`: the parsers of outside input under libFuzzer ([`fuzz`]).
+//! * `fuzz [--seconds N | --runs N] [TARGET]`: the parsers of outside input under libFuzzer
+//!   ([`fuzz`]).
 //! * `vm-test`: Debian's Linux 6.1 booted under QEMU as a four-NUMA-node machine, the agent and
 //!   its checks run inside ([`vm`]); part of `test`.
 //! * `layers`: the agent's modules as floors; a circle between modules, or pure logic that
@@ -70,6 +71,9 @@ enum Task {
         /// How long each target runs.
         #[arg(long, default_value_t = 60, value_name = "N")]
         seconds: u64,
+        /// Run each target for N executions (libFuzzer's -runs) instead of for a time.
+        #[arg(long, value_name = "N", conflicts_with = "seconds")]
+        runs: Option<u64>,
         /// One target (see fuzz/Cargo.toml); all of them when absent.
         target: Option<String>,
     },
@@ -125,7 +129,14 @@ fn main() -> Result<()> {
             test(&env)
         }
         Task::FreshTest { keep_cache } => fresh_test(keep_cache),
-        Task::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref()),
+        Task::Fuzz {
+            seconds,
+            runs,
+            target,
+        } => {
+            let budget = runs.map_or(fuzz::Budget::Seconds(seconds), fuzz::Budget::Runs);
+            fuzz::run(budget, target.as_deref())
+        }
         Task::VmTest => vm::run(&setup::ensure()?),
         Task::Layers => layers::check(&cmd::workspace().join("agent/src")),
         Task::Image { source } => {
@@ -145,7 +156,7 @@ fn main() -> Result<()> {
 }
 
 /// How long `test` runs each fuzz target: long enough to replay the seeds and mutate them a few
-/// hundred thousand times; the long runs are `cargo xtask fuzz --seconds N`.
+/// hundred thousand times; the long runs are `cargo xtask fuzz --seconds N` or `--runs N`.
 const FUZZ_TEST_SECONDS: u64 = 5;
 
 fn test(env: &cmd::Env) -> Result<()> {
@@ -197,7 +208,8 @@ fn test(env: &cmd::Env) -> Result<()> {
     cmd::step(&format!(
         "every fuzz target for {FUZZ_TEST_SECONDS} s (`cargo xtask fuzz` runs them longer)"
     ));
-    fuzz::run(FUZZ_TEST_SECONDS, None)?;
+    fuzz::check()?;
+    fuzz::run(fuzz::Budget::Seconds(FUZZ_TEST_SECONDS), None)?;
     cmd::step("the VM test: Linux 6.1 with 4 NUMA nodes under QEMU, the agent's checks inside");
     let (vm_passed, vm_failed) = vm::test(env)?;
     (passed, failed) = (passed + vm_passed, failed + vm_failed);

@@ -202,11 +202,17 @@ pub fn reserve(
         }
     };
     let bytes = quantity::parse_bytes(amount).map_err(|e| bad(field, e.to_string()))?;
-    *reserved
+    let total = reserved
         .entry(node)
         .or_default()
         .entry(resource)
-        .or_default() += bytes;
+        .or_default();
+    *total = total.checked_add(bytes).ok_or_else(|| {
+        bad(
+            field,
+            format!("{name} reserved on NUMA node {node} adds up to more than 2^64-1 bytes"),
+        )
+    })?;
     Ok(())
 }
 

@@ -323,3 +323,34 @@ fn bad_command_line_values_name_the_pid_and_the_flag() {
     .expect("skipped");
     assert_eq!(line.layer, Layer::default());
 }
+
+/// Found writing the `kubelet_cmdline` and `kubelet_config` fuzz targets (and reproduced on
+/// their build, which checks overflow): amounts reserved twice for one node and type were added
+/// unchecked, which panics with overflow checks and wraps around without them.
+#[test]
+fn reserved_amounts_that_add_up_past_u64_are_refused_naming_the_field() {
+    let err = cmdline::parse(
+        9,
+        &args("--reserved-memory=0:memory=10Ei --reserved-memory 0:memory=10Ei"),
+    )
+    .expect_err("20 EiB")
+    .to_string();
+    assert_eq!(
+        err,
+        "the kubelet (pid 9) command line: --reserved-memory: memory reserved on NUMA node 0 adds up to more than 2^64-1 bytes"
+    );
+    let text = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+        reservedMemory: [{numaNode: 1, limits: {hugepages-2Mi: 10Ei}}, \
+        {numaNode: 1, limits: {hugepages-2048Ki: 10Ei}}]\n";
+    let err = file::parse(Path::new("/k.yaml"), text)
+        .expect_err("20 EiB")
+        .to_string();
+    assert_eq!(
+        err,
+        "/k.yaml: reservedMemory[1].limits.hugepages-2048Ki: hugepages-2048Ki reserved on NUMA node 1 adds up to more than 2^64-1 bytes"
+    );
+    let line = cmdline::parse(9, &args("--reserved-memory=0:memory=8Ei;0:memory=8191Pi"))
+        .expect("less than 16 EiB");
+    let reserved = line.layer.reserved_memory.expect("reserved memory").value;
+    assert_eq!(reserved[&0]["memory"], (1 << 63) + (8191 << 50));
+}
