@@ -203,7 +203,8 @@ fn held_on_node0(port: u16) -> u64 {
 /// 500 `state-write-failed` naming the file and `errno`, hold nothing for it in memory or on
 /// disk (the file stays byte for byte as it was, no temporary file is left), and, once the
 /// fault clears, admit and save the next reservation. What is lost: nothing (pod A's reservation,
-/// saved before the fault, stays in memory and on disk throughout).
+/// saved before the fault, stays in memory and on disk throughout, also when A asks again
+/// during the fault and its replacing reservation cannot be saved).
 fn fault_then_recover(
     size: &str,
     fault: impl FnOnce(&Tmpfs),
@@ -259,6 +260,23 @@ fn fault_then_recover(
         "the reservation could not be saved, so the admission failed: ",
     );
     assert!(said.len() == 1 && said[0].contains(errno), "{said:#?}");
+    // Pod A asks again during the fault: its new reservation would replace the saved one, the
+    // write fails, and A keeps the reservation it had (in memory as on disk).
+    let (status, body) = http(
+        running.port,
+        "POST",
+        "/v1/admit",
+        Some("application/json"),
+        &reserving(&pod_a),
+    );
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(
+        listed(running.port),
+        BTreeMap::from([(a_id.clone(), pod_a.clone())]),
+        "A lost the reservation it had"
+    );
+    assert_eq!(held_on_node0(running.port), MI2, "A's page is held again");
+    assert_eq!(fs::read(&file).expect("the file"), before);
 
     clear(&state);
     let b = admitted(running.port, &pod_b);

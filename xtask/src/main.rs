@@ -19,14 +19,14 @@
 //! * `image [--source URL]`: the agent's OCI image (`localhost/hugepage-agent:<version>`), built
 //!   offline with podman and checked by inspection ([`image`]).
 //! * `manifests [--check]`: the files of `deploy/` generated from `dashboards/` ([`manifests`]).
-//! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace|admit-tls|admit-size|hints|extender|soak
+//! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace|admit-tls|admit-size|hints|extender|abuse|soak
 //!   [--] [ARGS]`: the fault probe's cost on ordinary faults, one in-process verification, PSI
 //!   evaluation and trigger latency, the cgroup inventory at scale, `POST /v1/admit` under a
 //!   load tool, the same with OTLP tracing on against off and over TLS with a client
 //!   certificate against plain HTTP, what one request costs as the pod grows and what one
 //!   client's largest bodies cost another, hint generation, the webhook's extender filter
-//!   over up to 1,000 nodes, and a soak of the agent under a mixed load (its memory, descriptors
-//!   and admission p99 over time).
+//!   over up to 1,000 nodes, a well-behaved client's latency while others misbehave, and a
+//!   soak of the agent under a mixed load (its memory, descriptors and admission p99 over time).
 
 mod bench;
 mod cmd;

@@ -235,7 +235,8 @@ impl Store {
     }
 
     /// Reserves what `verdict` admitted for `pod_uid`, replacing that pod's earlier reservation;
-    /// the snapshot to write before the admission is answered.
+    /// the reservations it replaced (for [`Store::take_back`]) and the snapshot to write before
+    /// the admission is answered.
     pub fn reserve(
         &mut self,
         verdict: &Verdict,
@@ -243,7 +244,7 @@ impl Store {
         namespace: &str,
         name: &str,
         now: SystemTime,
-    ) -> (ReservationRef, Snapshot) {
+    ) -> (ReservationRef, Vec<Reservation>, Snapshot) {
         self.next += 1;
         let id = format!(
             "{}-{}",
@@ -266,19 +267,34 @@ impl Store {
             created_at: now,
             expires_at: now + self.ttl,
         };
-        self.entries.retain(|_, r| r.pod_uid != pod_uid);
+        let replaced: Vec<String> = self
+            .entries
+            .values()
+            .filter(|r| r.pod_uid == pod_uid)
+            .map(|r| r.id.clone())
+            .collect();
+        let replaced = replaced
+            .iter()
+            .filter_map(|old| self.entries.remove(old))
+            .collect();
         self.entries.insert(id.clone(), reservation);
         let made = ReservationRef {
             id,
             expires_at: now + self.ttl,
         };
-        (made, self.snapshot())
+        (made, replaced, self.snapshot())
     }
 
     /// Takes back reservation `id` (its snapshot could not be written, so the admission that
-    /// made it failed); the snapshot to write, if it was there.
-    pub fn forget(&mut self, id: &str) -> Option<Snapshot> {
+    /// made it failed) and puts back the reservations it `replaced`, which the file still
+    /// holds: a failed admission leaves the pod's earlier reservation as it was. The snapshot
+    /// to write, if `id` was there; if it is gone (a later admission of the pod replaced it, or
+    /// it ended), nothing changes.
+    pub fn take_back(&mut self, id: &str, replaced: Vec<Reservation>) -> Option<Snapshot> {
         self.entries.remove(id)?;
+        for earlier in replaced {
+            self.entries.insert(earlier.id.clone(), earlier);
+        }
         Some(self.snapshot())
     }
 

@@ -389,10 +389,12 @@ pub fn admit(state: &AppState, parsed: &Parsed, run: Run) -> Result<Decided, Api
     let pod = parsed.pod_ref.clone();
     let mut pending = None;
     if run == Run::Real && verdict.allowed && !pod.uid.is_empty() && !verdict.checks.is_empty() {
-        let (made, snapshot) = store.reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now);
+        let (made, replaced, snapshot) =
+            store.reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now);
         reservation.record("reservation.id", made.id.as_str());
         pending = Some(Pending {
             id: made.id.clone(),
+            replaced,
             snapshot,
         });
         verdict.reservation = Some(made);

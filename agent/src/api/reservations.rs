@@ -7,10 +7,12 @@
 use super::{AppState, error::ApiError};
 use crate::admission::reservations::{Released, Reservation, Snapshot};
 
-/// A reservation an admission made, in memory, with the snapshot of the file that holds it.
+/// A reservation an admission made, in memory, with the pod's earlier reservations it replaced
+/// and the snapshot of the file that holds it.
 #[derive(Debug)]
 pub struct Pending {
     pub id: String,
+    pub replaced: Vec<Reservation>,
     pub snapshot: Snapshot,
 }
 
@@ -24,10 +26,14 @@ async fn write(snapshot: Snapshot) -> Result<(), String> {
 }
 
 /// Writes the reservation an admission made. If it cannot be written, the reservation is taken
-/// back (and the file written without it, should a later admission's write have carried it)
-/// and the admission fails.
+/// back and the pod's earlier one it replaced put back (and the file written so, should a later
+/// admission's write have carried the new one), and the admission fails.
 pub async fn persist(state: &AppState, pending: Pending) -> Result<(), ApiError> {
-    let Pending { id, snapshot } = pending;
+    let Pending {
+        id,
+        replaced,
+        snapshot,
+    } = pending;
     let Err(failure) = write(snapshot).await else {
         return Ok(());
     };
@@ -35,7 +41,7 @@ pub async fn persist(state: &AppState, pending: Pending) -> Result<(), ApiError>
         .reservations
         .lock()
         .ok()
-        .and_then(|mut store| store.forget(&id));
+        .and_then(|mut store| store.take_back(&id, replaced));
     if let Some(snapshot) = undo
         && let Err(again) = write(snapshot).await
     {

@@ -54,7 +54,7 @@ fn setup(charged: u64) -> (tempfile::TempDir, tempfile::TempDir, Releaser, Strin
         checks: vec![check],
         reservation: None,
     };
-    let (_, snapshot) = store.reserve(&verdict, UID, "batch", "job", t0());
+    let (_, _, snapshot) = store.reserve(&verdict, UID, "batch", "job", t0());
     snapshot.write().expect("saved");
     let pods = PodCgroups::scan(&host).expect("scan");
     let releaser = Releaser::new(host, pods, Arc::new(Mutex::new(store)));

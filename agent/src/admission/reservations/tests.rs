@@ -45,7 +45,7 @@ fn t0() -> SystemTime {
 /// Reserves for pod `uid` (batch/job) at `t0()` and writes the file, as an admission does
 /// before it answers.
 fn saved(store: &mut Store, verdict: &Verdict, uid: &str) -> ReservationRef {
-    let (made, snapshot) = store.reserve(verdict, uid, "batch", "job", t0());
+    let (made, _, snapshot) = store.reserve(verdict, uid, "batch", "job", t0());
     snapshot.write().expect("saves");
     made
 }
@@ -167,7 +167,7 @@ fn a_stored_reservation_whose_pod_uid_kubernetes_never_assigns_is_refused_on_loa
     for uid in ["../../etc/passwd", huge.as_str()] {
         saved(&mut store, &verdict(&[1], GI, 4 * GI), uid);
     }
-    let (_, snapshot) = store.reserve(&verdict(&[1], GI, 4 * GI), POD_C, "Team_A", "job", t0());
+    let (_, _, snapshot) = store.reserve(&verdict(&[1], GI, 4 * GI), POD_C, "Team_A", "job", t0());
     snapshot.write().expect("saves");
 
     let (store, warning) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
@@ -239,8 +239,8 @@ fn a_snapshot_older_than_the_file_is_not_written_over_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
     // Two admissions reserve; the second one's write happens first.
-    let (_, first) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), POD_A, "", "", t0());
-    let (_, second) = store.reserve(&verdict(&[0], GI, 8 * GI), POD_B, "", "", t0());
+    let (_, _, first) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), POD_A, "", "", t0());
+    let (_, _, second) = store.reserve(&verdict(&[0], GI, 8 * GI), POD_B, "", "", t0());
     second.write().expect("saves");
     first.write().expect("skipped, not an error");
     let (reopened, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
@@ -256,15 +256,19 @@ fn a_snapshot_older_than_the_file_is_not_written_over_it() {
 fn a_reservation_that_could_not_be_written_is_taken_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    let (made, snapshot) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), POD_A, "", "", t0());
+    let (made, replaced, snapshot) =
+        store.reserve(&verdict(&[0], 2 * GI, 8 * GI), POD_A, "", "", t0());
     // The state directory is gone: the write fails and names the file.
     fs::remove_dir_all(dir.path()).expect("remove");
     let err = snapshot.write().expect_err("no directory");
     assert!(err.to_string().contains("reservations.json.tmp"), "{err}");
-    assert!(store.forget(&made.id).is_some());
+    assert!(store.take_back(&made.id, replaced).is_some());
     assert!(store.list().is_empty());
     assert_eq!(store.held(MI2, &[NumaNode(0)], "x", t0()), 0);
-    assert!(store.forget(&made.id).is_none(), "already taken back");
+    assert!(
+        store.take_back(&made.id, Vec::new()).is_none(),
+        "already taken back"
+    );
 }
 
 #[test]
@@ -279,7 +283,7 @@ fn a_write_that_fails_leaves_the_file_as_it_was_and_no_temporary_file() {
     fs::rename(&file, dir.path().join("aside")).expect("move the file");
     fs::create_dir(&file).expect("a directory in its place");
     fs::write(file.join("keep"), "x").expect("not empty");
-    let (_, snapshot) = store.reserve(&verdict(&[0], GI, 8 * GI), POD_B, "", "", t0());
+    let (_, _, snapshot) = store.reserve(&verdict(&[0], GI, 8 * GI), POD_B, "", "", t0());
     let err = snapshot.write().expect_err("cannot replace a directory");
     assert!(err.to_string().contains("reservations.json"), "{err}");
     assert!(!temporary(&file).exists(), "the temporary file is left");
@@ -298,4 +302,43 @@ fn a_temporary_file_a_killed_write_left_is_removed_on_open_and_never_read() {
     assert_eq!(warning, None, "the temporary file is not the file");
     assert_eq!(reopened.list(), store.list());
     assert!(!tmp.exists(), "{} is left", tmp.display());
+}
+
+/// A pod admitted again while the state directory cannot be written (read-only, full): the
+/// failed admission takes its new reservation back and the pod keeps the one it had, as the
+/// file does.
+#[test]
+fn a_replacing_reservation_that_could_not_be_written_gives_the_pod_its_earlier_one_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    let earlier = saved(&mut store, &verdict(&[0], GI, 8 * GI), POD_A);
+    let (made, replaced, _) = store.reserve(&verdict(&[1], 2 * GI, 8 * GI), POD_A, "", "", t0());
+    assert_eq!(
+        replaced.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        [earlier.id.as_str()]
+    );
+    assert_eq!(store.held(MI2, &[NumaNode(0)], "x", t0()), 0, "replaced");
+    let snapshot = store.take_back(&made.id, replaced).expect("was there");
+    snapshot.write().expect("saves");
+    let kept: Vec<String> = store.list().into_iter().map(|r| r.id).collect();
+    assert_eq!(kept, std::slice::from_ref(&earlier.id));
+    assert_eq!(store.held(MI2, &[NumaNode(0)], "x", t0()), GI);
+    let (reopened, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("reopens");
+    assert_eq!(reopened.list(), store.list());
+}
+
+/// A later admission of the same pod replaced the reservation before its write failed: taking
+/// it back changes nothing, and the earlier one stays replaced.
+#[test]
+fn taking_back_a_reservation_already_replaced_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    let (first, _, _) = store.reserve(&verdict(&[0], GI, 8 * GI), POD_A, "", "", t0());
+    let (second, replaced, _) = store.reserve(&verdict(&[0], 2 * GI, 8 * GI), POD_A, "", "", t0());
+    assert_eq!(replaced.len(), 1);
+    let (third, _, _) = store.reserve(&verdict(&[0], GI, 8 * GI), POD_A, "", "", t0());
+    assert!(store.take_back(&second.id, replaced).is_none());
+    let kept: Vec<String> = store.list().into_iter().map(|r| r.id).collect();
+    assert_eq!(kept, std::slice::from_ref(&third.id));
+    assert_ne!(first.id, third.id);
 }
