@@ -21,6 +21,7 @@ use std::{
 use hugepage_agent::admission::reservations::{self, Reservation};
 use hugepage_agent_tests::{
     Agent, HostLock, HugepagePool, agent_bin, fresh_state_dir, host_lock, http, node0_checkpoint,
+    rng::Rng,
 };
 use serde_json::{Value, json};
 
@@ -326,22 +327,6 @@ fn a_full_state_dir_fails_the_reserving_admission_naming_the_file_and_loses_noth
         |state| fs::remove_file(state.path().join("filler")).expect("remove the filler"),
         "No space left on device",
     );
-}
-
-/// xorshift64*, seeded from the clock (the seed is printed to replay a failure's delays).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// A request the agent did not answer whole.

@@ -11,6 +11,7 @@ use std::{
 };
 
 use hugepage_agent::memorymanager::checkpoint::{self, Format, Verification, Version};
+use hugepage_agent_tests::rng::Rng;
 use serde_json::{Map, Value, json};
 
 /// Builds the Go peer once into `dir`.
@@ -47,28 +48,12 @@ fn run(peer: &Path, args: &[&str], files: &[PathBuf]) -> Vec<String> {
         .collect()
 }
 
-/// xorshift64*: the same cases on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Absent (None), null, or the value.
-    fn maybe(&mut self, value: Value) -> Option<Value> {
-        match self.below(6) {
-            0 => None,
-            1 => Some(Value::Null),
-            _ => Some(value),
-        }
+/// Absent (None), null, or the value.
+fn maybe(rng: &mut Rng, value: Value) -> Option<Value> {
+    match rng.below(6) {
+        0 => None,
+        1 => Some(Value::Null),
+        _ => Some(value),
     }
 }
 
@@ -85,7 +70,7 @@ fn blocks(rng: &mut Rng) -> Value {
             .map(|_| {
                 let mut b = Map::new();
                 let affinity = ints(rng);
-                if let Some(v) = rng.maybe(affinity) {
+                if let Some(v) = maybe(rng, affinity) {
                     b.insert("numaAffinity".into(), v);
                 }
                 b.insert("type".into(), json!(kinds[rng.below(3) as usize]));
@@ -104,8 +89,8 @@ fn state(rng: &mut Rng, pod_entries: bool) -> Value {
             if rng.below(4) == 0 {
                 continue;
             }
-            let t = json!({"total": rng.next() >> 4, "systemReserved": rng.below(1 << 30),
-                "allocatable": rng.next() >> 4, "reserved": rng.below(1 << 35), "free": rng.next() >> 4});
+            let t = json!({"total": rng.next_u64() >> 4, "systemReserved": rng.below(1 << 30),
+                "allocatable": rng.next_u64() >> 4, "reserved": rng.below(1 << 35), "free": rng.next_u64() >> 4});
             tables.insert(
                 resource.into(),
                 if rng.below(10) == 0 { Value::Null } else { t },
@@ -113,11 +98,11 @@ fn state(rng: &mut Rng, pod_entries: bool) -> Value {
         }
         let mut n = Map::new();
         n.insert("numberOfAssignments".into(), json!(rng.below(5)));
-        if let Some(v) = rng.maybe(Value::Object(tables)) {
+        if let Some(v) = maybe(rng, Value::Object(tables)) {
             n.insert("memoryMap".into(), v);
         }
         let cells = ints(rng);
-        if let Some(v) = rng.maybe(cells) {
+        if let Some(v) = maybe(rng, cells) {
             n.insert("cells".into(), v);
         }
         machine.insert(node.to_string(), Value::Object(n));
@@ -138,7 +123,7 @@ fn state(rng: &mut Rng, pod_entries: bool) -> Value {
     let mut top = Map::new();
     top.insert("policyName".into(), json!("Static"));
     top.insert("machineState".into(), Value::Object(machine));
-    if let Some(v) = rng.maybe(Value::Object(entries)) {
+    if let Some(v) = maybe(rng, Value::Object(entries)) {
         top.insert("entries".into(), v);
     }
     if pod_entries {
@@ -146,12 +131,12 @@ fn state(rng: &mut Rng, pod_entries: bool) -> Value {
         for pod in 0..rng.below(3) {
             let mut e = Map::new();
             let memory_blocks = blocks(rng);
-            if let Some(v) = rng.maybe(memory_blocks) {
+            if let Some(v) = maybe(rng, memory_blocks) {
                 e.insert("memoryBlocks".into(), v);
             }
             pods.insert(format!("pod-{pod}"), Value::Object(e));
         }
-        if let Some(v) = rng.maybe(Value::Object(pods)) {
+        if let Some(v) = maybe(rng, Value::Object(pods)) {
             top.insert("podEntries".into(), v);
         }
     }

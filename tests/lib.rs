@@ -25,6 +25,7 @@ pub mod mtls;
 pub mod peers;
 mod pressure;
 pub mod rendered;
+pub mod rng;
 mod stats;
 pub use flags::BenchFlags;
 pub use host_tree::{put, two_numa_nodes};
@@ -712,4 +713,39 @@ pub fn http(
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// Raises this process's soft limit of open files to `need` when it is lower (the hard limit
+/// too, which root may), for a bench that holds thousands of connections; its children (the
+/// agent, the webhook) inherit it. Says what it found and did.
+pub fn raise_open_files(need: u64) -> String {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct it is given.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(rc, 0, "getrlimit: {}", std::io::Error::last_os_error());
+    if limit.rlim_cur >= need {
+        return format!(
+            "open files: soft limit {} (enough: at most {need} wanted), not changed",
+            limit.rlim_cur
+        );
+    }
+    let raised = libc::rlimit {
+        rlim_cur: need,
+        rlim_max: limit.rlim_max.max(need),
+    };
+    // SAFETY: setrlimit reads the struct it is given.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+    assert_eq!(
+        rc,
+        0,
+        "setrlimit RLIMIT_NOFILE to {need}: {}",
+        std::io::Error::last_os_error()
+    );
+    format!(
+        "open files: soft limit raised from {} to {need} (setrlimit), inherited by the processes started after",
+        limit.rlim_cur
+    )
 }

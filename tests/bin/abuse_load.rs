@@ -44,6 +44,7 @@ use hugepage_agent_tests::{
     cluster::{self, Pki, WEBHOOK_NAME},
     https::Https,
     mtls::{self, Versions},
+    raise_open_files,
 };
 
 const USAGE: &str =
@@ -139,36 +140,6 @@ fn sample(text: &str, series: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// Raises the soft limit of open files to `need` if it is below (the agent inherits it).
-fn raise_nofile(need: u64) {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct it is given.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    assert_eq!(rc, 0, "getrlimit: {}", std::io::Error::last_os_error());
-    if limit.rlim_cur >= need {
-        return;
-    }
-    let raised = libc::rlimit {
-        rlim_cur: need,
-        rlim_max: limit.rlim_max.max(need),
-    };
-    // SAFETY: setrlimit reads the struct it is given.
-    let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
-    assert_eq!(
-        rc,
-        0,
-        "setrlimit RLIMIT_NOFILE {need}: {}",
-        std::io::Error::last_os_error()
-    );
-    println!(
-        "open files: soft limit raised from {} to {need}",
-        limit.rlim_cur
-    );
-}
-
 fn main() {
     let flags = BenchFlags::parse(
         USAGE,
@@ -190,7 +161,10 @@ fn main() {
         slowloris: count("--slowloris", 1000),
         resetters: count("--resetters", 2),
     };
-    raise_nofile((args.idle + args.slowloris) as u64 * 2 + 4096);
+    println!(
+        "{}",
+        raise_open_files((args.idle + args.slowloris) as u64 * 2 + 4096)
+    );
     agent_cases(&bin, &args);
     webhook_case(&bin, &args);
 }

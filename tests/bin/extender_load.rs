@@ -50,7 +50,7 @@ use hugepage_agent_tests::{
     Agent, BenchFlags, Footprint, Percentiles,
     apiserver::StandInApiServer,
     cluster::{self, Pki, host_tree, node, pod},
-    cpu_ns, free_port,
+    cpu_ns, free_port, raise_open_files,
 };
 use serde::Deserialize;
 use serde::de::IgnoredAny;
@@ -141,40 +141,6 @@ fn spread(i: usize, of: usize) -> Ipv4Addr {
 
 fn node_name(i: usize) -> String {
     format!("node-{i:04}")
-}
-
-/// Raises the soft limit of open files to `need` when it is lower (the hard limit too, which
-/// root may); says what it found and did.
-fn open_files(need: u64) -> String {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct it is given.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    assert_eq!(rc, 0, "getrlimit: {}", std::io::Error::last_os_error());
-    if limit.rlim_cur >= need {
-        return format!(
-            "open files: soft limit {} (enough: at most {need} wanted), not changed",
-            limit.rlim_cur
-        );
-    }
-    let raised = libc::rlimit {
-        rlim_cur: need,
-        rlim_max: limit.rlim_max.max(need),
-    };
-    // SAFETY: setrlimit reads the struct it is given.
-    let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
-    assert_eq!(
-        rc,
-        0,
-        "setrlimit RLIMIT_NOFILE to {need}: {}",
-        std::io::Error::last_os_error()
-    );
-    format!(
-        "open files: soft limit raised from {} to {need} (setrlimit), inherited by the agent and the webhook",
-        limit.rlim_cur
-    )
 }
 
 /// The parts of an `ExtenderFilterResult` the bench checks.
@@ -455,7 +421,7 @@ fn main() {
     let largest = args.nodes.iter().copied().max().unwrap_or(0);
     let most = args.connections.iter().copied().max().unwrap_or(1);
     println!("load average at the start: {}", load());
-    println!("{}", open_files((largest * most) as u64 + 1024));
+    println!("{}", raise_open_files((largest * most) as u64 + 1024));
 
     let pki = Pki::new();
     let tree = host_tree(2048);
