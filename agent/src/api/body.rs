@@ -47,12 +47,15 @@ pub enum BodyError {
 pub struct TimedOut(pub Duration);
 
 /// A request body that must end within a time from when it was wrapped (when the request's head
-/// was read); past it, the next frame it waits for is [`TimedOut`], counted in `stats`.
+/// was read); past it, the next frame it waits for is [`TimedOut`], counted in `stats`. The
+/// timer is armed only when the body first has to wait for the client: a body that came with
+/// its head (nearly every request, and every one without a body) costs no timer.
 #[derive(Debug)]
 pub struct Timed<B> {
     inner: B,
     limit: Duration,
-    deadline: Pin<Box<Sleep>>,
+    started: Instant,
+    deadline: Option<Pin<Box<Sleep>>>,
     stats: Arc<ConnectionStats>,
 }
 
@@ -61,7 +64,8 @@ impl<B> Timed<B> {
         Timed {
             inner,
             limit,
-            deadline: Box::pin(tokio::time::sleep_until(Instant::now() + limit)),
+            started: Instant::now(),
+            deadline: None,
             stats,
         }
     }
@@ -82,7 +86,14 @@ where
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
-            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+            Poll::Pending => match this
+                .deadline
+                .get_or_insert_with(|| {
+                    Box::pin(tokio::time::sleep_until(this.started + this.limit))
+                })
+                .as_mut()
+                .poll(cx)
+            {
                 Poll::Ready(()) => {
                     this.stats.cut(Cut::BodyTimeout);
                     Poll::Ready(Some(Err(TimedOut(this.limit).into())))
