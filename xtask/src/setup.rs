@@ -398,12 +398,20 @@ pub fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
         );
     }
     cmd::step(&format!("installing Debian packages {missing:?}"));
-    cmd::run(command("apt-get", &["update"]))?;
-    let mut install = command("apt-get", &["install", "-y", "--no-install-recommends"]);
+    cmd::run(apt_get(&["update"]))?;
+    let mut install = apt_get(&["install", "-y", "--no-install-recommends"]);
     install
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive");
     cmd::run(install)
+}
+
+/// `apt-get` with `args`, waiting up to ten minutes for another apt or dpkg (a second set-up,
+/// unattended upgrades at boot) to release its lock instead of failing at once.
+pub fn apt_get(args: &[&str]) -> Command {
+    let mut cmd = command("apt-get", &["-o", "DPkg::Lock::Timeout=600"]);
+    cmd.args(args);
+    cmd
 }
 
 /// Whether `bin --version` runs: the check is "does it work", not "is the file there".

@@ -90,11 +90,7 @@ fn resolve() -> Result<(String, String)> {
     if let Some(found) = find() {
         return Ok(found);
     }
-    cmd::run({
-        let mut update = Command::new("apt-get");
-        update.arg("update");
-        update
-    })?;
+    cmd::run(setup::apt_get(&["update"]))?;
     find().with_context(|| {
         format!("apt-cache knows no {METAPACKAGE} depending on a {PACKAGE_PREFIX}* package")
     })
@@ -105,8 +101,8 @@ fn prepare(package: &str, dir: &Path) -> Result<()> {
     let _ = fs::remove_dir_all(&scratch);
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(&scratch)?;
-    let mut download = Command::new("apt-get");
-    download.args(["download", package]).current_dir(&scratch);
+    let mut download = setup::apt_get(&["download", package]);
+    download.current_dir(&scratch);
     cmd::run(download)?;
     let deb = only_entry(&scratch, ".deb")?;
     let tree = scratch.join("tree");
