@@ -4,6 +4,10 @@
 //! huge page can produce two records. A record is a retry when the same thread group faulted the
 //! same huge page with the same error code within a short window. Retries are counted, not
 //! dropped silently; a read fault followed by a write fault to the same page stays two events.
+//!
+//! Only the faults of the last window or two are remembered: once per window the older ones are
+//! forgotten, and the table gives back room a burst left unused. (It once kept every fault until
+//! 8,192 had been seen, so an agent whose pods fault a few pages now and then grew for hours.)
 
 use std::{collections::HashMap, time::Duration};
 
@@ -12,13 +16,15 @@ use super::events::FaultEvent;
 /// How long a fault is remembered; retries arrive microseconds apart.
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(100);
 
-/// Entries kept before old ones are pruned.
-const PRUNE_AT: usize = 8192;
+/// Below this capacity the table is not shrunk.
+const SMALLEST: usize = 64;
 
 #[derive(Debug)]
 pub struct RetryFilter {
     window: Duration,
     seen: HashMap<(u32, u64, u64), Duration>,
+    /// When faults older than the window were last forgotten (the events' clock).
+    pruned: Duration,
     retries: u64,
 }
 
@@ -27,6 +33,7 @@ impl RetryFilter {
         RetryFilter {
             window,
             seen: HashMap::new(),
+            pruned: Duration::ZERO,
             retries: 0,
         }
     }
@@ -41,9 +48,13 @@ impl RetryFilter {
         if !fresh {
             self.retries += 1;
         }
-        if self.seen.len() > PRUNE_AT {
+        if event.at.saturating_sub(self.pruned) > self.window {
             let horizon = event.at.saturating_sub(self.window);
             self.seen.retain(|_, &mut at| at >= horizon);
+            if self.seen.capacity() > SMALLEST && self.seen.len() < self.seen.capacity() / 4 {
+                self.seen.shrink_to(self.seen.len() * 2);
+            }
+            self.pruned = event.at;
         }
         fresh
     }
@@ -100,11 +111,34 @@ mod tests {
     }
 
     #[test]
-    fn memory_stays_bounded() {
+    fn only_the_last_windows_faults_are_kept() {
         let mut filter = RetryFilter::new(DEFAULT_WINDOW);
-        for i in 0..(PRUNE_AT as u64 * 3) {
+        // One new page a millisecond for 30 s: 100 faults a window.
+        for i in 0..30_000u64 {
             filter.admit(&fault(1, i << 21, 6, i));
         }
-        assert!(filter.seen.len() <= PRUNE_AT + 1, "{}", filter.seen.len());
+        assert!(filter.seen.len() <= 201, "{}", filter.seen.len());
+    }
+
+    #[test]
+    fn a_few_faults_now_and_then_are_forgotten_and_a_burst_gives_its_room_back() {
+        let mut filter = RetryFilter::new(DEFAULT_WINDOW);
+        // A toucher of 8 pages every 5 s, a new process each time, for an hour.
+        for run in 0..720u64 {
+            for page in 0..8 {
+                filter.admit(&fault(run as u32 + 2, page << 21, 6, run * 5000));
+            }
+        }
+        assert_eq!(filter.seen.len(), 8, "the last run's pages only");
+        // A burst of 10,000 pages within one window, then the toucher again.
+        for i in 0..10_000u64 {
+            filter.admit(&fault(1, i << 21, 6, 4_000_000 + i / 1000));
+        }
+        assert!(filter.seen.capacity() >= 10_000);
+        for page in 0..8 {
+            filter.admit(&fault(9999, page << 21, 6, 4_010_000));
+        }
+        assert_eq!(filter.seen.len(), 8);
+        assert!(filter.seen.capacity() <= 1024, "{}", filter.seen.capacity());
     }
 }
