@@ -180,8 +180,40 @@ fn proc_field(pid: u32, file: &str, field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/{file}:\n{text}"))
 }
 
+/// glibc's malloc heaps beyond the main arena in `/proc/<pid>/maps`: each arena a thread takes
+/// is an anonymous mapping of 64 MiB aligned to 64 MiB, read-write up to what it uses and
+/// inaccessible beyond.
+fn malloc_heaps(pid: u32) -> Vec<String> {
+    const HEAP: u64 = 64 << 20;
+    let text = fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/maps: {e}"));
+    let maps: Vec<(u64, u64, &str, bool, &str)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let (range, perms) = (fields.next()?, fields.next()?);
+            let (start, end) = range.split_once('-')?;
+            let anonymous = fields.nth(3).is_none();
+            let start = u64::from_str_radix(start, 16).ok()?;
+            let end = u64::from_str_radix(end, 16).ok()?;
+            Some((start, end, perms, anonymous, l))
+        })
+        .collect();
+    maps.iter()
+        .enumerate()
+        .filter(|(i, (start, end, perms, anonymous, _))| {
+            let whole = match maps.get(i + 1) {
+                Some((next, next_end, "---p", true, _)) if next == end => next_end - start,
+                _ => end - start,
+            };
+            *anonymous && *perms == "rw-p" && start % HEAP == 0 && whole == HEAP
+        })
+        .map(|(_, (.., line))| (*line).to_owned())
+        .collect()
+}
+
 #[test]
-fn an_agent_takes_no_transparent_huge_pages_for_itself() {
+fn an_agent_takes_no_transparent_huge_pages_and_one_malloc_arena_for_itself() {
     let mut running = Agent::start(agent(&["run", "--ebpf", "off"]));
     running.wait_for("agent running", Duration::from_secs(10), |_| true);
     // Work that allocates: admissions, the map, metrics.
@@ -204,6 +236,13 @@ fn an_agent_takes_no_transparent_huge_pages_for_itself() {
         "the agent must turn transparent huge pages off for itself"
     );
     assert_eq!(proc_field(pid, "smaps_rollup", "AnonHugePages"), 0);
+    // Its threads (API, runtime, blocking writers of reservations) all allocate from the main
+    // arena: each further arena would keep its own fragments, and the agent would grow.
+    assert_eq!(
+        malloc_heaps(pid),
+        Vec::<String>::new(),
+        "arenas beyond the main one"
+    );
 }
 
 #[test]

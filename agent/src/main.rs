@@ -18,6 +18,9 @@ fn main() -> ExitCode {
     if let Err(err) = footprint::disable_transparent_huge_pages() {
         eprintln!("hugepage-agent: cannot turn transparent huge pages off for itself: {err}");
     }
+    if !footprint::one_malloc_arena() {
+        eprintln!("hugepage-agent: glibc refused M_ARENA_MAX 1: each thread may take an arena");
+    }
     let config = match Config::try_from(Cli::parse()) {
         Ok(config) => config,
         Err(err) => {
