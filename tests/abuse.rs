@@ -228,8 +228,13 @@ fn a_body_sent_a_byte_at_a_time_is_cut_with_408_and_its_connection_closed() {
     assert!(limited(&mut client, "body_timeout") >= 5.0);
 }
 
+/// An HTTP/2 connection that resets streams in a loop is ended with GOAWAY
+/// `ENHANCE_YOUR_CALM`, and its peer's new connections are refused at accept for
+/// `--abuse-backoff`, twice as long after a second abuse; the well-behaved client's kept-alive
+/// connection, from the same address, is answered throughout.
 #[test]
-fn http2_streams_reset_in_a_loop_end_in_goaway_while_admission_reviews_are_answered() {
+fn http2_streams_reset_in_a_loop_end_in_goaway_and_the_peer_waits_longer_each_time() {
+    const BACKOFF: Duration = Duration::from_millis(600);
     let pki = Pki::new();
     let api = StandInApiServer::start();
     let webhook = cluster::webhook(
@@ -239,7 +244,10 @@ fn http2_streams_reset_in_a_loop_end_in_goaway_while_admission_reviews_are_answe
         1,
         "ignore",
         "2s",
-        &[("HUGEPAGE_AGENT_HTTP2_MAX_PENDING_RESET_STREAMS", "20")],
+        &[
+            ("HUGEPAGE_AGENT_HTTP2_MAX_PENDING_RESET_STREAMS", "20"),
+            ("HUGEPAGE_AGENT_ABUSE_BACKOFF", "600ms"),
+        ],
     );
     let at = SocketAddr::from((Ipv4Addr::LOCALHOST, webhook.port));
     let mut config = (*mtls::client_config(&[&pki.webhook], None, Versions::Any)).clone();
@@ -252,19 +260,30 @@ fn http2_streams_reset_in_a_loop_end_in_goaway_while_admission_reviews_are_answe
             .enable_all()
             .build()
             .expect("a runtime");
-        (0..3)
-            .map(|_| {
-                runtime
-                    .block_on(abusers::reset_loop(
-                        at,
-                        h2.clone(),
-                        WEBHOOK_NAME,
-                        "/admission/validate",
-                        100_000,
-                    ))
-                    .expect("the reset loop")
-            })
-            .collect::<Vec<_>>()
+        let abuse = || {
+            runtime.block_on(abusers::reset_loop(
+                at,
+                h2.clone(),
+                WEBHOOK_NAME,
+                "/admission/validate",
+                100_000,
+            ))
+        };
+        let mut ended = Vec::new();
+        let mut refused = 0;
+        // The first abuse, then at once again: refused.
+        ended.push(abuse().expect("the first reset loop"));
+        abuse().expect_err("a new connection at once after the GOAWAY");
+        refused += 1;
+        // After the wait, served, and abusing again: now it waits twice as long.
+        thread::sleep(BACKOFF + BACKOFF / 4);
+        ended.push(abuse().expect("the second reset loop, after the wait"));
+        thread::sleep(BACKOFF + BACKOFF / 4);
+        abuse().expect_err("a new connection within the doubled wait");
+        refused += 1;
+        thread::sleep(BACKOFF);
+        ended.push(abuse().expect("the third reset loop, after the doubled wait"));
+        (ended, refused)
     });
     let mut asked = 0;
     while !abuser.is_finished() {
@@ -276,8 +295,9 @@ fn http2_streams_reset_in_a_loop_end_in_goaway_while_admission_reviews_are_answe
         asked += 1;
         thread::sleep(EVERY);
     }
-    assert!(asked > 0);
-    for ended in abuser.join().expect("the abuse thread") {
+    assert!(asked > 20, "the well-behaved client asked {asked} times");
+    let (ended, refused) = abuser.join().expect("the abuse thread");
+    for ended in ended {
         let err = ended.ended.unwrap_or_else(|| {
             panic!(
                 "{} streams reset and the connection still open",
@@ -293,11 +313,18 @@ fn http2_streams_reset_in_a_loop_end_in_goaway_while_admission_reviews_are_answe
     }
     let (status, text) = client.request("GET", "/metrics", &[], "");
     assert_eq!(status, 200);
-    let series =
-        "hugepage_agent_webhook_http_limited_total{listener=\"webhook\",limit=\"http2_abuse\"} ";
-    let n: f64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.parse().ok())
-        .unwrap_or_else(|| panic!("{series} in\n{text}"));
-    assert_eq!(n, 3.0, "{series}: one per reset loop");
+    let count = |limit: &str| -> f64 {
+        let series = format!(
+            "hugepage_agent_webhook_http_limited_total{{listener=\"webhook\",limit=\"{limit}\"}} "
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str())?.parse().ok())
+            .unwrap_or_else(|| panic!("{series} in\n{text}"))
+    };
+    assert_eq!(count("http2_abuse"), 3.0, "one per reset loop");
+    assert_eq!(
+        count("abuse_backoff"),
+        f64::from(refused),
+        "one per refused"
+    );
 }

@@ -187,6 +187,16 @@ pub struct Cli {
         global = true
     )]
     pub http2_max_local_reset_streams: u32,
+    /// How long a peer (IP address) whose HTTP/2 connection was ended for abuse (GOAWAY
+    /// ENHANCE_YOUR_CALM) is refused at accept; twice as long for each further abuse, up to 64
+    /// times; 0s turns it off.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_ABUSE_BACKOFF",
+        default_value = "1s",
+        global = true
+    )]
+    pub abuse_backoff: String,
     /// How often sysfs and the cgroup tree are re-read in full (e.g. 10s, 500ms, 1m).
     #[arg(
         long,
@@ -783,6 +793,7 @@ fn limits(cli: &Cli) -> Result<Limits, ConfigError> {
         http2_max_concurrent_streams: cli.http2_max_concurrent_streams,
         http2_max_pending_reset_streams: count(cli.http2_max_pending_reset_streams),
         http2_max_local_reset_streams: count(cli.http2_max_local_reset_streams),
+        abuse_backoff: duration("--abuse-backoff", &cli.abuse_backoff, |_| None)?,
     })
 }
 
@@ -1178,6 +1189,8 @@ mod tests {
             "5",
             "--http2-max-local-reset-streams",
             "6",
+            "--abuse-backoff",
+            "250ms",
         ]);
         let limits = Config::try_from(told).expect("valid").limits;
         assert_eq!(
@@ -1189,8 +1202,11 @@ mod tests {
                 http2_max_concurrent_streams: 4,
                 http2_max_pending_reset_streams: 5,
                 http2_max_local_reset_streams: 6,
+                abuse_backoff: Duration::from_millis(250),
             }
         );
+        let off = Config::try_from(cli(&["--abuse-backoff", "0s"])).expect("valid");
+        assert_eq!(off.limits.abuse_backoff, Duration::ZERO);
         let zero = cli(&["--body-read-timeout", "0s"]);
         let err = Config::try_from(zero).expect_err("zero");
         assert!(err.to_string().starts_with("--body-read-timeout "), "{err}");

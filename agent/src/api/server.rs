@@ -41,10 +41,20 @@
 //!   streams before they were served (rapid reset, CVE-2023-44487) or made the server reset
 //!   more than `http2_max_local_reset_streams` ("MadeYouReset", CVE-2025-8671); header lists
 //!   as large as an HTTP/1.1 head; a ping every [`H2_PING_EVERY`] ends a connection whose
-//!   peer is gone.
+//!   peer is gone;
+//! * a peer whose HTTP/2 connection was ended for abuse is refused at accept, as one over
+//!   `max_connections` is, for `abuse_backoff`, longer if it goes on ([`backoff`]).
+
+mod backoff;
 
 use std::{
-    convert::Infallible, io, net::SocketAddr, sync::Arc, sync::mpsc, thread, time::Duration,
+    convert::Infallible,
+    io,
+    net::SocketAddr,
+    sync::Arc,
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
 };
 
 use axum::{Router, response::Response};
@@ -95,6 +105,9 @@ pub struct Limits {
     pub http2_max_pending_reset_streams: usize,
     /// HTTP/2 streams the server had to reset for the client's errors, before GOAWAY.
     pub http2_max_local_reset_streams: usize,
+    /// How long a peer whose connection was ended for abuse is refused at first (doubling
+    /// while it goes on); zero turns it off.
+    pub abuse_backoff: Duration,
 }
 
 impl Limits {
@@ -107,6 +120,7 @@ impl Limits {
         http2_max_concurrent_streams: 100,
         http2_max_pending_reset_streams: 20,
         http2_max_local_reset_streams: 1024,
+        abuse_backoff: Duration::from_secs(1),
     };
 }
 
@@ -121,13 +135,15 @@ impl Default for Limits {
 pub const H2_PING_EVERY: Duration = Duration::from_secs(60);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// What one listener serves with: its routes, its TLS, its limits and their counts.
+/// What one listener serves with: its routes, its TLS, its limits and their counts, and the
+/// peers it refuses for a while.
 #[derive(Debug, Clone)]
 pub struct Serving {
     pub router: Router,
     pub tls: Option<ServerTls>,
     pub limits: Limits,
     pub stats: Arc<ConnectionStats>,
+    backoff: Arc<backoff::Backoff>,
 }
 
 impl Serving {
@@ -142,6 +158,7 @@ impl Serving {
             tls,
             limits,
             stats,
+            backoff: Arc::new(backoff::Backoff::new(limits.abuse_backoff)),
         }
     }
 }
@@ -385,12 +402,17 @@ async fn serve(listener: TcpListener, serving: Serving, mut stop: watch::Receive
         };
         match accepted {
             Ok((tcp, peer)) => {
+                if serving.backoff.waits(peer.ip(), Instant::now()) {
+                    refuse(tcp, peer, Cut::Backoff, &serving);
+                    continue;
+                }
                 let Some(counted) = Counted::open(&serving) else {
-                    refuse(tcp, peer, &serving);
+                    refuse(tcp, peer, Cut::OverLimit, &serving);
                     continue;
                 };
                 tokio::spawn(serve_connection(
                     tcp,
+                    peer,
                     serving.clone(),
                     stop.clone(),
                     (connection.clone(), counted),
@@ -423,11 +445,11 @@ impl Drop for Counted {
     }
 }
 
-/// Closes a connection over the limit at once, with a reset (no FIN, no TIME_WAIT left here),
-/// and counts it.
-fn refuse(tcp: TcpStream, peer: SocketAddr, serving: &Serving) {
-    serving.stats.cut(Cut::OverLimit);
-    debug!(%peer, max = serving.limits.max_connections, "connection over --max-connections closed");
+/// Closes a connection over the limit, or of a peer that must wait, at once, with a reset (no
+/// FIN, no TIME_WAIT left here), and counts it.
+fn refuse(tcp: TcpStream, peer: SocketAddr, why: Cut, serving: &Serving) {
+    serving.stats.cut(why);
+    debug!(%peer, limit = why.label(), "connection refused at accept");
     // Without it the close is an orderly FIN: the client learns the same, a little later.
     let _ = tcp.set_zero_linger();
 }
@@ -459,6 +481,7 @@ const READ_BUFFER: usize = 64 << 10;
 /// keeps the listener's drain waiting and the connection counted open until it ends.
 async fn serve_connection(
     tcp: TcpStream,
+    peer: SocketAddr,
     serving: Serving,
     mut stop: watch::Receiver<bool>,
     _held: (watch::Receiver<()>, Counted),
@@ -466,7 +489,7 @@ async fn serve_connection(
     let service = TimedBodies::new(&serving);
     let Some(tls) = serving.tls.as_ref() else {
         let ended = until_stopped(http1_connection(tcp, service, &serving.limits), stop).await;
-        return counted(ended, &serving.stats);
+        return counted(ended, peer, &serving);
     };
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(tcp));
     let shaken = tokio::select! {
@@ -485,7 +508,7 @@ async fn serve_connection(
         Ok(Err(err)) => return tls.refused(Refusal::of(&err)),
         Err(_) => return tls.refused(Refusal::Timeout),
     };
-    counted(ended, &serving.stats);
+    counted(ended, peer, &serving);
 }
 
 /// The router, each request's body wrapped in [`Timed`] with `body_read_timeout`.
@@ -550,14 +573,18 @@ fn http2_builder(limits: &Limits) -> http2::Builder<TokioExecutor> {
     builder
 }
 
-/// Counts the end of a connection if a limit made it; other errors are the client's going
-/// away, nothing to report.
-fn counted(ended: Result<(), hyper::Error>, stats: &ConnectionStats) {
-    if let Err(err) = ended
-        && let Some(why) = cut_by(&err)
-    {
-        debug!(limit = why.label(), "connection ended by a limit: {err}");
-        stats.cut(why);
+/// Counts the end of a connection if a limit made it, and makes a peer that abused HTTP/2
+/// wait; other errors are the client's going away, nothing to report.
+fn counted(ended: Result<(), hyper::Error>, peer: SocketAddr, serving: &Serving) {
+    let Err(err) = ended else { return };
+    let Some(why) = cut_by(&err) else { return };
+    debug!(%peer, limit = why.label(), "connection ended by a limit: {err}");
+    serving.stats.cut(why);
+    if why == Cut::Http2Abuse {
+        let wait = serving.backoff.abused(peer.ip(), Instant::now());
+        if !wait.is_zero() {
+            warn!(peer = %peer.ip(), ?wait, "HTTP/2 connection ended for abuse ({err}); the peer's new connections are refused meanwhile");
+        }
     }
 }
 

@@ -25,16 +25,20 @@ pub enum Cut {
     /// over `--http2-max-pending-reset-streams` or `--http2-max-local-reset-streams` (rapid
     /// reset), or another flood h2 refuses.
     Http2Abuse,
+    /// Accepted from a peer that must still wait after abuse (`--abuse-backoff`) and closed at
+    /// once.
+    Backoff,
 }
 
 impl Cut {
-    pub const ALL: [Cut; 6] = [
+    pub const ALL: [Cut; 7] = [
         Cut::OverLimit,
         Cut::HeaderTimeout,
         Cut::BodyTimeout,
         Cut::HeadTooLarge,
         Cut::Malformed,
         Cut::Http2Abuse,
+        Cut::Backoff,
     ];
 
     /// The `limit` label.
@@ -46,6 +50,7 @@ impl Cut {
             Cut::HeadTooLarge => "head_too_large",
             Cut::Malformed => "malformed",
             Cut::Http2Abuse => "http2_abuse",
+            Cut::Backoff => "abuse_backoff",
         }
     }
 }
@@ -107,7 +112,7 @@ pub fn encode(prefix: &str, listeners: &[(&str, &ConnectionStats)], e: &mut Enco
         e.sample(&open, &[("listener", listener)], stats.open() as f64);
     }
     let limited = format!("{prefix}_http_limited_total");
-    e.family(&limited, Kind::Counter, "Connections closed or requests cut short by a limit of the listener: max_connections (refused at accept), header_timeout, body_timeout, head_too_large (431), malformed (400), http2_abuse (GOAWAY ENHANCE_YOUR_CALM).");
+    e.family(&limited, Kind::Counter, "Connections closed or requests cut short by a limit of the listener: max_connections (refused at accept), header_timeout, body_timeout, head_too_large (431), malformed (400), http2_abuse (GOAWAY ENHANCE_YOUR_CALM), abuse_backoff (refused at accept: the peer abused a connection and must wait).");
     for (listener, stats) in listeners {
         for why in Cut::ALL {
             let labels = [("listener", *listener), ("limit", why.label())];
