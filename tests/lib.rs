@@ -658,15 +658,14 @@ pub fn pin_this_thread(cpu: usize) {
 }
 
 /// Waits until the agent on `port` answers `/readyz` with 200; its body, or `None` after `within`.
+/// A request that fails or is not answered within its own time-out (an agent still starting on
+/// a slow machine, such as the VM test's emulated guest) is asked again, until `within`.
 pub fn wait_ready(port: u16, within: Duration) -> Option<String> {
     let start = Instant::now();
     while start.elapsed() < within {
         // Once the port accepts, the API is up; /readyz then says whether the agent is ready.
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            let (status, text) = http(port, "GET", "/readyz", None, "");
-            if status == 200 {
-                return Some(text);
-            }
+        if let Ok((200, text)) = try_http(port, "GET", "/readyz", None, "") {
+            return Some(text);
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -679,7 +678,8 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
-/// One HTTP/1.1 request over a real socket to 127.0.0.1:`port`: (status, body).
+/// One HTTP/1.1 request over a real socket to 127.0.0.1:`port`: (status, body); panics when
+/// it cannot be sent or is not answered within 10 s.
 pub fn http(
     port: u16,
     method: &str,
@@ -687,11 +687,21 @@ pub fn http(
     content_type: Option<&str>,
     body: &str,
 ) -> (u16, String) {
+    try_http(port, method, path, content_type, body)
+        .unwrap_or_else(|e| panic!("{method} {path} on 127.0.0.1:{port}: {e}"))
+}
+
+/// [`http`], with what went wrong as an error.
+pub fn try_http(
+    port: u16,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     use std::net::TcpStream;
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the agent");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     let ctype = content_type
         .map(|t| format!("content-type: {t}\r\n"))
         .unwrap_or_default();
@@ -699,20 +709,24 @@ pub fn http(
         stream,
         "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n{ctype}content-length: {}\r\n\r\n{body}",
         body.len()
-    )
-    .expect("send");
+    )?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read response");
+    stream.read_to_string(&mut response)?;
     let status = response
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .expect("status line");
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("no status line in {response:?}"),
+            )
+        })?;
     let body = response
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
-    (status, body)
+    Ok((status, body))
 }
 
 /// Raises this process's soft limit of open files to `need` when it is lower (the hard limit
