@@ -87,6 +87,12 @@ const BACKLOG: u32 = 1024;
 const BLOCKING_GRACE: Duration = Duration::from_secs(1);
 /// How long accepting pauses after an error that is not the connection's (out of descriptors).
 const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
+/// Blocking threads per listener thread. The reservation file's writes take its lock one at a
+/// time (a write that finds a later one done returns at once), so more threads than a writer
+/// and the cgroup walks of `/v1/consumers` and `/v1/discrepancy` beside it would only wait,
+/// each with its stack and allocator cache (tokio's default is 512: a burst of reserving
+/// admissions over 8 connections started 8, then more after each idle spell).
+const BLOCKING_THREADS: usize = 4;
 
 /// What a listener tolerates of its clients (the flags of the same names, `--max-connections`
 /// and so on); see the module's documentation for what each does when it acts.
@@ -367,6 +373,7 @@ fn serve_thread(
 ) {
     let started = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
         .build()
         .and_then(|runtime| {
             let listener = {
