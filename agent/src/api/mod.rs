@@ -25,8 +25,8 @@ use std::{
 use axum::{
     Json, Router,
     body::Body,
-    extract::Path,
     extract::State,
+    extract::{Path, rejection::PathRejection},
     http::{HeaderMap, Uri, header},
     response::{IntoResponse, Response},
     routing::{delete, get, post},
@@ -368,7 +368,17 @@ async fn reservations_list(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn reservation_delete(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+async fn reservation_delete(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    uri: axum::http::Uri,
+) -> Response {
+    // An id that is not UTF-8 once percent-decoded (`%ff`) is no reservation's: 404 naming it
+    // as sent, not axum's plain-text rejection.
+    let Ok(Path(id)) = id else {
+        let sent = uri.path().rsplit('/').next().unwrap_or_default();
+        return ApiError::no_reservation(sent).into_response();
+    };
     match reservations::delete(&state, &id).await {
         Ok(removed) => Json(removed).into_response(),
         Err(e) => e.into_response(),
