@@ -15,8 +15,9 @@
 //!   the file then holds exactly the store's reservations; a deletion removes exactly the one
 //!   deleted; any other answer changes nothing.
 //!
-//! The runtime, the tree and the state are built once; a run that changed the store puts the
-//! file back and reopens the store from it.
+//! The runtime, the tree, the state and the router are built once (a router per run cost more
+//! than the request); a run that changed the store puts the file back and reopens the store
+//! from it.
 #![no_main]
 
 use std::{
@@ -80,6 +81,7 @@ const METHODS: [Method; 4] = [Method::GET, Method::POST, Method::DELETE, Method:
 struct Live {
     runtime: tokio::runtime::Runtime,
     state: AppState,
+    router: axum::Router,
     /// The store's directory and its file as it starts.
     store_dir: PathBuf,
     file: PathBuf,
@@ -234,6 +236,7 @@ fn live() -> &'static Live {
             .expect("a runtime");
         Live {
             runtime,
+            router: router(state.clone()),
             state,
             store_dir,
             file,
@@ -384,7 +387,9 @@ fuzz_target!(|data: &[u8]| {
     let before = reservations(live);
     let file_before = fs::read(&live.file).expect("the reservations file");
     let (status, content_type, body) = live.runtime.block_on(async {
-        let response = router(live.state.clone())
+        let response = live
+            .router
+            .clone()
             .oneshot(request)
             .await
             .expect("an answer");
