@@ -11,7 +11,7 @@ use std::{
     process::Command,
     sync::Arc,
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use hugepage_agent_tests::{
@@ -170,16 +170,13 @@ fn a_connection_over_the_limit_is_refused_and_counted_and_the_held_ones_still_an
     }
     held.clear();
     // Their places come back.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let again = KeptAlive::connect(at).and_then(|mut c| c.request("GET", "/healthz", ""));
         if matches!(again, Ok((200, _))) {
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no place came back: {again:?}"
-        );
+        assert!(Instant::now() < deadline, "no place came back: {again:?}");
         thread::sleep(Duration::from_millis(50));
     }
 }
@@ -255,6 +252,10 @@ fn http2_streams_reset_in_a_loop_end_in_goaway_and_the_peer_waits_longer_each_ti
     let h2 = Arc::new(config);
     let mut client = Https::connect(at, h2.clone(), WEBHOOK_NAME);
     assert_eq!(client.alpn.as_deref(), Some(&b"h2"[..]));
+    // The abuser's own kept-alive connection, opened before any abuse, on which it waits for the
+    // webhook to have counted each GOAWAY before it tries again (its new connections would be
+    // refused, all being from 127.0.0.1).
+    let mut watcher = Https::connect(at, h2.clone(), WEBHOOK_NAME);
     let abuser = thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -269,34 +270,69 @@ fn http2_streams_reset_in_a_loop_end_in_goaway_and_the_peer_waits_longer_each_ti
                 100_000,
             ))
         };
+        let mut counted = |abuses: f64| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let (status, text) = watcher.request("GET", "/metrics", &[], "");
+                assert_eq!(status, 200, "{text}");
+                if webhook_limited(&text, "http2_abuse") >= abuses {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{abuses} abuses never counted:\n{text}"
+                );
+                thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let started = Instant::now();
         let mut ended = Vec::new();
         let mut refused = 0;
         // The first abuse, then at once again: refused.
         ended.push(abuse().expect("the first reset loop"));
+        counted(1.0);
         abuse().expect_err("a new connection at once after the GOAWAY");
         refused += 1;
         // After the wait, served, and abusing again: now it waits twice as long.
         thread::sleep(BACKOFF + BACKOFF / 4);
         ended.push(abuse().expect("the second reset loop, after the wait"));
+        counted(2.0);
         thread::sleep(BACKOFF + BACKOFF / 4);
         abuse().expect_err("a new connection within the doubled wait");
         refused += 1;
         thread::sleep(BACKOFF);
         ended.push(abuse().expect("the third reset loop, after the doubled wait"));
-        (ended, refused)
+        (ended, refused, started..Instant::now())
     });
     let mut asked = 0;
+    let mut answered = Vec::new();
     while !abuser.is_finished() {
         let body = abusers::plain_pod_review(&format!("review-{asked}")).to_string();
         let (status, answer) = client.request("POST", "/admission/validate", &[], &body);
         assert_eq!(status, 200, "{answer}");
         let answer: Value = serde_json::from_str(&answer).expect("an AdmissionReview");
         assert_eq!(answer["response"]["allowed"], true, "{answer}");
+        answered.push(Instant::now());
         asked += 1;
         thread::sleep(EVERY);
     }
-    assert!(asked > 20, "the well-behaved client asked {asked} times");
-    let (ended, refused) = abuser.join().expect("the abuse thread");
+    let (ended, refused, abusing) = abuser.join().expect("the abuse thread");
+    // Answered throughout: never two seconds without an answer while the abuse went on (it
+    // lasts more than 2 s; the refused windows 0.6 and 1.2 s).
+    let mut last = abusing.start;
+    for at in answered.iter().filter(|at| abusing.contains(*at)) {
+        assert!(
+            *at - last < Duration::from_secs(2),
+            "no answer for {:?} while the abuse went on ({asked} asked)",
+            *at - last
+        );
+        last = *at;
+    }
+    assert!(
+        abusing.end - last < Duration::from_secs(2),
+        "no answer in the abuse's last {:?}",
+        abusing.end - last
+    );
     for ended in ended {
         let err = ended.ended.unwrap_or_else(|| {
             panic!(
@@ -313,18 +349,24 @@ fn http2_streams_reset_in_a_loop_end_in_goaway_and_the_peer_waits_longer_each_ti
     }
     let (status, text) = client.request("GET", "/metrics", &[], "");
     assert_eq!(status, 200);
-    let count = |limit: &str| -> f64 {
-        let series = format!(
-            "hugepage_agent_webhook_http_limited_total{{listener=\"webhook\",limit=\"{limit}\"}} "
-        );
-        text.lines()
-            .find_map(|l| l.strip_prefix(series.as_str())?.parse().ok())
-            .unwrap_or_else(|| panic!("{series} in\n{text}"))
-    };
-    assert_eq!(count("http2_abuse"), 3.0, "one per reset loop");
     assert_eq!(
-        count("abuse_backoff"),
+        webhook_limited(&text, "http2_abuse"),
+        3.0,
+        "one per reset loop"
+    );
+    assert_eq!(
+        webhook_limited(&text, "abuse_backoff"),
         f64::from(refused),
         "one per refused"
     );
+}
+
+/// The webhook's count of a limit in its `/metrics` text.
+fn webhook_limited(text: &str, limit: &str) -> f64 {
+    let series = format!(
+        "hugepage_agent_webhook_http_limited_total{{listener=\"webhook\",limit=\"{limit}\"}} "
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str())?.parse().ok())
+        .unwrap_or_else(|| panic!("{series} in\n{text}"))
 }

@@ -659,12 +659,15 @@ pub fn pin_this_thread(cpu: usize) {
 
 /// Waits until the agent on `port` answers `/readyz` with 200; its body, or `None` after `within`.
 /// A request that fails or is not answered within its own time-out (an agent still starting on
-/// a slow machine, such as the VM test's emulated guest) is asked again, until `within`.
+/// a slow machine, such as the VM test's emulated guest) is asked again, until `within`; no
+/// request waits past it.
 pub fn wait_ready(port: u16, within: Duration) -> Option<String> {
     let start = Instant::now();
     while start.elapsed() < within {
+        let left = within.saturating_sub(start.elapsed());
+        let timeout = left.clamp(Duration::from_millis(100), ANSWER_WITHIN);
         // Once the port accepts, the API is up; /readyz then says whether the agent is ready.
-        if let Ok((200, text)) = try_http(port, "GET", "/readyz", None, "") {
+        if let Ok((200, text)) = request(port, "GET", "/readyz", None, "", timeout) {
             return Some(text);
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -691,6 +694,9 @@ pub fn http(
         .unwrap_or_else(|e| panic!("{method} {path} on 127.0.0.1:{port}: {e}"))
 }
 
+/// How long [`http`] and [`try_http`] wait for an answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
 /// [`http`], with what went wrong as an error.
 pub fn try_http(
     port: u16,
@@ -699,9 +705,21 @@ pub fn try_http(
     content_type: Option<&str>,
     body: &str,
 ) -> std::io::Result<(u16, String)> {
+    request(port, method, path, content_type, body, ANSWER_WITHIN)
+}
+
+/// One request, its answer awaited at most `timeout` at a time.
+fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: &str,
+    timeout: Duration,
+) -> std::io::Result<(u16, String)> {
     use std::net::TcpStream;
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_read_timeout(Some(timeout))?;
     let ctype = content_type
         .map(|t| format!("content-type: {t}\r\n"))
         .unwrap_or_default();

@@ -13,7 +13,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
     admission::verify::{Gate, Mode, OnSysfsError, Settings},
-    api::{admit::DEFAULT_MAX_CONTAINERS, server::Limits},
+    api::{
+        admit::DEFAULT_MAX_CONTAINERS,
+        server::{Limits, MAX_ABUSE_BACKOFF},
+    },
     client::{AgentUrl, ClientError},
     kubeletconfig::{
         cmdline,
@@ -793,7 +796,14 @@ fn limits(cli: &Cli) -> Result<Limits, ConfigError> {
         http2_max_concurrent_streams: cli.http2_max_concurrent_streams,
         http2_max_pending_reset_streams: count(cli.http2_max_pending_reset_streams),
         http2_max_local_reset_streams: count(cli.http2_max_local_reset_streams),
-        abuse_backoff: duration("--abuse-backoff", &cli.abuse_backoff, |_| None)?,
+        abuse_backoff: duration("--abuse-backoff", &cli.abuse_backoff, |d| {
+            (d > MAX_ABUSE_BACKOFF).then(|| {
+                format!(
+                    "must be at most {}",
+                    humantime::format_duration(MAX_ABUSE_BACKOFF)
+                )
+            })
+        })?,
     })
 }
 
@@ -1207,6 +1217,14 @@ mod tests {
         );
         let off = Config::try_from(cli(&["--abuse-backoff", "0s"])).expect("valid");
         assert_eq!(off.limits.abuse_backoff, Duration::ZERO);
+        let most = Config::try_from(cli(&["--abuse-backoff", "1h"])).expect("valid");
+        assert_eq!(most.limits.abuse_backoff, MAX_ABUSE_BACKOFF);
+        let err = Config::try_from(cli(&["--abuse-backoff", "61m"])).expect_err("too long");
+        assert_eq!(
+            err.to_string(),
+            "--abuse-backoff \"61m\": must be at most 1h",
+            "the flag, its value and the most"
+        );
         let zero = cli(&["--body-read-timeout", "0s"]);
         let err = Config::try_from(zero).expect_err("zero");
         assert!(err.to_string().starts_with("--body-read-timeout "), "{err}");

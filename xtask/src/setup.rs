@@ -398,7 +398,7 @@ pub fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
         );
     }
     cmd::step(&format!("installing Debian packages {missing:?}"));
-    cmd::run(apt_get(&["update"]))?;
+    apt_update()?;
     let mut install = apt_get(&["install", "-y", "--no-install-recommends"]);
     install
         .args(&missing)
@@ -406,8 +406,34 @@ pub fn ensure_debian_packages(packages: &[&str]) -> Result<()> {
     cmd::run(install)
 }
 
+/// `apt-get update`, tried again every 5 s for up to ten minutes while another apt (a second
+/// set-up, the daily update at boot) holds the package lists' lock: that lock, unlike dpkg's,
+/// has no time-out of apt's own.
+pub fn apt_update() -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    loop {
+        let mut update = apt_get(&["update"]);
+        let out = update
+            .stdout(std::process::Stdio::inherit())
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .with_context(|| format!("starting {update:?}"))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprint!("{stderr}");
+        if out.status.success() {
+            return Ok(());
+        }
+        if !stderr.contains("Could not get lock") || std::time::Instant::now() >= deadline {
+            bail!("{update:?} failed: {}", out.status);
+        }
+        cmd::step("apt-get update: another apt holds the lists' lock; trying again in 5 s");
+        std::thread::sleep(std::time::Duration::from_secs(5));
+    }
+}
+
 /// `apt-get` with `args`, waiting up to ten minutes for another apt or dpkg (a second set-up,
-/// unattended upgrades at boot) to release its lock instead of failing at once.
+/// unattended upgrades at boot) to release dpkg's lock instead of failing at once (`update`
+/// takes another lock: [`apt_update`]).
 pub fn apt_get(args: &[&str]) -> Command {
     let mut cmd = command("apt-get", &["-o", "DPkg::Lock::Timeout=600"]);
     cmd.args(args);

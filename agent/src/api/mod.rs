@@ -26,7 +26,7 @@ use axum::{
     Json, Router,
     body::Body,
     extract::State,
-    extract::{Path, rejection::PathRejection},
+    extract::{Path, path::ErrorKind, rejection::PathRejection},
     http::{HeaderMap, Uri, header},
     response::{IntoResponse, Response},
     routing::{delete, get, post},
@@ -374,10 +374,19 @@ async fn reservation_delete(
     uri: axum::http::Uri,
 ) -> Response {
     // An id that is not UTF-8 once percent-decoded (`%ff`) is no reservation's: 404 naming it
-    // as sent, not axum's plain-text rejection.
-    let Ok(Path(id)) = id else {
-        let sent = uri.path().rsplit('/').next().unwrap_or_default();
-        return ApiError::no_reservation(sent).into_response();
+    // as sent, not axum's plain-text rejection. Any other rejection is the route's own fault.
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(PathRejection::FailedToDeserializePathParams(e))
+            if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
+        {
+            let sent = uri.path().rsplit('/').next().unwrap_or_default();
+            return ApiError::no_reservation(sent).into_response();
+        }
+        Err(other) => {
+            return ApiError::internal(format!("the reservation id in the path: {other}"))
+                .into_response();
+        }
     };
     match reservations::delete(&state, &id).await {
         Ok(removed) => Json(removed).into_response(),

@@ -47,6 +47,8 @@
 
 mod backoff;
 
+pub use backoff::MAX_BASE as MAX_ABUSE_BACKOFF;
+
 use std::{
     convert::Infallible,
     io,
@@ -91,7 +93,9 @@ const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
 /// time (a write that finds a later one done returns at once), so more threads than a writer
 /// and the cgroup walks of `/v1/consumers` and `/v1/discrepancy` beside it would only wait,
 /// each with its stack and allocator cache (tokio's default is 512: a burst of reserving
-/// admissions over 8 connections started 8, then more after each idle spell).
+/// admissions over 8 connections started 8, then more after each idle spell). Writes and walks
+/// share them: four walks at once on one thread (a client with the API's certificate asking
+/// `/v1/consumers` in a loop) make that thread's reservation writes wait for one to end.
 const BLOCKING_THREADS: usize = 4;
 
 /// What a listener tolerates of its clients (the flags of the same names, `--max-connections`

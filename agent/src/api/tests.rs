@@ -1,3 +1,7 @@
+//! The API's routes called in process (`tower::ServiceExt::oneshot`, no socket) over a fake
+//! sysfs tree and a real reservation store in a temporary directory: each route's answer, its
+//! problem documents, and what it changed in the store and its file.
+
 use axum::{
     body::Body,
     http::{Request, StatusCode},

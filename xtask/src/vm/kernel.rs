@@ -90,7 +90,7 @@ fn resolve() -> Result<(String, String)> {
     if let Some(found) = find() {
         return Ok(found);
     }
-    cmd::run(setup::apt_get(&["update"]))?;
+    setup::apt_update()?;
     find().with_context(|| {
         format!("apt-cache knows no {METAPACKAGE} depending on a {PACKAGE_PREFIX}* package")
     })

@@ -3,27 +3,35 @@
 //! HTTP/2's own limits end a connection that resets streams in a loop (GOAWAY
 //! `ENHANCE_YOUR_CALM`), but the peer may open the next one at once, and every new connection
 //! costs a TLS handshake and the streams it gets through before the limit acts again. So a peer
-//! (its IP address) whose connection a limit ended for abuse is refused at accept for
-//! `--abuse-backoff` (default 1 s), twice as long for each further abuse within the time it
-//! waited last, up to 64 times; a peer that stays quiet for as long as it last waited starts
-//! again from the base. A refused connection costs an accept and a reset. Connections the
-//! peer already has are left alone: the kube-apiserver's connection that carries admissions is
-//! not cut because another of its connections misbehaved.
+//! whose connection a limit ended for abuse is refused at accept for `--abuse-backoff` (default
+//! 1 s, at most [`MAX_BASE`]); a connection it opens after that wait and abuses again doubles it,
+//! up to 64 times the base; a peer that stays quiet for as long as it last waited starts again
+//! from the base. Connections it had open before are the same episode: several of them ended
+//! together, or during the wait, do not double it. A refused connection costs an accept and a
+//! reset. Connections the peer already has are left alone: the kube-apiserver's connection that
+//! carries admissions is not cut because another of its connections misbehaved.
 //!
-//! At most [`MAX_PEERS`] peers are remembered; when full, those whose wait is over are
-//! forgotten first, then the one that waits least. A base of zero turns the back-off off.
+//! A peer is its IPv4 address, or the /64 prefix of its IPv6 address (one host's addresses, as
+//! SLAAC and privacy addresses give them: an attacker with a /64 does not get a fresh base for
+//! each). At most [`MAX_PEERS`] peers are remembered, about 60 bytes each: those forgiven are
+//! forgotten at each abuse, and when the table is still full, the one whose wait ends first. A
+//! base of zero turns the back-off off.
 
 use std::{
     collections::HashMap,
-    net::IpAddr,
-    sync::Mutex,
+    net::{IpAddr, Ipv6Addr},
+    sync::{Mutex, MutexGuard, PoisonError},
     time::{Duration, Instant},
 };
 
-/// Peers remembered at once (about 40 bytes each).
+/// Peers remembered at once.
 pub const MAX_PEERS: usize = 4096;
+/// The longest base `--abuse-backoff` takes (a longest wait of 64 hours).
+pub const MAX_BASE: Duration = Duration::from_secs(3600);
 /// The longest wait, as a multiple of the base.
 const MOST: u32 = 64;
+/// Below this many peers the table is not swept at each abuse.
+const SWEEP_FROM: usize = 64;
 
 /// When one peer may connect again, and how long it waited last.
 #[derive(Debug, Clone, Copy)]
@@ -40,31 +48,34 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// A back-off of `base` (at most [`MAX_BASE`]; zero: off).
     pub fn new(base: Duration) -> Backoff {
         Backoff {
-            base,
+            base: base.min(MAX_BASE),
             peers: Mutex::new(HashMap::new()),
         }
     }
 
-    /// A connection of `peer` was ended for abuse at `now`: it waits the base, or twice its
-    /// last wait if it abused again before that wait had passed once more. How long it waits.
+    /// A connection of `peer` was ended for abuse at `now`: it waits the base; twice its last
+    /// wait if this connection came after that wait and before it had passed once more; its
+    /// wait unchanged if it still waits (a connection of the same episode). How long it waits.
     pub fn abused(&self, peer: IpAddr, now: Instant) -> Duration {
         if self.base.is_zero() {
             return Duration::ZERO;
         }
-        let Ok(mut peers) = self.peers.lock() else {
-            return Duration::ZERO;
-        };
-        let wait = match peers.get(&peer) {
+        let key = key(peer);
+        let mut peers = self.table();
+        let earlier = peers.get(&key).copied();
+        let wait = match earlier {
+            Some(w) if now < w.until => return w.wait,
             Some(w) if now < w.until + w.wait => (w.wait * 2).min(self.base * MOST),
             _ => self.base,
         };
-        if peers.len() >= MAX_PEERS && !peers.contains_key(&peer) {
-            make_room(&mut peers, now);
+        if peers.len() >= SWEEP_FROM {
+            sweep(&mut peers, now);
         }
         peers.insert(
-            peer,
+            key,
             Waiting {
                 until: now + wait,
                 wait,
@@ -78,20 +89,38 @@ impl Backoff {
         if self.base.is_zero() {
             return false;
         }
-        self.peers
-            .lock()
-            .is_ok_and(|peers| peers.get(&peer).is_some_and(|w| now < w.until))
+        self.table().get(&key(peer)).is_some_and(|w| now < w.until)
+    }
+
+    /// The table; a thread that panicked holding it left it whole (each change is one insert or
+    /// one removal), so a poisoned lock is taken as it is.
+    fn table(&self) -> MutexGuard<'_, HashMap<IpAddr, Waiting>> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// Forgets the peers whose wait and quiet time are over; if none, the one that waits least.
-fn make_room(peers: &mut HashMap<IpAddr, Waiting>, now: Instant) {
-    peers.retain(|_, w| now < w.until + w.wait);
-    if peers.len() < MAX_PEERS {
-        return;
+/// The peer an address belongs to: an IPv4 address (IPv4-mapped ones too), or an IPv6 /64.
+fn key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
+        },
     }
-    if let Some(first) = peers.iter().min_by_key(|(_, w)| w.until).map(|(ip, _)| *ip) {
+}
+
+/// Forgets the peers forgiven at `now` (their wait and as long again over); if the table is
+/// still full, the one whose wait ends first; gives back the room a crowd of peers left.
+fn sweep(peers: &mut HashMap<IpAddr, Waiting>, now: Instant) {
+    peers.retain(|_, w| now < w.until + w.wait);
+    if peers.len() >= MAX_PEERS
+        && let Some(first) = peers.iter().min_by_key(|(_, w)| w.until).map(|(ip, _)| *ip)
+    {
         peers.remove(&first);
+    }
+    if peers.capacity() > 4 * peers.len().max(SWEEP_FROM) {
+        peers.shrink_to(2 * peers.len().max(SWEEP_FROM));
     }
 }
 
@@ -105,8 +134,16 @@ mod tests {
 
     impl Backoff {
         fn remembered(&self) -> usize {
-            self.peers.lock().expect("not poisoned").len()
+            self.table().len()
         }
+
+        fn room(&self) -> usize {
+            self.table().capacity()
+        }
+    }
+
+    fn v6(text: &str) -> IpAddr {
+        text.parse().expect("an IPv6 address")
     }
 
     fn ip(n: u32) -> IpAddr {
@@ -187,5 +224,64 @@ mod tests {
         assert!(!backoff.waits(ip(0), now), "the earliest was forgotten");
         assert!(backoff.waits(ip(1), now));
         assert!(backoff.waits(ip(count), now));
+    }
+
+    #[test]
+    fn connections_of_one_episode_do_not_double_the_wait() {
+        let backoff = Backoff::new(BASE);
+        let t0 = Instant::now();
+        // Three connections opened before the first GOAWAY, ended one after the other.
+        for ms in [0, 5, 300] {
+            assert_eq!(backoff.abused(ip(1), t0 + Duration::from_millis(ms)), BASE);
+        }
+        assert!(
+            !backoff.waits(ip(1), t0 + BASE),
+            "the first wait still ends on time"
+        );
+        // A connection served after the wait abuses again: that doubles it.
+        assert_eq!(backoff.abused(ip(1), t0 + BASE + BASE / 2), 2 * BASE);
+    }
+
+    #[test]
+    fn an_ipv6_peer_is_its_64_prefix_and_a_mapped_ipv4_its_address() {
+        let backoff = Backoff::new(BASE);
+        let t0 = Instant::now();
+        backoff.abused(v6("2001:db8:0:7::1"), t0);
+        assert!(backoff.waits(v6("2001:db8:0:7:ffff:ffff:ffff:fffe"), t0));
+        assert!(!backoff.waits(v6("2001:db8:0:8::1"), t0), "another /64");
+        backoff.abused(ip(5), t0);
+        assert!(backoff.waits(v6("::ffff:10.0.0.5"), t0));
+        assert!(!backoff.waits(v6("::ffff:10.0.0.6"), t0));
+    }
+
+    #[test]
+    fn a_base_past_the_most_is_taken_as_the_most_and_never_overflows() {
+        let backoff = Backoff::new(Duration::MAX);
+        let mut now = Instant::now();
+        let mut last = Duration::ZERO;
+        for _ in 0..8 {
+            last = backoff.abused(ip(1), now);
+            now += last;
+        }
+        assert_eq!(backoff.abused(ip(2), now), MAX_BASE);
+        assert_eq!(last, MAX_BASE * MOST);
+    }
+
+    #[test]
+    fn forgiven_peers_are_forgotten_and_their_room_given_back() {
+        let backoff = Backoff::new(BASE);
+        let t0 = Instant::now();
+        for n in 0..2000 {
+            backoff.abused(ip(n), t0);
+        }
+        let crowded = backoff.room();
+        assert!(crowded >= 2000);
+        backoff.abused(ip(9999), t0 + 3 * BASE);
+        assert_eq!(backoff.remembered(), 1);
+        assert!(
+            backoff.room() <= crowded / 4,
+            "room {} after {crowded}",
+            backoff.room()
+        );
     }
 }
