@@ -413,7 +413,9 @@ pub fn apt_update() -> Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
     loop {
         let mut update = apt_get(&["update"]);
+        // The lock's message is matched: apt's own words, whatever the locale.
         let out = update
+            .env("LC_ALL", "C")
             .stdout(std::process::Stdio::inherit())
             .stderr(std::process::Stdio::piped())
             .output()
