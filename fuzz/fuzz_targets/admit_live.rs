@@ -94,8 +94,22 @@ fn write(root: &Path, path: &str, content: &str) {
     fs::write(full, content).expect("write");
 }
 
+/// The scratch directory, for its removal at exit.
+static SCRATCH: OnceLock<PathBuf> = OnceLock::new();
+
+unsafe extern "C" {
+    /// libc's: libFuzzer ends a run with `exit`, which runs these (statics are never dropped).
+    fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+}
+
+extern "C" fn remove_scratch() {
+    if let Some(dir) = SCRATCH.get() {
+        let _ = fs::remove_dir_all(dir);
+    }
+}
+
 /// A directory of this process under `/dev/shm` (the store fsyncs each write: in memory that
-/// costs nothing), the ones of processes that have ended removed.
+/// costs nothing), removed when the process exits, and those a killed process left removed.
 fn scratch() -> PathBuf {
     let base = Path::new("/dev/shm");
     let base = if base.is_dir() {
@@ -115,6 +129,10 @@ fn scratch() -> PathBuf {
     let dir = base.join(format!("{PREFIX}{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).expect("the scratch directory");
+    SCRATCH.get_or_init(|| dir.clone());
+    // SAFETY: registers a function that takes and returns nothing; it runs once, at exit.
+    let registered = unsafe { atexit(remove_scratch) };
+    assert_eq!(registered, 0, "atexit");
     dir
 }
 
