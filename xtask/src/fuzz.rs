@@ -9,7 +9,8 @@
 //!
 //! The targets build against the agent's library without the eBPF programs (`AYA_BUILD_SKIP=1`:
 //! nothing fuzzed touches them) in a target directory of their own, `<target dir>/fuzz`, so the
-//! nightly, sanitised build never invalidates the stable one.
+//! nightly, sanitised build never invalidates the stable one. The build and each run are a
+//! process group that a signal to xtask ends too ([`group`]).
 
 use std::{
     collections::BTreeSet,
@@ -21,7 +22,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cmd, setup};
+use crate::{cmd, group, setup};
 
 /// Every target, as `fuzz/Cargo.toml` lists them.
 pub const TARGETS: [&str; 16] = [
@@ -102,7 +103,10 @@ pub fn run(budget: Budget, only: Option<&str>) -> Result<()> {
     ));
     let mut build = tools.command("build");
     build.args(only);
-    cmd::run(build)?;
+    let built = group::status(&mut build).with_context(|| format!("starting {build:?}"))?;
+    if !built.success() {
+        bail!("{build:?} failed: {built}");
+    }
     let mut failed = Vec::new();
     for target in targets {
         let started = Instant::now();
@@ -235,9 +239,7 @@ fn run_one(tools: &Tools, target: &str, budget: Budget) -> Result<Outcome> {
         ])
         .stdout(Stdio::null())
         .stderr(log_file);
-    let status = fuzz
-        .status()
-        .with_context(|| format!("starting {fuzz:?}"))?;
+    let status = group::status(&mut fuzz).with_context(|| format!("starting {fuzz:?}"))?;
     let text = fs::read_to_string(&log).unwrap_or_default();
     let mut crashes: Vec<PathBuf> = crash_files(&artifacts)?
         .difference(&before)

@@ -31,6 +31,7 @@
 mod bench;
 mod cmd;
 mod fuzz;
+mod group;
 mod host;
 mod image;
 mod layers;
