@@ -244,10 +244,17 @@ mod tests {
             helper.process_group(0);
         }
         // The helper starts with the signals held: its test thread takes them (below), not
-        // libtest's main thread, which could take one before the helper's child is known.
-        // SAFETY: pthread_sigmask is async-signal-safe.
+        // libtest's main thread, which could take one before the helper's child is known. And
+        // with their default actions, as an xtask started from a terminal has them: a test run
+        // started in the background by a script ignores SIGINT, which the helper would keep.
+        // SAFETY: signal(2) and pthread_sigmask are async-signal-safe.
         unsafe {
-            helper.pre_exec(|| super::mask(libc::SIG_BLOCK).map(|_| ()));
+            helper.pre_exec(|| {
+                for signal in super::SIGNALS {
+                    libc::signal(signal, libc::SIG_DFL);
+                }
+                super::mask(libc::SIG_BLOCK).map(|_| ())
+            });
         }
         let mut left = Leftovers {
             helper: helper.spawn().expect("the helper starts"),
@@ -274,7 +281,17 @@ mod tests {
         let helper_pid = libc::pid_t::try_from(left.helper.id()).expect("a pid");
         // SAFETY: kill(2) of a child this test started and has not yet waited for.
         assert_eq!(unsafe { libc::kill(helper_pid, signal) }, 0);
-        let status = left.helper.wait().expect("the helper ends");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = left.helper.try_wait().expect("the helper's state") {
+                break status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "leader {leader}, signal {signal}: the helper still runs 20 s after it"
+            );
+            thread::sleep(Duration::from_millis(20));
+        };
         assert_eq!(
             status.code(),
             Some(128 + signal),
