@@ -227,10 +227,11 @@ mod tests {
     /// One case: the helper (this test binary run again, the leader of its own group or not)
     /// runs, through [`super::status`], a shell that runs a shell in the foreground that writes
     /// its pid and becomes `sleep 300`: a grandchild, as libFuzzer is cargo-fuzz's. `signal`
-    /// to the helper alone must end the sleep too, and the helper with 128 + `signal`.
-    fn case(leader: bool, signal: libc::c_int) {
+    /// to the helper alone must end the sleep too, and the helper with 128 + `signal`. With
+    /// `ignored`, that signal, ignored when the helper started (`nohup`), first changes nothing.
+    fn case(leader: bool, signal: libc::c_int, ignored: Option<libc::c_int>) {
         let dir = std::env::temp_dir().join(format!(
-            "xtask-group-test-{}-{leader}-{signal}",
+            "xtask-group-test-{}-{leader}-{signal}-{ignored:?}",
             std::process::id()
         ));
         fs::create_dir_all(&dir).expect("a scratch directory");
@@ -247,11 +248,15 @@ mod tests {
         // libtest's main thread, which could take one before the helper's child is known. And
         // with their default actions, as an xtask started from a terminal has them: a test run
         // started in the background by a script ignores SIGINT, which the helper would keep.
+        // `ignored` is ignored, as `nohup` ignores SIGHUP.
         // SAFETY: signal(2) and pthread_sigmask are async-signal-safe.
         unsafe {
-            helper.pre_exec(|| {
+            helper.pre_exec(move || {
                 for signal in super::SIGNALS {
                     libc::signal(signal, libc::SIG_DFL);
+                }
+                if let Some(signal) = ignored {
+                    libc::signal(signal, libc::SIG_IGN);
                 }
                 super::mask(libc::SIG_BLOCK).map(|_| ())
             });
@@ -279,6 +284,20 @@ mod tests {
             left.sleep
         );
         let helper_pid = libc::pid_t::try_from(left.helper.id()).expect("a pid");
+        if let Some(ignored) = ignored {
+            // SAFETY: kill(2) of a child this test started and has not yet waited for.
+            assert_eq!(unsafe { libc::kill(helper_pid, ignored) }, 0);
+            thread::sleep(Duration::from_millis(500));
+            let ended = left.helper.try_wait().expect("the helper's state");
+            assert!(
+                ended.is_none(),
+                "signal {ignored} ignored at start ended it: {ended:?}"
+            );
+            assert!(
+                alive(&left.sleep),
+                "signal {ignored} ignored at start ended the sleep"
+            );
+        }
         // SAFETY: kill(2) of a child this test started and has not yet waited for.
         assert_eq!(unsafe { libc::kill(helper_pid, signal) }, 0);
         let start = Instant::now();
@@ -350,8 +369,9 @@ mod tests {
         }
         for leader in [false, true] {
             for signal in [libc::SIGTERM, libc::SIGINT] {
-                case(leader, signal);
+                case(leader, signal, None);
             }
         }
+        case(false, libc::SIGTERM, Some(libc::SIGHUP));
     }
 }
