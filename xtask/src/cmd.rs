@@ -5,10 +5,12 @@ use std::{
     io::{BufRead, BufReader},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::{Command, ExitStatus, Stdio},
 };
 
 use anyhow::{Context, Result, bail};
+
+use crate::group;
 
 /// What the build needs in its environment.
 pub struct Env {
@@ -127,6 +129,17 @@ pub fn cargo_without_ebpf(env: &Env, args: &[&str]) -> Result<()> {
 /// Runs `cmd` and fails unless it succeeds.
 pub fn run(mut cmd: Command) -> Result<()> {
     let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    succeeded(&cmd, status)
+}
+
+/// Runs `cmd` as [`group::status`] does (a signal that ends xtask ends it too) and fails unless
+/// it succeeds.
+pub fn run_ending_with_xtask(mut cmd: Command) -> Result<()> {
+    let status = group::status(&mut cmd).with_context(|| format!("starting {cmd:?}"))?;
+    succeeded(&cmd, status)
+}
+
+fn succeeded(cmd: &Command, status: ExitStatus) -> Result<()> {
     if !status.success() {
         bail!("{cmd:?} failed: {status}");
     }

@@ -103,10 +103,7 @@ pub fn run(budget: Budget, only: Option<&str>) -> Result<()> {
     ));
     let mut build = tools.command("build");
     build.args(only);
-    let built = group::status(&mut build).with_context(|| format!("starting {build:?}"))?;
-    if !built.success() {
-        bail!("{build:?} failed: {built}");
-    }
+    cmd::run_ending_with_xtask(build)?;
     let mut failed = Vec::new();
     for target in targets {
         let started = Instant::now();

@@ -168,14 +168,16 @@ pub fn status(command: &mut Command) -> io::Result<ExitStatus> {
         command.pre_exec(move || restore(&old));
     }
     let spawned = command.spawn();
-    if let Ok(child) = &spawned {
-        let pid = libc::pid_t::try_from(child.id()).unwrap_or(0);
+    let pid = spawned
+        .as_ref()
+        .map_or(0, |child| libc::pid_t::try_from(child.id()).unwrap_or(0));
+    if pid > 0 {
         CHILD.store(pid, Ordering::SeqCst);
         GROUP.store(if leader { own_group } else { pid }, Ordering::SeqCst);
     }
     restore(&old)?;
     let mut child = spawned?;
-    let waited = exited(CHILD.load(Ordering::SeqCst));
+    let waited = exited(pid);
     GROUP.store(0, Ordering::SeqCst);
     CHILD.store(0, Ordering::SeqCst);
     waited?;
