@@ -208,6 +208,22 @@ mod tests {
             .unwrap_or(false)
     }
 
+    /// What `ready` gives once it gives something, asked every 20 ms; fails the test naming
+    /// `what` when `seconds` pass first.
+    fn within<T>(seconds: u64, what: &str, mut ready: impl FnMut() -> Option<T>) -> T {
+        let start = Instant::now();
+        loop {
+            if let Some(value) = ready() {
+                return value;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(seconds),
+                "not within {seconds} s: {what}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills what a failed case would leave: the helper and its shells' `sleep`.
     struct Leftovers {
         helper: Child,
@@ -268,18 +284,10 @@ mod tests {
             sleep: String::new(),
             dir,
         };
-        let start = Instant::now();
-        while left.sleep.is_empty() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the helper's sleep in 20 s"
-            );
-            thread::sleep(Duration::from_millis(20));
-            left.sleep = fs::read_to_string(&file)
-                .unwrap_or_default()
-                .trim()
-                .to_owned();
-        }
+        left.sleep = within(20, "the helper's sleep started", || {
+            let pid = fs::read_to_string(&file).unwrap_or_default();
+            Some(pid.trim().to_owned()).filter(|pid| !pid.is_empty())
+        });
         assert!(
             alive(&left.sleep),
             "the sleep {} runs before the signal",
@@ -302,30 +310,23 @@ mod tests {
         }
         // SAFETY: kill(2) of a child this test started and has not yet waited for.
         assert_eq!(unsafe { libc::kill(helper_pid, signal) }, 0);
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = left.helper.try_wait().expect("the helper's state") {
-                break status;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "leader {leader}, signal {signal}: the helper still runs 20 s after it"
-            );
-            thread::sleep(Duration::from_millis(20));
-        };
+        let status = within(
+            20,
+            &format!("leader {leader}: the helper ended by signal {signal}"),
+            || left.helper.try_wait().expect("the helper's state"),
+        );
         assert_eq!(
             status.code(),
             Some(128 + signal),
             "leader {leader}: {status:?}"
         );
-        let start = Instant::now();
-        while alive(&left.sleep) && start.elapsed() < Duration::from_secs(10) {
-            thread::sleep(Duration::from_millis(20));
-        }
-        assert!(
-            !alive(&left.sleep),
-            "leader {leader}, signal {signal}: the grandchild sleep {} outlived it by 10 s",
-            left.sleep
+        within(
+            10,
+            &format!(
+                "leader {leader}, signal {signal}: the grandchild sleep {} ended",
+                left.sleep
+            ),
+            || (!alive(&left.sleep)).then_some(()),
         );
     }
 
