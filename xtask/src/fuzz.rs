@@ -1,6 +1,7 @@
-//! `cargo xtask fuzz [--seconds N | --runs N] [TARGET]`: the fuzz targets of `fuzz/` (cargo-fuzz,
-//! libFuzzer with AddressSanitizer, on the nightly toolchain), each run for `N` seconds, or for
-//! `N` executions, from its seed corpus (`fuzz/corpus/<target>`, read only: what libFuzzer finds
+//! `cargo xtask fuzz [--seconds N | --runs N] [--jobs N] [TARGET]`: the fuzz targets of `fuzz/`
+//! (cargo-fuzz, libFuzzer with AddressSanitizer, on the nightly toolchain), each run for `N`
+//! seconds, or for `N` executions, as one libFuzzer process or, with `--jobs`, as libFuzzer's
+//! fork mode (one process handing short jobs to `N` at once), from its seed corpus (`fuzz/corpus/<target>`, read only: what libFuzzer finds
 //! goes to a scratch corpus in the target directory). One line per target,
 //! `fuzz <target>: <N> executions, <M> crashes, <T> s`; any crash fails the command, its input
 //! left in `fuzz/artifacts/<target>/` and named, with libFuzzer's log. The targets are compiled
@@ -69,8 +70,8 @@ struct Outcome {
     log: PathBuf,
 }
 
-/// Builds the targets and runs `only` (else every one), each for `budget`.
-pub fn run(budget: Budget, only: Option<&str>) -> Result<()> {
+/// Builds the targets and runs `only` (else every one), each for `budget` on `jobs` processes.
+pub fn run(budget: Budget, jobs: u32, only: Option<&str>) -> Result<()> {
     let targets: Vec<&str> = match only {
         Some(name) if TARGETS.contains(&name) => vec![name],
         Some(name) => bail!(
@@ -107,7 +108,7 @@ pub fn run(budget: Budget, only: Option<&str>) -> Result<()> {
     let mut failed = Vec::new();
     for target in targets {
         let started = Instant::now();
-        let outcome = run_one(&tools, target, budget)?;
+        let outcome = run_one(&tools, target, budget, jobs)?;
         println!(
             "fuzz {target}: {} executions, {} crashes, {:.1} s",
             outcome.executions,
@@ -210,7 +211,7 @@ impl Tools {
     }
 }
 
-fn run_one(tools: &Tools, target: &str, budget: Budget) -> Result<Outcome> {
+fn run_one(tools: &Tools, target: &str, budget: Budget, jobs: u32) -> Result<Outcome> {
     let out = &tools.out;
     let seeds = cmd::workspace().join("fuzz/corpus").join(target);
     let scratch = out.join("corpus").join(target);
@@ -236,6 +237,19 @@ fn run_one(tools: &Tools, target: &str, budget: Budget) -> Result<Outcome> {
         ])
         .stdout(Stdio::null())
         .stderr(log_file);
+    if jobs > 1 {
+        // Fork mode ignores time-outs and out-of-memory exits unless told not to: a single
+        // process stops at them, and so does this. Its working directory (each job's corpus
+        // and log) goes under the fuzz build's, not /tmp, if a signal ends the run.
+        let tmp = out.join("tmp");
+        fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        fuzz.args([
+            format!("-fork={jobs}"),
+            "-ignore_timeouts=0".to_owned(),
+            "-ignore_ooms=0".to_owned(),
+        ])
+        .env("TMPDIR", tmp);
+    }
     let status = group::status(&mut fuzz).with_context(|| format!("starting {fuzz:?}"))?;
     let text = fs::read_to_string(&log).unwrap_or_default();
     let mut crashes: Vec<PathBuf> = crash_files(&artifacts)?
@@ -269,7 +283,8 @@ fn crash_files(dir: &Path) -> Result<BTreeSet<PathBuf>> {
     Ok(found)
 }
 
-/// The executions libFuzzer counted: its final statistics, else its last status line (`#N`).
+/// The executions libFuzzer counted: its final statistics, else its last status line (`#N`, in
+/// fork mode `#N:`, the jobs' executions together).
 fn executions(log: &str) -> u64 {
     let stat = log.lines().find_map(|l| {
         l.strip_prefix("stat::number_of_executed_units:")
@@ -278,7 +293,13 @@ fn executions(log: &str) -> u64 {
     stat.unwrap_or_else(|| {
         log.lines()
             .filter_map(|l| l.strip_prefix('#'))
-            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .next()?
+                    .trim_end_matches(':')
+                    .parse()
+                    .ok()
+            })
             .max()
             .unwrap_or(0)
     })
@@ -314,6 +335,8 @@ mod tests {
             executions("#2\tINITED\n#4096\tNEW cov: 3\n==1== ERROR"),
             4096
         );
+        let fork = "INFO: -fork=2: fuzzing in separate process(s)\n#31337: cov: 40 ft: 90 corp: 12 exec/s: 3000 oom/timeout/crash: 0/0/0 time: 10s job: 2 dft_time: 0\n#64001: cov: 41 ft: 93 corp: 13 exec/s: 3100 oom/timeout/crash: 0/0/0 time: 20s job: 3 dft_time: 0\nINFO: fuzzed for 64001 iterations, wrapping up soon\n";
+        assert_eq!(executions(fork), 64_001);
         assert_eq!(executions("nothing"), 0);
     }
 }

@@ -7,7 +7,7 @@
 //! * `test`: formatting, clippy, the build without the eBPF toolchain, every test, every fuzz
 //!   target for a few seconds and the VM test; then a check that the tests left nothing on the
 //!   host ([`host`]).
-//! * `fuzz [--seconds N | --runs N] [TARGET]`: the parsers of outside input under libFuzzer
+//! * `fuzz [--seconds N | --runs N] [--jobs N] [TARGET]`: the parsers of outside input under libFuzzer
 //!   ([`fuzz`]).
 //! * `vm-test`: Debian's Linux 6.1 booted under QEMU as a four-NUMA-node machine, the agent and
 //!   its checks run inside ([`vm`]); part of `test`.
@@ -75,6 +75,10 @@ enum Task {
         /// Run each target for N executions (libFuzzer's -runs) instead of for a time.
         #[arg(long, value_name = "N", conflicts_with = "seconds")]
         runs: Option<u64>,
+        /// Run each target as N libFuzzer processes at once (libFuzzer's -fork=N), their
+        /// executions counted together: one run on N CPUs.
+        #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        jobs: u32,
         /// One target (see fuzz/Cargo.toml); all of them when absent.
         target: Option<String>,
     },
@@ -133,10 +137,11 @@ fn main() -> Result<()> {
         Task::Fuzz {
             seconds,
             runs,
+            jobs,
             target,
         } => {
             let budget = runs.map_or(fuzz::Budget::Seconds(seconds), fuzz::Budget::Runs);
-            fuzz::run(budget, target.as_deref())
+            fuzz::run(budget, jobs, target.as_deref())
         }
         Task::VmTest => vm::run(&setup::ensure()?),
         Task::Layers => layers::check(&cmd::workspace().join("agent/src")),
@@ -210,7 +215,7 @@ fn test(env: &cmd::Env) -> Result<()> {
         "every fuzz target for {FUZZ_TEST_SECONDS} s (`cargo xtask fuzz` runs them longer)"
     ));
     fuzz::check()?;
-    fuzz::run(fuzz::Budget::Seconds(FUZZ_TEST_SECONDS), None)?;
+    fuzz::run(fuzz::Budget::Seconds(FUZZ_TEST_SECONDS), 1, None)?;
     cmd::step("the VM test: Linux 6.1 with 4 NUMA nodes under QEMU, the agent's checks inside");
     let (vm_passed, vm_failed) = vm::test(env)?;
     (passed, failed) = (passed + vm_passed, failed + vm_failed);
