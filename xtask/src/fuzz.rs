@@ -1,8 +1,9 @@
 //! `cargo xtask fuzz [--seconds N | --runs N] [--jobs N] [TARGET]`: the fuzz targets of `fuzz/`
 //! (cargo-fuzz, libFuzzer with AddressSanitizer, on the nightly toolchain), each run for `N`
-//! seconds, or for `N` executions, as one libFuzzer process or, with `--jobs`, as libFuzzer's
-//! fork mode (one process handing short jobs to `N` at once), from its seed corpus (`fuzz/corpus/<target>`, read only: what libFuzzer finds
-//! goes to a scratch corpus in the target directory). One line per target,
+//! seconds, or for `N` executions, as one libFuzzer process or, with `--jobs`, in libFuzzer's
+//! fork mode (one process handing short jobs to `N` at once), from its seed corpus
+//! (`fuzz/corpus/<target>`, read only: what libFuzzer finds goes to a scratch corpus in the
+//! target directory). One line per target,
 //! `fuzz <target>: <N> executions, <M> crashes, <T> s`; any crash fails the command, its input
 //! left in `fuzz/artifacts/<target>/` and named, with libFuzzer's log. The targets are compiled
 //! by clippy (`-D warnings`) as they are built; [`check`] is what `cargo xtask test` asks of the
@@ -217,7 +218,10 @@ fn run_one(tools: &Tools, target: &str, budget: Budget, jobs: u32) -> Result<Out
     let scratch = out.join("corpus").join(target);
     let artifacts = cmd::workspace().join("fuzz/artifacts").join(target);
     let logs = out.join("logs");
-    for dir in [&scratch, &artifacts, &logs] {
+    // Fork mode's working directory (each job's corpus and log), under the build's, not /tmp,
+    // if a signal ends the run.
+    let tmp = out.join("tmp");
+    for dir in [&scratch, &artifacts, &logs, &tmp] {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let before = crash_files(&artifacts)?;
@@ -239,10 +243,7 @@ fn run_one(tools: &Tools, target: &str, budget: Budget, jobs: u32) -> Result<Out
         .stderr(log_file);
     if jobs > 1 {
         // Fork mode ignores time-outs and out-of-memory exits unless told not to: a single
-        // process stops at them, and so does this. Its working directory (each job's corpus
-        // and log) goes under the fuzz build's, not /tmp, if a signal ends the run.
-        let tmp = out.join("tmp");
-        fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        // process stops at them, and so does this.
         fuzz.args([
             format!("-fork={jobs}"),
             "-ignore_timeouts=0".to_owned(),
@@ -252,6 +253,7 @@ fn run_one(tools: &Tools, target: &str, budget: Budget, jobs: u32) -> Result<Out
     }
     let status = group::status(&mut fuzz).with_context(|| format!("starting {fuzz:?}"))?;
     let text = fs::read_to_string(&log).unwrap_or_default();
+    let forked = jobs > 1;
     let mut crashes: Vec<PathBuf> = crash_files(&artifacts)?
         .difference(&before)
         .cloned()
@@ -261,7 +263,7 @@ fn run_one(tools: &Tools, target: &str, budget: Budget, jobs: u32) -> Result<Out
         crashes.push(log.clone());
     }
     Ok(Outcome {
-        executions: executions(&text),
+        executions: executions(&text, forked),
         crashes,
         log,
     })
@@ -283,26 +285,30 @@ fn crash_files(dir: &Path) -> Result<BTreeSet<PathBuf>> {
     Ok(found)
 }
 
-/// The executions libFuzzer counted: its final statistics, else its last status line (`#N`, in
-/// fork mode `#N:`, the jobs' executions together).
-fn executions(log: &str) -> u64 {
+/// The executions libFuzzer counted: its final statistics, else its last status line (`#N`).
+/// In fork mode, only the parent's status lines (`#N:`, every job's executions together): the
+/// statistics and `#N` lines in its log are a crashed job's own, copied after it.
+fn executions(log: &str, forked: bool) -> u64 {
     let stat = log.lines().find_map(|l| {
         l.strip_prefix("stat::number_of_executed_units:")
             .and_then(|n| n.trim().parse().ok())
     });
-    stat.unwrap_or_else(|| {
+    let status = || {
         log.lines()
             .filter_map(|l| l.strip_prefix('#'))
             .filter_map(|l| {
-                l.split_whitespace()
-                    .next()?
-                    .trim_end_matches(':')
+                let n = l.split_whitespace().next()?;
+                if forked { n.strip_suffix(':') } else { Some(n) }?
                     .parse()
                     .ok()
             })
             .max()
             .unwrap_or(0)
-    })
+    };
+    match stat {
+        Some(n) if !forked => n,
+        _ => status(),
+    }
 }
 
 #[cfg(test)]
@@ -330,13 +336,16 @@ mod tests {
     #[test]
     fn executions_come_from_libfuzzers_stats_else_its_status_lines() {
         let done = "#2\tINITED cov: 10\n#524288\tpulse  cov: 12\nDone 812345 runs in 5 second(s)\nstat::number_of_executed_units: 812345\n";
-        assert_eq!(executions(done), 812_345);
+        assert_eq!(executions(done, false), 812_345);
         assert_eq!(
-            executions("#2\tINITED\n#4096\tNEW cov: 3\n==1== ERROR"),
+            executions("#2\tINITED\n#4096\tNEW cov: 3\n==1== ERROR", false),
             4096
         );
         let fork = "INFO: -fork=2: fuzzing in separate process(s)\n#31337: cov: 40 ft: 90 corp: 12 exec/s: 3000 oom/timeout/crash: 0/0/0 time: 10s job: 2 dft_time: 0\n#64001: cov: 41 ft: 93 corp: 13 exec/s: 3100 oom/timeout/crash: 0/0/0 time: 20s job: 3 dft_time: 0\nINFO: fuzzed for 64001 iterations, wrapping up soon\n";
-        assert_eq!(executions(fork), 64_001);
-        assert_eq!(executions("nothing"), 0);
+        assert_eq!(executions(fork, true), 64_001);
+        // A job crashed: the parent's count, not the job's own copied after it.
+        let crashed = "#64001: cov: 41 ft: 93 corp: 13 exec/s: 3100 oom/timeout/crash: 0/0/1 time: 20s job: 3 dft_time: 0\nINFO: log from the inner process:\n#2\tINITED cov: 40\n#8192\tpulse cov: 41\n==7== ERROR: AddressSanitizer\nstat::number_of_executed_units: 9000\n";
+        assert_eq!(executions(crashed, true), 64_001);
+        assert_eq!(executions("nothing", false), 0);
     }
 }

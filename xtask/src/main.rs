@@ -7,8 +7,8 @@
 //! * `test`: formatting, clippy, the build without the eBPF toolchain, every test, every fuzz
 //!   target for a few seconds and the VM test; then a check that the tests left nothing on the
 //!   host ([`host`]).
-//! * `fuzz [--seconds N | --runs N] [--jobs N] [TARGET]`: the parsers of outside input under libFuzzer
-//!   ([`fuzz`]).
+//! * `fuzz [--seconds N | --runs N] [--jobs N] [TARGET]`: the parsers of outside input under
+//!   libFuzzer ([`fuzz`]).
 //! * `vm-test`: Debian's Linux 6.1 booted under QEMU as a four-NUMA-node machine, the agent and
 //!   its checks run inside ([`vm`]); part of `test`.
 //! * `layers`: the agent's modules as floors; a circle between modules, or pure logic that
