@@ -38,6 +38,8 @@ pub struct Pki {
     pub dir: tempfile::TempDir,
     /// The CA of the webhook's serving certificate, which its clients trust.
     pub webhook: Ca,
+    /// The agents' CA: their serving certificates and their clients' (the webhook's).
+    pub agents: Ca,
     /// The agents' server certificate, for a stand-in agent that answers garbage.
     pub agent: mtls::Pair,
     /// The webhook's client certificate, as first written.
@@ -60,6 +62,7 @@ impl Pki {
         Pki {
             dir,
             webhook,
+            agents,
             agent,
             client,
         }

@@ -701,6 +701,32 @@ fn the_webhook_runs_two_unprivileged_replicas_on_different_nodes() {
         &api_rule["from"][0]["podSelector"]["matchLabels"],
         labels
     ));
+
+    // Its own NetworkPolicy: these pods alone, their HTTPS port alone, from anywhere (the API
+    // server's and the scheduler's addresses cannot be selected by labels).
+    let own = rendered.find("NetworkPolicy", WEBHOOK);
+    assert!(selects(&own["spec"]["podSelector"]["matchLabels"], labels));
+    assert!(!selects(
+        &own["spec"]["podSelector"]["matchLabels"],
+        agent_labels
+    ));
+    assert_eq!(own["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        own["spec"]["ingress"],
+        json!([{"ports": [{"port": "https", "protocol": "TCP"}]}])
+    );
+
+    // The limits tests/body_budget.rs floods under the memory limit above are the shipped ones.
+    assert_eq!(
+        (config.limits.body_budget, config.limits.max_connections),
+        (64 << 20, 256),
+        "--body-budget and --max-connections as tests/body_budget.rs proves them"
+    );
+    assert_eq!(
+        limit,
+        256 << 20,
+        "the limit tests/body_budget.rs holds the webhook under"
+    );
 }
 
 /// The namespace the base puts everything in.

@@ -17,6 +17,7 @@ pub mod abusers;
 pub mod apiserver;
 pub mod cluster;
 mod flags;
+pub mod flood;
 mod host_tree;
 pub mod https;
 mod log;
@@ -655,6 +656,24 @@ pub fn pin_this_thread(cpu: usize) {
         "pinning to CPU {cpu}: {}",
         std::io::Error::last_os_error()
     );
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the set is a valid cpu_set_t of the size passed.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    assert_eq!(
+        rc,
+        0,
+        "sched_getaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: i is below CPU_SETSIZE.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
 }
 
 /// Waits until the agent on `port` answers `/readyz` with 200; its body, or `None` after `within`.

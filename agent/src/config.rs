@@ -14,10 +14,15 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::{
     admission::verify::{Gate, Mode, OnSysfsError, Settings},
     api::{
-        admit::DEFAULT_MAX_CONTAINERS,
-        server::{Limits, MAX_ABUSE_BACKOFF},
+        admit::{BODY_LIMIT, DEFAULT_MAX_CONTAINERS},
+        budget,
+        server::{
+            AGENT_BODY_BUDGET, Limits, MAX_ABUSE_BACKOFF, WEBHOOK_BODY_BUDGET,
+            WEBHOOK_MAX_CONNECTIONS,
+        },
     },
     client::{AgentUrl, ClientError},
+    kube::json::MAX_OBJECTS,
     kubeletconfig::{
         cmdline,
         settings::{
@@ -29,6 +34,7 @@ use crate::{
     memorymanager::hints::Scope,
     probes::live::FaultScope,
     psi::monitor::PsiConfig,
+    quantity::{format_binary, parse_bytes},
     sysfs::HostFs,
     telemetry::traces::{TraceConfig, TracesError},
     tls::TlsFiles,
@@ -128,20 +134,22 @@ pub struct Cli {
         long,
         env = "HUGEPAGE_AGENT_MAX_CONTAINERS",
         default_value_t = DEFAULT_MAX_CONTAINERS,
-        value_parser = clap::value_parser!(u32).range(1..),
+        value_parser = clap::value_parser!(u32).range(1..=MAX_OBJECTS as i64),
         global = true
     )]
     pub max_containers: u32,
     /// Connections each listener (`--listen`, `--metrics-listen`, the webhook's) keeps open at
-    /// once; one more is accepted and closed at once with a reset, and counted.
+    /// once; one more is accepted and closed at once with a reset, and counted. Default: 1024
+    /// for `run`, 256 for `webhook` (its clients are the API servers, one HTTP/2 connection
+    /// each, the schedulers, probes and Prometheus; each connection may hold 128 KiB of HTTP/2
+    /// data besides the body budget).
     #[arg(
         long,
         env = "HUGEPAGE_AGENT_MAX_CONNECTIONS",
-        default_value_t = 1024,
         value_parser = clap::value_parser!(u32).range(1..),
         global = true
     )]
-    pub max_connections: u32,
+    pub max_connections: Option<u32>,
     /// How long a connection may take to send a request's complete head, counted from when it
     /// is ready for one: a new connection, or a keep-alive one after its last answer, so an idle
     /// connection is closed after it too. Ends slow heads (slowloris).
@@ -200,6 +208,17 @@ pub struct Cli {
         global = true
     )]
     pub abuse_backoff: String,
+    /// Bytes of request bodies the listener holds at once, all connections together (e.g. 64Mi):
+    /// a body that finds no room within a second is answered 503 with Retry-After. Default:
+    /// 16Mi for `run` (sixteen of its largest bodies), 64Mi for `webhook` (within its
+    /// Deployment's 256Mi memory limit).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_BODY_BUDGET",
+        value_name = "BYTES",
+        global = true
+    )]
+    pub body_budget: Option<String>,
     /// How often sysfs and the cgroup tree are re-read in full (e.g. 10s, 500ms, 1m).
     #[arg(
         long,
@@ -392,6 +411,18 @@ pub enum CliCommand {
         /// One deadline for all the agent calls of one scheduler call (e.g. 2s, 500ms).
         #[arg(long, env = "HUGEPAGE_AGENT_AGENT_TIMEOUT", default_value = "2s")]
         agent_timeout: String,
+        /// The largest `ExtenderArgs` body `/scheduler/filter` and `/scheduler/prioritize` read
+        /// (413 beyond): the `nodenames` form (the shipped `nodeCacheCapable: true`) of 5,000
+        /// nodes and a pod at the API server's largest is under 8Mi; the `nodes` form carries
+        /// whole Node objects, tens of MiB on a large cluster (raise this, --body-budget and the
+        /// memory limit with it).
+        #[arg(
+            long,
+            env = "HUGEPAGE_AGENT_EXTENDER_BODY_LIMIT",
+            default_value = "8Mi",
+            value_name = "BYTES"
+        )]
+        extender_body_limit: String,
         /// kubeconfig of the Kubernetes API (its current context); without it, the in-cluster
         /// configuration of the pod the webhook runs in.
         #[arg(long, env = "HUGEPAGE_AGENT_KUBECONFIG", value_name = "PATH")]
@@ -476,6 +507,20 @@ pub enum ConfigError {
         "webhook needs --tls-cert-file and --tls-private-key-file: the scheduler calls it over HTTPS"
     )]
     WebhookWithoutTls,
+    #[error("{flag} {value:?}: {reason}")]
+    Bytes {
+        flag: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error(
+        "--body-budget {budget} is smaller than {flag} {limit}: a body at that limit could never be read"
+    )]
+    BudgetBelowLimit {
+        budget: usize,
+        flag: &'static str,
+        limit: usize,
+    },
     #[error(
         "--listen {0} is not a loopback address and no --client-ca-file is given: anyone who reaches it could reserve hugepages; give --client-ca-file with --tls-cert-file and --tls-private-key-file, listen on 127.0.0.1, or add --allow-unauthenticated-clients if that is meant"
     )]
@@ -660,7 +705,7 @@ impl TryFrom<Cli> for Config {
                 });
             }
         }
-        let limits = limits(&cli)?;
+        let mut limits = limits(&cli)?;
         let traces = TraceConfig::from_env()?;
         let listen = cli
             .listen
@@ -725,9 +770,11 @@ impl TryFrom<Cli> for Config {
                 agent_client_key_file,
                 failure_policy,
                 agent_timeout,
+                extender_body_limit,
                 kubeconfig,
             }) => Command::Webhook(webhook::Settings {
                 kubeconfig,
+                extender_body_limit: bytes("--extender-body-limit", &extender_body_limit)?,
                 tls: tls.clone().ok_or(ConfigError::WebhookWithoutTls)?,
                 agent_port,
                 agent_tls: ClientFiles {
@@ -741,6 +788,37 @@ impl TryFrom<Cli> for Config {
                 })?,
             }),
         };
+        let (default_budget, default_connections, largest) = match &command {
+            Command::Webhook(settings) => (
+                WEBHOOK_BODY_BUDGET,
+                WEBHOOK_MAX_CONNECTIONS,
+                (
+                    "--extender-body-limit",
+                    settings
+                        .extender_body_limit
+                        .max(webhook::routes::ADMISSION_REVIEW_LIMIT),
+                ),
+            ),
+            _ => (
+                AGENT_BODY_BUDGET,
+                Limits::DEFAULT.max_connections,
+                ("the body limit of /v1", BODY_LIMIT),
+            ),
+        };
+        if cli.max_connections.is_none() {
+            limits.max_connections = default_connections;
+        }
+        limits.body_budget = match cli.body_budget.as_deref() {
+            Some(text) => bytes("--body-budget", text)?,
+            None => default_budget,
+        };
+        if limits.body_budget < largest.1 {
+            return Err(ConfigError::BudgetBelowLimit {
+                budget: limits.body_budget,
+                flag: largest.0,
+                limit: largest.1,
+            });
+        }
         let host = HostFs::new(cli.host_root.clone());
         let kubelet_state = cli
             .kubelet_state
@@ -786,7 +864,8 @@ fn limits(cli: &Cli) -> Result<Limits, ConfigError> {
     let above_zero = |d: Duration| d.is_zero().then(|| "must be above zero".to_owned());
     let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
     Ok(Limits {
-        max_connections: count(cli.max_connections),
+        // Set by the command, as the body budget: its default differs.
+        max_connections: cli.max_connections.map_or(0, count),
         header_read_timeout: duration(
             "--header-read-timeout",
             &cli.header_read_timeout,
@@ -804,7 +883,26 @@ fn limits(cli: &Cli) -> Result<Limits, ConfigError> {
                 )
             })
         })?,
+        body_budget: 0,
     })
+}
+
+/// A size flag: a Kubernetes quantity of bytes (`64Mi`, `8388608`), above zero and at most
+/// [`budget::MAX_BYTES`].
+fn bytes(flag: &'static str, text: &str) -> Result<usize, ConfigError> {
+    let invalid = |reason: String| ConfigError::Bytes {
+        flag,
+        value: text.to_owned(),
+        reason,
+    };
+    let n = parse_bytes(text).map_err(|e| invalid(e.to_string()))?;
+    if n == 0 || n > budget::MAX_BYTES {
+        return Err(invalid(format!(
+            "must be above 0 and at most {}",
+            format_binary(budget::MAX_BYTES)
+        )));
+    }
+    usize::try_from(n).map_err(|e| invalid(e.to_string()))
 }
 
 /// A duration flag: parsed, then `reject` says what is wrong with the value, if anything.
@@ -1129,6 +1227,15 @@ mod tests {
         );
         assert_eq!(settings.agent_tls.cert, PathBuf::from("client.pem"));
         assert_eq!(settings.tls.cert, PathBuf::from("c.pem"));
+        assert_eq!(
+            (
+                settings.extender_body_limit,
+                config.limits.body_budget,
+                config.limits.max_connections
+            ),
+            (8 << 20, WEBHOOK_BODY_BUDGET, WEBHOOK_MAX_CONNECTIONS),
+            "the webhook's own defaults"
+        );
         let err = Config::try_from(cli(&[&["webhook"][..], &agents].concat())).unwrap_err();
         assert_eq!(err, ConfigError::WebhookWithoutTls);
         let err = Config::try_from(cli(&[
@@ -1182,6 +1289,57 @@ mod tests {
         );
     }
 
+    /// Bug (#38): nothing bounded the bytes of all request bodies together.
+    #[test]
+    fn the_body_budget_is_a_quantity_no_smaller_than_the_largest_body_it_must_hold() {
+        let budget = |args: &[&str]| Config::try_from(cli(args)).map(|c| c.limits.body_budget);
+        assert_eq!(budget(&[]), Ok(AGENT_BODY_BUDGET));
+        assert_eq!(budget(&["--body-budget", "32Mi"]), Ok(32 << 20));
+        assert_eq!(
+            budget(&["--body-budget", "512Ki"]).map_err(|e| e.to_string()),
+            Err("--body-budget 524288 is smaller than the body limit of /v1 1048576: a body at that limit could never be read".to_owned())
+        );
+        for bad in ["0", "-1Mi", "lots", "5Gi"] {
+            let err = budget(&[&format!("--body-budget={bad}")])
+                .expect_err(bad)
+                .to_string();
+            assert!(
+                err.starts_with(&format!("--body-budget {bad:?}: ")),
+                "{err}"
+            );
+        }
+        let webhook = |more: &[&str]| {
+            let args = [
+                &[
+                    "webhook",
+                    "--tls-cert-file",
+                    "c",
+                    "--tls-private-key-file",
+                    "k",
+                ][..],
+                &["--agent-ca-file", "a", "--agent-client-cert-file", "b"],
+                &["--agent-client-key-file", "d"],
+                more,
+            ]
+            .concat();
+            Config::try_from(cli(&args)).map(|c| c.limits.body_budget)
+        };
+        assert_eq!(webhook(&[]), Ok(WEBHOOK_BODY_BUDGET));
+        let err = webhook(&["--extender-body-limit", "100Mi"]).expect_err("over the budget");
+        assert_eq!(
+            err,
+            ConfigError::BudgetBelowLimit {
+                budget: WEBHOOK_BODY_BUDGET,
+                flag: "--extender-body-limit",
+                limit: 100 << 20
+            }
+        );
+        assert_eq!(
+            webhook(&["--extender-body-limit", "100Mi", "--body-budget", "400Mi"]),
+            Ok(400 << 20)
+        );
+    }
+
     #[test]
     fn the_listeners_limits_have_their_defaults_unless_told() {
         let config = Config::try_from(cli(&[])).expect("valid");
@@ -1213,6 +1371,7 @@ mod tests {
                 http2_max_pending_reset_streams: 5,
                 http2_max_local_reset_streams: 6,
                 abuse_backoff: Duration::from_millis(250),
+                body_budget: AGENT_BODY_BUDGET,
             }
         );
         let off = Config::try_from(cli(&["--abuse-backoff", "0s"])).expect("valid");

@@ -25,6 +25,7 @@ use crate::{
     admission::{release::Releaser, reservations::Store, verify::Verifier},
     api::{
         self, AppState, Readiness,
+        budget::BodyBudget,
         lane::Lane,
         server::{Endpoint, Server, ServerError, Serving},
     },
@@ -135,6 +136,10 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         metrics: metrics.clone(),
         max_containers: config.max_containers,
         heavy: Lane::start().map_err(|e| RunError::State(e.to_string()))?,
+        bodies: Arc::new(BodyBudget::new(
+            config.limits.body_budget,
+            metrics.api_connections.clone(),
+        )),
     };
     let (stop_server, stopped) = watch::channel(false);
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));

@@ -29,11 +29,13 @@ fuzz_target!(|data: &[u8]| {
         }
         Ok(Subject::Placed { pod: value, node }) => {
             assert!(!node.is_empty());
+            let parsed: serde_json::Value =
+                serde_json::from_str(value.get()).expect("a placed pod is JSON");
             assert_eq!(
-                value.pointer("/spec/nodeName").and_then(|n| n.as_str()),
+                parsed.pointer("/spec/nodeName").and_then(|n| n.as_str()),
                 Some(node.as_str())
             );
-            match pod::read(Some(&value)) {
+            match pod::read(Some(&*value)) {
                 Ok(read) => {
                     let body: serde_json::Value =
                         serde_json::from_slice(&read.body).expect("the body for the agent is JSON");

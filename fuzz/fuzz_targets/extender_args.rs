@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(args) = serde_json::from_slice::<ExtenderArgs>(data) else {
         return;
     };
-    match pod::read(args.pod.as_ref()) {
+    match pod::read(args.pod.as_deref()) {
         Ok(read) => {
             let body: serde_json::Value =
                 serde_json::from_slice(&read.body).expect("the body for the agent is JSON");
@@ -22,10 +22,7 @@ fuzz_target!(|data: &[u8]| {
     for (i, item) in args.nodes.iter().flat_map(|l| l.items.iter()).enumerate() {
         match node::candidate(i, item, 9820) {
             Ok(c) => {
-                assert_eq!(
-                    item.pointer("/metadata/name").and_then(|n| n.as_str()),
-                    Some(c.name.as_str())
-                );
+                assert_eq!(node::name_of(item), Some(c.name.clone()));
                 if let Err(why) = &c.agent {
                     assert!(!why.is_empty());
                 }

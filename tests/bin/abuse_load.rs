@@ -48,6 +48,7 @@ use std::{
 use hugepage_agent_tests::{
     Agent, BenchFlags, Percentiles,
     abusers::{self, KeptAlive},
+    allowed_cpus,
     apiserver::StandInApiServer,
     cluster::{self, Pki, WEBHOOK_NAME},
     https::Https,
@@ -70,24 +71,6 @@ struct Args {
     resetters: usize,
     /// The CPU the abusing threads run on (`--cpus split`), if kept apart.
     abuse_cpu: Option<usize>,
-}
-
-/// The CPUs this process may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the set is a valid cpu_set_t of the size passed.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    assert_eq!(
-        rc,
-        0,
-        "sched_getaffinity: {}",
-        std::io::Error::last_os_error()
-    );
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: i is below CPU_SETSIZE.
-        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
-        .collect()
 }
 
 /// Keeps this thread, and what it starts from now on (the agent, the webhook, their threads),

@@ -37,6 +37,9 @@ pub enum Bench {
     /// A well-behaved client's p99 unloaded and while clients misbehave: idle connections,
     /// slowloris heads, oversized heads, garbage (the agent), HTTP/2 reset loops (the webhook).
     Abuse,
+    /// The webhook's and an agent's peak memory and their callers' p99 while request bodies
+    /// flood them: at each endpoint's limit, declared or chunked past it, a byte a second.
+    BodyFlood,
     /// The agent with eBPF on under admissions in bursts, cgroup churn, hugetlb faults, PSI
     /// triggers, scrapes and reservation expiries for 10 minutes (`--minutes M`): its RSS,
     /// descriptors, threads, ring-buffer losses and admission p99 every 10 s, and their slopes.
@@ -50,13 +53,19 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
         Bench::Verify => ("verify-latency", Vec::new()),
         Bench::Psi => ("psi-latency", Vec::new()),
         Bench::Hints => ("hints-latency", Vec::new()),
-        Bench::Inventory | Bench::AdmitSize | Bench::Extender | Bench::Abuse | Bench::Soak => {
+        Bench::Inventory
+        | Bench::AdmitSize
+        | Bench::Extender
+        | Bench::Abuse
+        | Bench::BodyFlood
+        | Bench::Soak => {
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
             let agent = release.join("hugepage-agent");
             let binary = match which {
                 Bench::AdmitSize => "admit-size",
                 Bench::Extender => "extender-load",
                 Bench::Abuse => "abuse-load",
+                Bench::BodyFlood => "body-flood",
                 Bench::Soak => "soak",
                 _ => "inventory-load",
             };

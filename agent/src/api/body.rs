@@ -12,6 +12,10 @@
 //! [`Timed`], which fails with [`TimedOut`] once `--body-read-timeout` has passed since the head
 //! was read (a client sending a byte a second holds a connection no longer than that), and
 //! [`read`] reports it as [`BodyError::TimedOut`].
+//!
+//! And every frame is charged to the listener's [`BodyBudget`] as it arrives: what a body holds
+//! stays charged until its [`Charge`] is dropped, and a body that finds no room in time is
+//! [`BodyError::Busy`]. A body over its limit is counted (`limit="body_too_large"`).
 
 use std::{
     pin::Pin,
@@ -25,6 +29,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::budget::{BodyBudget, Charge, Exhausted};
 use crate::telemetry::connections::{ConnectionStats, Cut};
 
 /// Bytes of a body read before the thread takes turns with other connections (a typical
@@ -39,6 +44,8 @@ pub enum BodyError {
     Read(String),
     #[error("the body did not arrive within {0:?}")]
     TimedOut(Duration),
+    #[error(transparent)]
+    Busy(#[from] Exhausted),
 }
 
 /// A body still arriving when its time was up.
@@ -125,11 +132,12 @@ fn failed(err: axum::Error) -> BodyError {
     BodyError::Read(err.to_string())
 }
 
-/// A body as it arrived: its frames, in order.
-#[derive(Debug, Default, PartialEq, Eq)]
+/// A body as it arrived: its frames, in order, and what they hold of the budget.
+#[derive(Debug)]
 pub struct Received {
     frames: Vec<Bytes>,
     len: usize,
+    charge: Charge,
 }
 
 impl Received {
@@ -142,30 +150,49 @@ impl Received {
         self.len == 0
     }
 
-    /// The body in one buffer: the frame itself when there is one, else a copy of them all.
-    pub fn join(self) -> Bytes {
-        match <[Bytes; 1]>::try_from(self.frames) {
+    /// The body in one buffer (the frame itself when there is one, else a copy of them all),
+    /// and its charge, to keep while what is parsed from it lives.
+    pub fn join(self) -> (Bytes, Charge) {
+        let bytes = match <[Bytes; 1]>::try_from(self.frames) {
             Ok([only]) => only,
             Err(frames) => {
                 let mut joined = Vec::with_capacity(self.len);
                 frames.iter().for_each(|f| joined.extend_from_slice(f));
                 Bytes::from(joined)
             }
-        }
+        };
+        (bytes, self.charge)
     }
 }
 
-/// The whole body, at most `limit` bytes; `declared` is its `Content-Length`, if any.
+/// The request's `Content-Length`, when it sends one that reads as a number.
+pub fn declared(headers: &hyper::HeaderMap) -> Option<usize> {
+    headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+}
+
+/// The whole body, at most `limit` bytes, charged to `budget`; `declared` is its
+/// `Content-Length`, if any.
 pub async fn read(
     body: Body,
     declared: Option<usize>,
     limit: usize,
+    budget: &BodyBudget,
 ) -> Result<Received, BodyError> {
+    let too_large = || {
+        budget.stats().cut(Cut::BodyTooLarge);
+        BodyError::TooLarge { limit }
+    };
     if declared.is_some_and(|n| n > limit) {
-        return Err(BodyError::TooLarge { limit });
+        return Err(too_large());
     }
     let mut body = body;
-    let mut received = Received::default();
+    let mut received = Received {
+        frames: Vec::new(),
+        len: 0,
+        charge: budget.charge(declared),
+    };
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(failed)?;
         let Ok(data) = frame.into_data() else {
@@ -174,8 +201,9 @@ pub async fn read(
         };
         received.len += data.len();
         if received.len > limit {
-            return Err(BodyError::TooLarge { limit });
+            return Err(too_large());
         }
+        budget.take(&mut received.charge, data.len()).await?;
         if !data.is_empty() {
             received.frames.push(data);
         }
@@ -217,33 +245,102 @@ mod tests {
         Body::new(Chunks(chunks.into_iter().map(Bytes::from).collect()))
     }
 
+    /// A budget far above any body here, with stats of its own.
+    fn roomy() -> BodyBudget {
+        BodyBudget::new(1 << 30, Arc::default())
+    }
+
+    /// The body's bytes, or why it was refused.
+    fn bytes(read: Result<Received, BodyError>) -> Result<Bytes, BodyError> {
+        read.map(|r| r.join().0)
+    }
+
     #[tokio::test]
     async fn a_body_in_one_frame_is_taken_as_it_is_and_chunks_are_joined_in_order() {
+        let budget = roomy();
         let frame = Bytes::from_static(b"{\"a\":1}");
-        let one = read(chunked(vec![frame.to_vec()]), Some(7), 100).await;
+        let one = read(chunked(vec![frame.to_vec()]), Some(7), 100, &budget).await;
         let one = one.expect("within the limit");
         assert_eq!(one.len(), 7);
-        let joined = one.join();
+        let (joined, charge) = one.join();
         assert_eq!(joined, frame);
+        assert_eq!(charge.bytes(), 7);
         let parts = vec![b"ab".to_vec(), Vec::new(), b"cd".to_vec(), b"e".to_vec()];
-        let parts = read(chunked(parts), None, 100)
+        let parts = read(chunked(parts), None, 100, &budget)
             .await
             .expect("within the limit");
         assert_eq!(parts.len(), 5);
-        assert_eq!(parts.join(), Bytes::from_static(b"abcde"));
-        let empty = read(chunked(Vec::new()), None, 100).await.expect("empty");
+        assert_eq!(parts.join().0, Bytes::from_static(b"abcde"));
+        let empty = read(chunked(Vec::new()), None, 100, &budget)
+            .await
+            .expect("empty");
         assert!(empty.is_empty());
-        assert_eq!(empty.join(), Bytes::new());
+        assert_eq!(empty.join().0, Bytes::new());
     }
 
     #[tokio::test]
     async fn a_body_over_the_limit_is_refused_by_its_length_or_as_soon_as_it_exceeds_it() {
-        let declared = read(chunked(vec![vec![b'x'; 10]]), Some(101), 100).await;
-        assert_eq!(declared, Err(BodyError::TooLarge { limit: 100 }));
-        let undeclared = read(chunked(vec![vec![b'x'; 60], vec![b'x'; 60]]), None, 100).await;
-        assert_eq!(undeclared, Err(BodyError::TooLarge { limit: 100 }));
-        let understated = read(chunked(vec![vec![b'x'; 60], vec![b'x'; 60]]), Some(10), 100).await;
-        assert_eq!(understated, Err(BodyError::TooLarge { limit: 100 }));
+        let stats = Arc::new(ConnectionStats::default());
+        let budget = BodyBudget::new(1 << 20, stats.clone());
+        let too_large = Err(BodyError::TooLarge { limit: 100 });
+        let declared = read(chunked(vec![vec![b'x'; 10]]), Some(101), 100, &budget).await;
+        assert_eq!(bytes(declared), too_large);
+        let two = || chunked(vec![vec![b'x'; 60], vec![b'x'; 60]]);
+        let undeclared = read(two(), None, 100, &budget).await;
+        assert_eq!(bytes(undeclared), too_large);
+        let understated = read(two(), Some(10), 100, &budget).await;
+        assert_eq!(bytes(understated), too_large);
+        assert_eq!(stats.cuts(Cut::BodyTooLarge), 3);
+        assert_eq!(
+            stats.body_held(),
+            0,
+            "a refused body gives back what it took"
+        );
+    }
+
+    /// Bug (#38): six 50 MB bodies at once took the webhook past its memory limit; the budget
+    /// bounds the bytes all bodies hold together.
+    #[tokio::test(start_paused = true)]
+    async fn bodies_hold_at_most_the_budget_together_and_one_that_finds_no_room_is_busy() {
+        let stats = Arc::new(ConnectionStats::default());
+        // 88 bytes for any body, 12 in reserve for small ones.
+        let budget = BodyBudget::new(100, stats.clone());
+        let first = read(chunked(vec![vec![b'x'; 60]]), None, 100, &budget)
+            .await
+            .expect("room for the first");
+        assert_eq!(stats.body_held(), 60);
+        let second = read(
+            chunked(vec![vec![b'x'; 20], vec![b'x'; 30]]),
+            None,
+            100,
+            &budget,
+        )
+        .await;
+        assert!(
+            matches!(
+                second,
+                Err(BodyError::Busy(Exhausted {
+                    budget: 100,
+                    wanted: 30,
+                    ..
+                }))
+            ),
+            "{second:?}"
+        );
+        assert_eq!(
+            stats.body_held(),
+            60,
+            "the refused body gave back its first frame"
+        );
+        assert_eq!(stats.cuts(Cut::BodyBudget), 1);
+        // A declared length reserves nothing ahead: a body that has sent nothing holds nothing.
+        let silent = Body::new(Timed::new(Silent, Duration::from_secs(5), stats.clone()));
+        let waiting = read(silent, Some(100), 100, &budget);
+        let timed = tokio::time::timeout(Duration::from_secs(1), waiting).await;
+        assert!(timed.is_err(), "still waiting for its bytes");
+        assert_eq!(stats.body_held(), 60);
+        drop(first);
+        assert_eq!(stats.body_held(), 0);
     }
 
     /// A body that never sends anything.
@@ -265,10 +362,11 @@ mod tests {
     async fn a_body_still_arriving_at_its_deadline_is_cut_and_counted_one_in_time_is_not() {
         let limit = Duration::from_millis(200);
         let stats = Arc::new(ConnectionStats::default());
+        let budget = roomy();
         let silent = Body::new(Timed::new(Silent, limit, stats.clone()));
         let started = Instant::now();
         assert_eq!(
-            read(silent, None, 100).await,
+            bytes(read(silent, None, 100, &budget).await),
             Err(BodyError::TimedOut(limit))
         );
         assert!(
@@ -279,8 +377,8 @@ mod tests {
         assert_eq!(stats.cuts(Cut::BodyTimeout), 1);
         let chunks = Chunks(vec![Bytes::from_static(b"ab"); 3].into());
         let prompt = Body::new(Timed::new(chunks, limit, stats.clone()));
-        let prompt = read(prompt, None, 100).await.expect("in time");
-        assert_eq!(prompt.join(), Bytes::from_static(b"ababab"));
+        let prompt = read(prompt, None, 100, &budget).await;
+        assert_eq!(bytes(prompt), Ok(Bytes::from_static(b"ababab")));
         assert_eq!(stats.cuts(Cut::BodyTimeout), 1);
     }
 
@@ -290,7 +388,8 @@ mod tests {
     async fn past_the_first_turn_the_reader_yields_after_every_frame() {
         let frames = 8;
         let body = chunked(vec![vec![b'x'; TURN]; frames]);
-        let mut reading = Box::pin(read(body, None, 1 << 20));
+        let budget = roomy();
+        let mut reading = Box::pin(read(body, None, 1 << 20, &budget));
         let mut pending = 0;
         let mut cx = Context::from_waker(Waker::noop());
         let whole = loop {

@@ -7,6 +7,8 @@ use axum::{
 };
 use serde::Serialize;
 
+use super::budget::Exhausted;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ApiError {
     #[serde(skip)]
@@ -19,6 +21,9 @@ pub struct ApiError {
     pub detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// Seconds the client should wait before trying again (`Retry-After`).
+    #[serde(skip)]
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -35,6 +40,7 @@ impl ApiError {
             status_code: status.as_u16(),
             detail: detail.into(),
             field: None,
+            retry_after: None,
         }
     }
 
@@ -75,6 +81,19 @@ impl ApiError {
             "Body too slow",
             format!("the body did not arrive within {limit:?} (--body-read-timeout)"),
         )
+    }
+
+    /// A body that found no room in the listener's `--body-budget` in time: 503, try again
+    /// after the wait the refusal names.
+    pub fn busy(exhausted: &Exhausted) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "body-budget-full",
+            "Too many request bodies at once",
+            exhausted.to_string(),
+        );
+        e.retry_after = Some(exhausted.retry_after.as_secs().max(1));
+        e
     }
 
     /// A pod of more containers than `--max-containers` allows.
@@ -164,11 +183,17 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_string(&self).unwrap_or_default();
-        (
+        let mut response = (
             self.status,
             [(header::CONTENT_TYPE, "application/problem+json")],
             body,
         )
-            .into_response()
+            .into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+        }
+        response
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod admit;
 pub mod body;
+pub mod budget;
 pub mod error;
 pub mod lane;
 pub mod openapi;
@@ -94,6 +95,8 @@ pub struct AppState {
     pub max_containers: usize,
     /// Where requests with large bodies or pods are worked out, off the API threads.
     pub heavy: lane::Lane,
+    /// What the API's request bodies may hold at once (`--body-budget`).
+    pub bodies: Arc<budget::BodyBudget>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -129,22 +132,27 @@ pub fn metrics_router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// A request body ([`body::read`], in turns) and its content type, or the problem with the body
-/// (413 over the limit, 408 past `--body-read-timeout`).
-async fn request_body(
-    headers: &HeaderMap,
+/// A request body ([`body::read`], in turns, charged to the budget) and its content type, or
+/// the problem with the body (413 over the limit, 408 past `--body-read-timeout`, 503 with no
+/// room in `--body-budget`).
+async fn request_body<'h>(
+    state: &AppState,
+    headers: &'h HeaderMap,
     body: Body,
-) -> Result<(Option<&str>, body::Received), ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    let body = body::read(body, declared, admit::BODY_LIMIT)
-        .await
-        .map_err(|e| match e {
-            body::BodyError::TooLarge { limit } => ApiError::too_large(limit),
-            body::BodyError::Read(detail) => ApiError::bad_json(detail),
-            body::BodyError::TimedOut(limit) => ApiError::body_timeout(limit),
-        })?;
+) -> Result<(Option<&'h str>, body::Received), ApiError> {
+    let body = body::read(
+        body,
+        body::declared(headers),
+        admit::BODY_LIMIT,
+        &state.bodies,
+    )
+    .await
+    .map_err(|e| match e {
+        body::BodyError::TooLarge { limit } => ApiError::too_large(limit),
+        body::BodyError::Read(detail) => ApiError::bad_json(detail),
+        body::BodyError::TimedOut(limit) => ApiError::body_timeout(limit),
+        body::BodyError::Busy(exhausted) => ApiError::busy(&exhausted),
+    })?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
@@ -171,7 +179,7 @@ async fn offload<T: Send + 'static>(
     if body.len() > lane::HEAVY_BODY {
         let content_type = content_type.map(str::to_owned);
         let job = move |state: &AppState| -> (Result<T, ApiError>, Leftover) {
-            let body = body.join();
+            let (body, _charge) = body.join();
             match admit::parse(content_type.as_deref(), &body, max) {
                 Ok(parsed) => done(work(state, &parsed), parsed),
                 Err(e) => (Err(e), Box::new(body)),
@@ -179,10 +187,13 @@ async fn offload<T: Send + 'static>(
         };
         return on_lane(state, span, job).await;
     }
-    let body = body.join();
+    let (body, charge) = body.join();
     let parsed = span.in_scope(|| admit::parse(content_type, &body, max))?;
     if parsed.containers() > lane::HEAVY_CONTAINERS {
-        let job = move |state: &AppState| done(work(state, &parsed), parsed);
+        let job = move |state: &AppState| {
+            let _charge = charge;
+            done(work(state, &parsed), parsed)
+        };
         return on_lane(state, span, job).await;
     }
     span.in_scope(|| work(state, &parsed)).map(|(out, _)| out)
@@ -259,7 +270,7 @@ async fn admit_handler(
         Ok(admit::Run::Dry) => decide_dry,
         Err(problem) => return problem.into_response(),
     };
-    let (content_type, body) = match request_body(&headers, body).await {
+    let (content_type, body) = match request_body(&state, &headers, body).await {
         Ok(request) => request,
         Err(problem) => return problem.into_response(),
     };
@@ -319,7 +330,7 @@ fn with_reserved_by_agent(snapshot: &Snapshot, store: &Store) -> serde_json::Val
 }
 
 async fn hints_handler(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let (content_type, body) = match request_body(&headers, body).await {
+    let (content_type, body) = match request_body(&state, &headers, body).await {
         Ok(request) => request,
         Err(problem) => return problem.into_response(),
     };

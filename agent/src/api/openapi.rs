@@ -53,6 +53,7 @@ fn hints_path() -> Value {
             "400": problem("Invalid JSON, or an invalid field (named in `field`)"),
             "408": problem("The body did not arrive within --body-read-timeout (type body-timeout); the connection is closed"),
             "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
+            "503": problem("No room in --body-budget for the body within a second (type body-budget-full): retry after the Retry-After header's seconds"),
             "415": problem("Content type is not application/json")
         }
     }})
@@ -198,6 +199,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                     "400": problem("Invalid JSON, an invalid field (named in `field`), or a dryRun that is not true or false"),
                     "408": problem("The body did not arrive within --body-read-timeout (type body-timeout); the connection is closed"),
             "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
+            "503": problem("No room in --body-budget for the body within a second (type body-budget-full): retry after the Retry-After header's seconds"),
                     "415": problem("Content type is not application/json"),
                     "500": problem("The reservation could not be saved (type state-write-failed, the file and the error named in detail): a disk fault on the node, not a verdict")
                 }

@@ -118,6 +118,9 @@ pub struct Limits {
     /// How long a peer whose connection was ended for abuse is refused at first (doubling
     /// while it goes on); zero turns it off.
     pub abuse_backoff: Duration,
+    /// Bytes of request bodies the listener holds at once, all connections together
+    /// ([`super::budget`]).
+    pub body_budget: usize,
 }
 
 impl Limits {
@@ -131,8 +134,22 @@ impl Limits {
         http2_max_pending_reset_streams: 20,
         http2_max_local_reset_streams: 1024,
         abuse_backoff: Duration::from_secs(1),
+        body_budget: AGENT_BODY_BUDGET,
     };
 }
+
+/// The agent's `--body-budget` by default: sixteen of its largest bodies (1 MiB each) at once,
+/// within the DaemonSet's 80 MiB memory limit with the agent's own 10 to 25 MiB beside it.
+pub const AGENT_BODY_BUDGET: usize = 16 << 20;
+
+/// The webhook's `--body-budget` by default: within the Deployment's 256 MiB memory limit with
+/// the Node cache, the agents' connections and each body's parse beside it (#38).
+pub const WEBHOOK_BODY_BUDGET: usize = 64 << 20;
+
+/// The webhook's `--max-connections` by default: far above its clients (an HTTP/2 connection
+/// per API server, a few per scheduler, probes, Prometheus), and with each connection's HTTP/2
+/// windows ([`H2_CONNECTION_WINDOW`]) within its memory limit beside the body budget.
+pub const WEBHOOK_MAX_CONNECTIONS: usize = 256;
 
 impl Default for Limits {
     fn default() -> Limits {
@@ -570,11 +587,23 @@ where
         .serve_connection(TokioIo::new(io), service)
 }
 
-/// HTTP/2 with the limits' streams and resets.
+/// What one HTTP/2 stream may send before the handler reads it: the protocol's own initial
+/// window (hyper's default is 1 MiB). Data a client sends that no handler has read yet (a body
+/// waiting for room in `--body-budget`) stays in h2's buffers, outside the budget; these windows
+/// bound it per connection.
+const H2_STREAM_WINDOW: u32 = 64 << 10;
+/// The same for all the streams of one connection together (hyper's default is 1 MiB): with
+/// `--max-connections` 1024, at most 128 MiB unread in all, and on the connections the API
+/// servers keep (one each, their reviews a few KiB) it never fills.
+const H2_CONNECTION_WINDOW: u32 = 128 << 10;
+
+/// HTTP/2 with the limits' streams and resets, and small flow-control windows.
 fn http2_builder(limits: &Limits) -> http2::Builder<TokioExecutor> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .max_concurrent_streams(limits.http2_max_concurrent_streams)
         .max_pending_accept_reset_streams(limits.http2_max_pending_reset_streams)
         .max_local_error_reset_streams(limits.http2_max_local_reset_streams)

@@ -23,6 +23,7 @@ use crate::{
     numa::map::{MapWriter, Source},
     psi::monitor::{Monitor, PsiConfig},
     sysfs::{HostFs, fake},
+    telemetry::connections::Cut,
 };
 
 /// Pod UIDs as the API server writes them (RFC 4122 text).
@@ -130,6 +131,10 @@ fn state() -> (tempfile::TempDir, AppState) {
         host,
         memory_manager: Arc::new(ArcSwap::from_pointee(view)),
         kubelet: Arc::new(ArcSwap::from_pointee(kubelet)),
+        bodies: Arc::new(super::budget::BodyBudget::new(
+            crate::api::server::Limits::DEFAULT.body_budget,
+            metrics.api_connections.clone(),
+        )),
         metrics,
         max_containers: admit::DEFAULT_MAX_CONTAINERS as usize,
         heavy: lane::Lane::start().expect("the heavy lane"),
@@ -1118,6 +1123,54 @@ async fn four_containers_of_8000pi_are_a_400_naming_the_resource_never_a_saturat
         }
     }
     assert!(state.reservations.lock().expect("store").list().is_empty());
+}
+
+/// Bug (#38): the bytes of all request bodies together were not bounded. A body that finds no
+/// room in `--body-budget` within its wait is 503 with `Retry-After`, counted, and changes
+/// nothing; the budget is whole again after it.
+#[tokio::test]
+async fn a_body_with_no_room_in_the_budget_is_503_with_retry_after_and_gives_its_bytes_back() {
+    let (_d, mut state) = state();
+    let stats = state.metrics.api_connections.clone();
+    state.bodies = Arc::new(super::budget::BodyBudget::new(1024, stats.clone()));
+    let body = short("2Mi", Some(json!([0]))).to_string();
+    let padded = format!("{body:<2048}");
+    let request = Request::builder()
+        .method("POST")
+        .uri("/v1/admit")
+        .header("content-type", "application/json")
+        .body(Body::from(padded))
+        .expect("request");
+    let response = router(state.clone())
+        .oneshot(request)
+        .await
+        .expect("response");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        response.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    let problem: Value = serde_json::from_slice(
+        &response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes(),
+    )
+    .expect("a problem");
+    assert_eq!(problem["type"], "body-budget-full");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("--body-budget")),
+        "{problem}"
+    );
+    assert_eq!(stats.cuts(Cut::BodyBudget), 1);
+    assert_eq!(stats.body_held(), 0);
+    assert!(state.reservations.lock().expect("store").list().is_empty());
+    let (status, _, answer) = post(&state, "/v1/admit", &json!({"containers": []})).await;
+    assert_ne!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
 }
 
 /// Bug (#23): nothing bounded the work one request could cause. A pod of more containers (app

@@ -9,13 +9,50 @@
 //!   was a pod without containers.
 //! * **A whole number is a whole number** ([`whole_number`]) however JSON writes it: `669.0` is
 //!   `669`, as the document's `integer` says.
+//! * **A list is bounded while it is read** ([`AtMost`]): the lists of structs here stop at
+//!   [`MAX_OBJECTS`] entries, an error naming the bound, before the next is read. A list of empty
+//!   objects takes about fifty times its text in memory (1 MiB of `{},` is 300,000 containers),
+//!   so a count checked after reading would come after the memory was taken (#38).
 
 use std::{fmt, marker::PhantomData};
 
 use serde::{
     Deserialize, Deserializer,
-    de::{self, MapAccess, Unexpected, Visitor, value::MapAccessDeserializer},
+    de::{self, MapAccess, SeqAccess, Unexpected, Visitor, value::MapAccessDeserializer},
 };
+
+/// The most entries a list of structs may have ([`objects`], [`objects_or_default`]): above
+/// `--max-containers`' largest value, which the request checks afterwards with its own message.
+pub const MAX_OBJECTS: usize = 10_000;
+
+/// A list of at most `N` entries: one more is an error saying so, before it is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtMost<T, const N: usize>(pub Vec<T>);
+
+impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for AtMost<T, N> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<AtMost<T, N>, D::Error> {
+        struct List<T, const N: usize>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for List<T, N> {
+            type Value = Vec<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a list of at most {N} entries")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(N));
+                while let Some(item) = seq.next_element()? {
+                    if list.len() == N {
+                        return Err(de::Error::custom(format_args!(
+                            "more than {N} entries in a list"
+                        )));
+                    }
+                    list.push(item);
+                }
+                Ok(list)
+            }
+        }
+        d.deserialize_seq(List::<T, N>(PhantomData)).map(AtMost)
+    }
+}
 
 /// A field's value, with `null` read as the field left out (its default).
 pub fn or_default<'de, D, T>(d: D) -> Result<T, D::Error>
@@ -72,24 +109,69 @@ where
     optional_object(d).map(Option::unwrap_or_default)
 }
 
-/// A list of structs: an array of objects, or `null` (empty).
+/// A list of structs: an array of at most [`MAX_OBJECTS`] objects, or `null` (empty).
 pub fn objects_or_default<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
 {
-    let list = Option::<Vec<Object<T>>>::deserialize(d)?;
-    Ok(list.unwrap_or_default().into_iter().map(|o| o.0).collect())
+    let list = Option::<AtMost<Object<T>, MAX_OBJECTS>>::deserialize(d)?;
+    Ok(list.map_or_else(Vec::new, |l| l.0.into_iter().map(|o| o.0).collect()))
 }
 
-/// A required list of structs: an array of objects.
+/// A required list of structs: an array of at most [`MAX_OBJECTS`] objects.
 pub fn objects<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
 {
-    let list = Vec::<Object<T>>::deserialize(d)?;
-    Ok(list.into_iter().map(|o| o.0).collect())
+    let list = AtMost::<Object<T>, MAX_OBJECTS>::deserialize(d)?;
+    Ok(list.0.into_iter().map(|o| o.0).collect())
+}
+
+/// A field's text when it is a JSON string, `None` for any other value (skipped as it is read,
+/// never kept): a field read only when it is text, as a JSON pointer and `as_str` would.
+pub fn text_or_none<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct Text;
+    impl<'de> Visitor<'de> for Text {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any value")
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Option<String>, E> {
+            Ok(Some(s.to_owned()))
+        }
+        fn visit_string<E: de::Error>(self, s: String) -> Result<Option<String>, E> {
+            Ok(Some(s))
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Option<String>, E> {
+            Ok(None)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Option<String>, E> {
+            Ok(None)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Option<String>, E> {
+            Ok(None)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Option<String>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Option<String>, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<String>, A::Error> {
+            while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<String>, A::Error> {
+            while map
+                .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                .is_some()
+            {}
+            Ok(None)
+        }
+    }
+    d.deserialize_any(Text)
 }
 
 /// A whole number from any JSON number that is one, `4194304.0` and `4.194304e6` included (JSON,

@@ -1,5 +1,6 @@
-//! What the HTTP listeners' limits did: connections open now, and connections ended or requests
-//! cut by a limit, by which ([`Cut`]). The listeners ([`crate::api::server`]) update one
+//! What the HTTP listeners' limits did: connections open now, bytes of request bodies held
+//! against the listener's budget ([`crate::api::budget`]), and connections ended or requests cut
+//! by a limit, by which ([`Cut`]). The listeners ([`crate::api::server`]) update one
 //! [`ConnectionStats`] each; the agent's `/metrics` shows its API and metrics listeners', the
 //! webhook's its own.
 
@@ -28,10 +29,16 @@ pub enum Cut {
     /// Accepted from a peer that must still wait after abuse (`--abuse-backoff`) and closed at
     /// once.
     Backoff,
+    /// A request body over its endpoint's limit: 413, by its `Content-Length` before any of it
+    /// is read, or as soon as it is longer.
+    BodyTooLarge,
+    /// A request body that found no room in `--body-budget` within its wait: 503 with
+    /// `Retry-After`.
+    BodyBudget,
 }
 
 impl Cut {
-    pub const ALL: [Cut; 7] = [
+    pub const ALL: [Cut; 9] = [
         Cut::OverLimit,
         Cut::HeaderTimeout,
         Cut::BodyTimeout,
@@ -39,6 +46,8 @@ impl Cut {
         Cut::Malformed,
         Cut::Http2Abuse,
         Cut::Backoff,
+        Cut::BodyTooLarge,
+        Cut::BodyBudget,
     ];
 
     /// The `limit` label.
@@ -51,15 +60,19 @@ impl Cut {
             Cut::Malformed => "malformed",
             Cut::Http2Abuse => "http2_abuse",
             Cut::Backoff => "abuse_backoff",
+            Cut::BodyTooLarge => "body_too_large",
+            Cut::BodyBudget => "body_budget",
         }
     }
 }
 
-/// One listener's connections: open now, and cut by each limit so far.
+/// One listener's connections: open now, request bodies held, and cut by each limit so far.
 #[derive(Debug, Default)]
 pub struct ConnectionStats {
     open: AtomicU64,
     cut: [AtomicU64; Cut::ALL.len()],
+    body_budget: AtomicU64,
+    body_held: AtomicU64,
 }
 
 impl ConnectionStats {
@@ -90,6 +103,30 @@ impl ConnectionStats {
         }
     }
 
+    /// The listener's budget for request bodies, in bytes.
+    pub fn set_body_budget(&self, bytes: usize) {
+        self.body_budget.store(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn body_budget(&self) -> u64 {
+        self.body_budget.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of request bodies charged to the budget.
+    pub fn body_taken(&self, bytes: usize) {
+        self.body_held.fetch_add(bytes as u64, Ordering::AcqRel);
+    }
+
+    /// Bytes a request held, given back.
+    pub fn body_given_back(&self, bytes: usize) {
+        self.body_held.fetch_sub(bytes as u64, Ordering::AcqRel);
+    }
+
+    /// Bytes of request bodies held now.
+    pub fn body_held(&self) -> u64 {
+        self.body_held.load(Ordering::Acquire)
+    }
+
     /// How often `why` acted so far.
     pub fn cuts(&self, why: Cut) -> u64 {
         Cut::ALL
@@ -99,8 +136,9 @@ impl ConnectionStats {
     }
 }
 
-/// Writes `<prefix>_http_connections{listener}` and
-/// `<prefix>_http_limited_total{listener,limit}` for each listener.
+/// Writes `<prefix>_http_connections{listener}`, `<prefix>_http_body_bytes{listener}`,
+/// `<prefix>_http_body_budget_bytes{listener}` and `<prefix>_http_limited_total{listener,limit}`
+/// for each listener.
 pub fn encode(prefix: &str, listeners: &[(&str, &ConnectionStats)], e: &mut Encoder) {
     let open = format!("{prefix}_http_connections");
     e.family(
@@ -111,8 +149,30 @@ pub fn encode(prefix: &str, listeners: &[(&str, &ConnectionStats)], e: &mut Enco
     for (listener, stats) in listeners {
         e.sample(&open, &[("listener", listener)], stats.open() as f64);
     }
+    let held = format!("{prefix}_http_body_bytes");
+    e.family(
+        &held,
+        Kind::Gauge,
+        "Bytes of request bodies the listener holds now, charged to --body-budget.",
+    );
+    for (listener, stats) in listeners {
+        e.sample(&held, &[("listener", listener)], stats.body_held() as f64);
+    }
+    let budget = format!("{prefix}_http_body_budget_bytes");
+    e.family(
+        &budget,
+        Kind::Gauge,
+        "Bytes of request bodies the listener may hold at once (--body-budget).",
+    );
+    for (listener, stats) in listeners {
+        e.sample(
+            &budget,
+            &[("listener", listener)],
+            stats.body_budget() as f64,
+        );
+    }
     let limited = format!("{prefix}_http_limited_total");
-    e.family(&limited, Kind::Counter, "Connections closed or requests cut short by a limit of the listener: max_connections (refused at accept), header_timeout, body_timeout, head_too_large (431), malformed (400), http2_abuse (GOAWAY ENHANCE_YOUR_CALM), abuse_backoff (refused at accept: the peer abused a connection and must wait).");
+    e.family(&limited, Kind::Counter, "Connections closed or requests cut short by a limit of the listener: max_connections (refused at accept), header_timeout, body_timeout, head_too_large (431), malformed (400), http2_abuse (GOAWAY ENHANCE_YOUR_CALM), abuse_backoff (refused at accept: the peer abused a connection and must wait), body_too_large (413), body_budget (503: no room in --body-budget).");
     for (listener, stats) in listeners {
         for why in Cut::ALL {
             let labels = [("listener", *listener), ("limit", why.label())];

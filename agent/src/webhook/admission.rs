@@ -18,7 +18,8 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use tracing::{info, warn};
 
 use super::{
@@ -29,9 +30,10 @@ use super::{
     pod,
     review::{AdmissionRequest, AdmissionResponse, Status},
 };
+use crate::kube::json::text_or_none;
 
 /// What a request asks the webhook to judge.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum Subject {
     /// A pod bound to `node` by a `pods/binding`; the pod is read through the API.
     Binding {
@@ -39,10 +41,102 @@ pub enum Subject {
         pod: String,
         node: String,
     },
-    /// A pod created with `spec.nodeName` already set.
-    Placed { pod: Value, node: String },
+    /// A pod created with `spec.nodeName` already set, as sent.
+    Placed { pod: Box<RawValue>, node: String },
     /// Not for the webhook to judge, and why.
     Pass(&'static str),
+}
+
+impl PartialEq for Subject {
+    fn eq(&self, other: &Subject) -> bool {
+        match (self, other) {
+            (
+                Subject::Binding {
+                    namespace,
+                    pod,
+                    node,
+                },
+                Subject::Binding {
+                    namespace: n,
+                    pod: p,
+                    node: o,
+                },
+            ) => (namespace, pod, node) == (n, p, o),
+            (Subject::Placed { pod, node }, Subject::Placed { pod: p, node: o }) => {
+                (pod.get(), node) == (p.get(), o)
+            }
+            (Subject::Pass(why), Subject::Pass(w)) => why == w,
+            _ => false,
+        }
+    }
+}
+
+/// What the webhook reads of a request's object, a `Binding` or a `Pod`: the names that are
+/// text, nothing else kept.
+#[derive(Debug, Default, Deserialize)]
+struct Object {
+    #[serde(default)]
+    metadata: Named,
+    #[serde(default)]
+    target: Named,
+    #[serde(default)]
+    spec: Placement,
+}
+
+#[derive(Debug, Default)]
+struct Named {
+    name: Option<String>,
+    namespace: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Placement {
+    node_name: Option<String>,
+}
+
+/// An object's fields that are text; any other value of the field (or of the object) is none.
+#[derive(Deserialize)]
+struct NamedFields {
+    #[serde(default, deserialize_with = "text_or_none")]
+    name: Option<String>,
+    #[serde(default, deserialize_with = "text_or_none")]
+    namespace: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PlacementFields {
+    #[serde(default, deserialize_with = "text_or_none")]
+    node_name: Option<String>,
+}
+
+/// `T` when the value is an object that reads as `F`; else its default (the value skipped, not
+/// kept).
+fn or_default<'de, D, T, F>(d: D, into: impl FnOnce(F) -> T) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default,
+    F: serde::de::DeserializeOwned,
+{
+    let raw = <&RawValue>::deserialize(d)?;
+    Ok(serde_json::from_str(raw.get()).map_or_else(|_| T::default(), into))
+}
+
+impl<'de> Deserialize<'de> for Named {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Named, D::Error> {
+        or_default(d, |f: NamedFields| Named {
+            name: f.name,
+            namespace: f.namespace,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Placement {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Placement, D::Error> {
+        or_default(d, |f: PlacementFields| Placement {
+            node_name: f.node_name,
+        })
+    }
 }
 
 /// What `request` asks to be judged, or what is wrong with it.
@@ -53,32 +147,28 @@ pub fn subject(request: &AdmissionRequest) -> Result<Subject, String> {
     {
         return Ok(Subject::Pass("not the creation of a pod or of its binding"));
     }
-    let object = || {
+    let raw = || {
         request
             .object
-            .as_ref()
+            .as_deref()
             .ok_or_else(|| "request.object: missing".to_owned())
     };
-    let text = |value: &Value, pointer: &str| {
-        value
-            .pointer(pointer)
-            .and_then(Value::as_str)
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned)
+    let object = |raw: &RawValue| -> Object {
+        // Not an object at all: none of its names are there.
+        serde_json::from_str(raw.get()).unwrap_or_default()
     };
+    let given = |text: Option<String>| text.filter(|t| !t.is_empty());
     match request.sub_resource.as_str() {
         "binding" => {
-            let binding = object()?;
-            let node = text(binding, "/target/name").ok_or_else(|| {
+            let binding = object(raw()?);
+            let node = given(binding.target.name).ok_or_else(|| {
                 "request.object.target.name: the Binding names no node".to_owned()
             })?;
-            let pod = Some(request.name.clone())
-                .filter(|n| !n.is_empty())
-                .or_else(|| text(binding, "/metadata/name"))
+            let pod = given(Some(request.name.clone()))
+                .or_else(|| given(binding.metadata.name))
                 .ok_or_else(|| "request.name: the binding names no pod".to_owned())?;
-            let namespace = Some(request.namespace.clone())
-                .filter(|n| !n.is_empty())
-                .or_else(|| text(binding, "/metadata/namespace"))
+            let namespace = given(Some(request.namespace.clone()))
+                .or_else(|| given(binding.metadata.namespace))
                 .ok_or_else(|| "request.namespace: the binding names no namespace".to_owned())?;
             Ok(Subject::Binding {
                 namespace,
@@ -87,10 +177,10 @@ pub fn subject(request: &AdmissionRequest) -> Result<Subject, String> {
             })
         }
         "" => {
-            let pod = object()?;
-            Ok(match text(pod, "/spec/nodeName") {
+            let pod = raw()?;
+            Ok(match given(object(pod).spec.node_name) {
                 Some(node) => Subject::Placed {
-                    pod: pod.clone(),
+                    pod: pod.to_owned(),
                     node,
                 },
                 None => {
@@ -122,7 +212,7 @@ pub async fn validate(
         },
         Err(why) => return invalid(uid, why),
     };
-    let pod = match pod::read(Some(&value)) {
+    let pod = match pod::read(Some(&*value)) {
         Ok(pod) => pod,
         Err(e) => return invalid(uid, e.to_string()),
     };
@@ -165,14 +255,14 @@ pub async fn validate(
     denied(uid, status, Verdict::Denied)
 }
 
-/// The pod `namespace/name`, read through the API, as JSON.
-async fn read_pod(context: &Context, namespace: &str, name: &str) -> Result<Value, String> {
+/// The pod `namespace/name`, read through the API, as JSON text.
+async fn read_pod(context: &Context, namespace: &str, name: &str) -> Result<Box<RawValue>, String> {
     let pods: Api<Pod> = Api::namespaced(context.kube.clone(), namespace);
     let pod = pods
         .get(name)
         .await
         .map_err(|e| format!("pod {namespace}/{name} cannot be read through the API: {e}"))?;
-    serde_json::to_value(&pod).map_err(|e| format!("pod {namespace}/{name}: {e}"))
+    serde_json::value::to_raw_value(&pod).map_err(|e| format!("pod {namespace}/{name}: {e}"))
 }
 
 fn allowed(uid: String, verdict: Verdict) -> (AdmissionResponse, Verdict) {

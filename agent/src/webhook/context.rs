@@ -1,10 +1,11 @@
 //! What every call of the webhook needs besides its arguments: the agents' client, the failure
-//! policy and deadline, the metrics, the Node cache, and the Kubernetes API client (for the pod
-//! of a binding).
+//! policy and deadline, the metrics, the Node cache, the Kubernetes API client (for the pod of a
+//! binding), and what request bodies may take (the budget, the extender's limit).
 
 use std::{sync::Arc, time::Duration};
 
 use super::{FailurePolicy, agents::Client, cache::NodeCache, metrics::Metrics};
+use crate::api::budget::BodyBudget;
 
 #[derive(Clone)]
 pub struct Context {
@@ -15,6 +16,10 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub nodes: NodeCache,
     pub kube: kube::Client,
+    /// What the listener's request bodies may hold at once (`--body-budget`).
+    pub bodies: Arc<BodyBudget>,
+    /// The largest `ExtenderArgs` body (`--extender-body-limit`).
+    pub extender_body_limit: usize,
 }
 
 impl std::fmt::Debug for Context {

@@ -48,7 +48,10 @@ use tokio::{
 use tracing::{info, warn};
 
 use crate::{
-    api::server::{Endpoint, Limits, Server, ServerError, Serving},
+    api::{
+        budget::BodyBudget,
+        server::{Endpoint, Limits, Server, ServerError, Serving},
+    },
     telemetry::export::ExportStats,
     tls::{self, Alpn, TlsError, TlsFiles},
 };
@@ -79,6 +82,8 @@ pub struct Settings {
     pub failure_policy: FailurePolicy,
     /// One deadline for all the agent calls of one scheduler call (`--agent-timeout`).
     pub agent_timeout: Duration,
+    /// The largest `ExtenderArgs` body read (`--extender-body-limit`).
+    pub extender_body_limit: usize,
     /// The Kubernetes API's kubeconfig (`--kubeconfig`); `None`: the in-cluster configuration.
     pub kubeconfig: Option<PathBuf>,
 }
@@ -146,6 +151,8 @@ async fn run_async(
         metrics,
         nodes,
         kube,
+        bodies: Arc::new(BodyBudget::new(limits.body_budget, connections.clone())),
+        extender_body_limit: settings.extender_body_limit,
     };
     let watcher = tokio::spawn(reloader.watch(stopped.clone()));
     let client_watcher = tokio::spawn(client_reloader.watch(stopped.clone()));

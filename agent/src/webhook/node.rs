@@ -4,12 +4,14 @@
 //! of the object is read. The same reading serves both forms of `ExtenderArgs`: a `Node` the
 //! scheduler sent (JSON, read as a `v1.Node`) and one from the webhook's cache
 //! ([`super::cache`]). A field that is missing or of another shape is said so, never guessed.
+//! A Node the scheduler sent is read from its text: its name alone first, then the whole object,
+//! each object's values freed before the next is read.
 
 use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::core::v1::Node;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::kube::pod::{self, Hugepages, QuantityValue, ResourceList};
 
@@ -30,15 +32,27 @@ pub struct Candidate {
     pub allocatable: Option<Hugepages>,
 }
 
+/// An object's `metadata.name`, when it is a string; nothing else of the object is kept.
+#[derive(Deserialize)]
+struct Named {
+    metadata: Option<Metadata>,
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    name: Option<String>,
+}
+
+/// The `metadata.name` of an object's text, if it has a string there that is not empty.
+pub fn name_of(object: &RawValue) -> Option<String> {
+    let named: Named = serde_json::from_str(object.get()).ok()?;
+    named.metadata?.name.filter(|n| !n.is_empty())
+}
+
 /// Reads `nodes.items[index]` as the scheduler sent it; the agent listens on `port`.
-pub fn candidate(index: usize, node: &Value, port: u16) -> Result<Candidate, NodeError> {
-    let name = node
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-        .ok_or(NodeError::NoName { index })?
-        .to_owned();
-    Ok(match Node::deserialize(node) {
+pub fn candidate(index: usize, node: &RawValue, port: u16) -> Result<Candidate, NodeError> {
+    let name = name_of(node).ok_or(NodeError::NoName { index })?;
+    Ok(match serde_json::from_str::<Node>(node.get()) {
         Ok(typed) => of_node(name, &typed, port),
         Err(e) => Candidate {
             name,

@@ -6,7 +6,8 @@
 //! not sent a thousand times.
 
 use hyper::body::Bytes;
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::kube::pod::{Hugepages, Pod, pod_hugepages};
 
@@ -29,15 +30,16 @@ pub struct PodRequest {
     pub body: Bytes,
 }
 
-/// Reads the scheduler's pod.
-pub fn read(pod: Option<&Value>) -> Result<PodRequest, PodError> {
-    let value = pod.ok_or(PodError::Missing)?;
-    let parsed: Pod =
-        serde_json::from_value(value.clone()).map_err(|e| PodError::Unreadable(e.to_string()))?;
+/// Reads the scheduler's pod from its text.
+pub fn read(pod: Option<&RawValue>) -> Result<PodRequest, PodError> {
+    let text = pod.ok_or(PodError::Missing)?.get();
+    let unreadable = |e: serde_json::Error| PodError::Unreadable(e.to_string());
+    let parsed: Pod = serde_json::from_str(text).map_err(unreadable)?;
     let need = pod_hugepages(&parsed.spec)
         .map_err(|e| PodError::Unreadable(e.to_string()))?
         .total;
-    let body = serde_json::to_vec(&for_agent(value)).unwrap_or_default();
+    let for_agent: ForAgent<'_> = serde_json::from_str(text).map_err(unreadable)?;
+    let body = serde_json::to_vec(&for_agent).map_err(unreadable)?;
     Ok(PodRequest {
         name: format!("{}/{}", parsed.metadata.namespace, parsed.metadata.name),
         need,
@@ -45,38 +47,77 @@ pub fn read(pod: Option<&Value>) -> Result<PodRequest, PodError> {
     })
 }
 
-/// The fields of `pod` the agent reads, and no others.
-fn for_agent(pod: &Value) -> Value {
-    let pick = |from: Option<&Value>, keys: &[&str]| -> Value {
-        let mut out = Map::new();
-        for key in keys {
-            if let Some(v) = from.and_then(|f| f.get(*key)) {
-                out.insert((*key).to_owned(), v.clone());
-            }
-        }
-        Value::Object(out)
-    };
-    let containers = |key: &str| -> Value {
-        match pod
-            .pointer(&format!("/spec/{key}"))
-            .and_then(Value::as_array)
-        {
-            Some(list) => list
-                .iter()
-                .map(|c| pick(Some(c), &["name", "resources", "restartPolicy"]))
-                .collect(),
-            None => Value::Null,
-        }
-    };
-    let spec = pod.get("spec");
-    json!({
-        "metadata": pick(pod.get("metadata"), &["namespace", "name", "uid"]),
-        "spec": {
-            "containers": containers("containers"),
-            "initContainers": containers("initContainers"),
-            "overhead": spec.and_then(|s| s.get("overhead")).cloned().unwrap_or(Value::Null),
-            "resources": spec.and_then(|s| s.get("resources")).cloned().unwrap_or(Value::Null),
-        },
-        "status": pick(pod.get("status"), &["qosClass"]),
-    })
+/// A field's value as it was sent.
+type Raw<'a> = Option<&'a RawValue>;
+
+/// The fields of a pod the agent reads, and no others, borrowed from the pod's text: what a
+/// field of another shape holds is passed on for the agent to judge. A field left out is left
+/// out; the lists and objects of `spec` are written `null` when absent.
+#[derive(Deserialize, Serialize)]
+struct ForAgent<'a> {
+    #[serde(borrow, default)]
+    metadata: Picked<Meta<'a>>,
+    #[serde(borrow, default)]
+    spec: Picked<Spec<'a>>,
+    #[serde(borrow, default)]
+    status: Picked<Status<'a>>,
+}
+
+/// An object's fields of interest, or none when it is not an object.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Picked<T>(T);
+
+impl<T: Default> Default for Picked<T> {
+    fn default() -> Picked<T> {
+        Picked(T::default())
+    }
+}
+
+impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Picked<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Picked<T>, D::Error> {
+        let raw = <&RawValue>::deserialize(d)?;
+        Ok(Picked(serde_json::from_str(raw.get()).unwrap_or_default()))
+    }
+}
+
+#[derive(Default, Deserialize, Serialize)]
+struct Meta<'a> {
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    namespace: Raw<'a>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    name: Raw<'a>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    uid: Raw<'a>,
+}
+
+#[derive(Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec<'a> {
+    #[serde(borrow, default)]
+    containers: Option<Vec<Picked<ContainerForAgent<'a>>>>,
+    #[serde(borrow, default)]
+    init_containers: Option<Vec<Picked<ContainerForAgent<'a>>>>,
+    #[serde(borrow, default)]
+    overhead: Raw<'a>,
+    #[serde(borrow, default)]
+    resources: Raw<'a>,
+}
+
+#[derive(Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerForAgent<'a> {
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    name: Raw<'a>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    resources: Raw<'a>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    restart_policy: Raw<'a>,
+}
+
+#[derive(Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Status<'a> {
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    qos_class: Raw<'a>,
 }

@@ -1,13 +1,13 @@
 //! The wire format of a validating admission webhook, `admission.k8s.io/v1` (`types.go`):
 //! an `AdmissionReview` with a `request` in, the same kind with a `response` out. Only the
 //! fields the webhook reads are declared (`uid`, `kind`, `resource`, `subResource`, `name`,
-//! `namespace`, `operation`, `object`, `dryRun`); the object stays JSON for
-//! [`super::admission`] to read. The answer carries `uid`, `allowed`, `status` (a
+//! `namespace`, `operation`, `object`, `dryRun`); the object stays the text it came in for
+//! [`super::admission`] to read (a tree of JSON values would take many times its size). The answer carries `uid`, `allowed`, `status` (a
 //! `metav1.Status` with `code`, `reason` and `message` when denied) and `warnings`, with the
 //! JSON names of the Go tags.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -35,7 +35,7 @@ pub struct AdmissionRequest {
     pub namespace: String,
     pub operation: String,
     #[serde(default)]
-    pub object: Option<Value>,
+    pub object: Option<Box<RawValue>>,
     #[serde(default)]
     pub dry_run: Option<bool>,
 }

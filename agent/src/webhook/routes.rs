@@ -1,35 +1,52 @@
 //! The webhook's HTTP routes: `POST /scheduler/filter`, `POST /scheduler/prioritize`,
 //! `POST /admission/validate` (an `AdmissionReview` that cannot be read is a 400 naming why),
 //! `GET /metrics`, `GET /healthz`, `GET /readyz` (503 until the Node cache has synced). Handlers
-//! read the body and hand it to [`super::scheduler`] or [`super::admission`], and count the call; a body that is not `ExtenderArgs` JSON is a 400
-//! whose JSON names the problem in `error` (the field both extender answers use for a failed
-//! call). Each scheduler and admission call is a server span continuing the caller's trace
-//! ([`super::trace::continued`]). Query parameters are ignored (the kube-apiserver appends
-//! `?timeout=`).
+//! read the body and hand it to [`super::scheduler`] or [`super::admission`], and count the call;
+//! a body that is not `ExtenderArgs` JSON is a 400 whose JSON names the problem in `error` (the
+//! field both extender answers use for a failed call). Each scheduler and admission call is a
+//! server span continuing the caller's trace ([`super::trace::continued`]). Query parameters are
+//! ignored (the kube-apiserver appends `?timeout=`).
+//!
+//! Every body is read by [`crate::api::body::read`] within its endpoint's limit (413 by its
+//! `Content-Length` before reading, or as soon as it is longer: [`ADMISSION_REVIEW_LIMIT`],
+//! `--extender-body-limit`), charged to `--body-budget` (503 with `Retry-After` when there is no
+//! room), within `--body-read-timeout` (408); the charge is held until the answer is built.
 
 use axum::{
     Json, Router,
-    body::Bytes,
-    extract::{DefaultBodyLimit, State},
-    http::{HeaderMap, StatusCode, header},
+    body::Body,
+    extract::State,
+    http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
+use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::{
     admission,
-    extender::ExtenderArgs,
     metrics::Endpoint,
     review::{self, AdmissionReview},
     scheduler, trace,
 };
-use crate::telemetry::encode::Format;
+use crate::{
+    api::{
+        body::{self, BodyError},
+        budget::Charge,
+    },
+    telemetry::encode::Format,
+};
 
 pub use super::context::Context;
 
-/// The largest `ExtenderArgs`: a thousand whole `Node` objects take a few megabytes.
-pub const BODY_LIMIT: usize = 64 << 20;
+/// What a scheduler call's body is when it does not parse.
+const EXTENDER_ARGS: &str = "ExtenderArgs JSON";
+
+/// The largest `AdmissionReview` read. The API server reads at most 3 MiB of a request's body
+/// (`MaxRequestBodyBytes`, `k8s.io/apiserver/pkg/server/config.go`; etcd's own limit is
+/// 1.5 MiB), and a review of a `CREATE` carries that one object, written again as JSON, with the
+/// request's names and user: twice the object's limit leaves room for both.
+pub const ADMISSION_REVIEW_LIMIT: usize = 6 << 20;
 
 pub fn router(context: Context) -> Router {
     Router::new()
@@ -39,13 +56,64 @@ pub fn router(context: Context) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(context)
 }
 
-/// The body as `ExtenderArgs`, or why it is not.
-fn args(body: &[u8]) -> Result<ExtenderArgs, String> {
-    serde_json::from_slice(body).map_err(|e| format!("the body is not ExtenderArgs JSON: {e}"))
+/// A body larger than this is joined and parsed on a blocking thread, not the listener's: an
+/// `ExtenderArgs` of megabytes takes milliseconds to parse, which every other call on the same
+/// listener thread would wait for.
+const HEAVY_BODY: usize = 64 << 10;
+
+/// The body of a request as `T` (named `what` when it is not one), at most `limit` bytes, and
+/// its charge of the budget; or the answer saying why it was not read: 413, 408, 503 with
+/// `Retry-After`, or 400, each with `error`.
+async fn read<T>(
+    context: &Context,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    what: &'static str,
+) -> Result<(T, Charge), Response>
+where
+    T: DeserializeOwned + Send + 'static,
+{
+    let received = match body::read(body, body::declared(headers), limit, &context.bodies).await {
+        Ok(received) => received,
+        Err(e) => return Err(unread(&e)),
+    };
+    let heavy = received.len() > HEAVY_BODY;
+    let parse = move || {
+        let (bytes, charge) = received.join();
+        let parsed =
+            serde_json::from_slice::<T>(&bytes).map_err(|e| format!("the body is not {what}: {e}"));
+        parsed.map(|value| (value, charge))
+    };
+    let parsed = if heavy {
+        tokio::task::spawn_blocking(parse)
+            .await
+            .unwrap_or_else(|e| Err(format!("parsing the body failed: {e}")))
+    } else {
+        parse()
+    };
+    parsed.map_err(refused)
+}
+
+/// The answer to a body that could not be read.
+fn unread(e: &BodyError) -> Response {
+    let status = match e {
+        BodyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        BodyError::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
+        BodyError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+        BodyError::Read(_) => StatusCode::BAD_REQUEST,
+    };
+    let mut answer = (status, Json(json!({ "error": e.to_string() }))).into_response();
+    if let BodyError::Busy(exhausted) = e {
+        let seconds = exhausted.retry_after.as_secs().max(1);
+        answer
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    answer
 }
 
 /// A failed call: 400 with the reason in `error`.
@@ -53,12 +121,13 @@ fn refused(error: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response()
 }
 
-async fn filter(State(context): State<Context>, headers: HeaderMap, body: Bytes) -> Response {
-    let args = match args(&body) {
-        Ok(args) => args,
-        Err(error) => {
+async fn filter(State(context): State<Context>, headers: HeaderMap, body: Body) -> Response {
+    let limit = context.extender_body_limit;
+    let (args, _charge) = match read(&context, &headers, body, limit, EXTENDER_ARGS).await {
+        Ok(read) => read,
+        Err(answer) => {
             context.metrics.call(Endpoint::Filter, false);
-            return refused(error);
+            return answer;
         }
     };
     let span = tracing::debug_span!("extender filter", otel.kind = "server");
@@ -69,12 +138,17 @@ async fn filter(State(context): State<Context>, headers: HeaderMap, body: Bytes)
     Json(result).into_response()
 }
 
-async fn prioritize(State(context): State<Context>, headers: HeaderMap, body: Bytes) -> Response {
-    let span = tracing::debug_span!("extender prioritize", otel.kind = "server");
-    let answer = match args(&body) {
-        Ok(args) => trace::continued(span, &headers, scheduler::prioritize(&context, args)).await,
-        Err(error) => Err(error),
+async fn prioritize(State(context): State<Context>, headers: HeaderMap, body: Body) -> Response {
+    let limit = context.extender_body_limit;
+    let (args, _charge) = match read(&context, &headers, body, limit, EXTENDER_ARGS).await {
+        Ok(read) => read,
+        Err(answer) => {
+            context.metrics.call(Endpoint::Prioritize, false);
+            return answer;
+        }
     };
+    let span = tracing::debug_span!("extender prioritize", otel.kind = "server");
+    let answer = trace::continued(span, &headers, scheduler::prioritize(&context, args)).await;
     context.metrics.call(Endpoint::Prioritize, answer.is_ok());
     match answer {
         Ok(list) => Json(list).into_response(),
@@ -82,12 +156,14 @@ async fn prioritize(State(context): State<Context>, headers: HeaderMap, body: By
     }
 }
 
-async fn validate(State(context): State<Context>, headers: HeaderMap, body: Bytes) -> Response {
-    let review: AdmissionReview = match serde_json::from_slice(&body) {
-        Ok(review) => review,
-        Err(e) => {
+async fn validate(State(context): State<Context>, headers: HeaderMap, body: Body) -> Response {
+    let limit = ADMISSION_REVIEW_LIMIT;
+    let read = read::<AdmissionReview>(&context, &headers, body, limit, "an AdmissionReview");
+    let (review, _charge) = match read.await {
+        Ok(read) => read,
+        Err(answer) => {
             context.metrics.call(Endpoint::Validate, false);
-            return refused(format!("the body is not an AdmissionReview: {e}"));
+            return answer;
         }
     };
     let request = match review.request {

@@ -26,7 +26,7 @@ type Looked = (String, Result<Candidate, String>);
 
 /// `POST /scheduler/filter`.
 pub async fn filter(context: &Context, args: ExtenderArgs) -> ExtenderFilterResult {
-    let pod = match pod::read(args.pod.as_ref()) {
+    let pod = match pod::read(args.pod.as_deref()) {
         Ok(pod) => pod,
         Err(e) => return ExtenderFilterResult::failed(e.to_string()),
     };
@@ -48,14 +48,14 @@ pub async fn filter(context: &Context, args: ExtenderArgs) -> ExtenderFilterResu
                         *k = true;
                     }
                 }
-                let NodeList { items, rest } = list;
-                let items = items
+                let items = list
+                    .items
                     .into_iter()
                     .zip(keep)
                     .filter_map(|(item, keep)| keep.then_some(item))
                     .collect();
                 ExtenderFilterResult {
-                    nodes: Some(NodeList { items, rest }),
+                    nodes: Some(NodeList { items, ..list }),
                     failed_nodes: sorted.failed,
                     failed_and_unresolvable_nodes: sorted.unresolvable,
                     ..ExtenderFilterResult::default()
@@ -102,7 +102,7 @@ pub async fn prioritize(
     context: &Context,
     args: ExtenderArgs,
 ) -> Result<Vec<HostPriority>, String> {
-    let pod = pod::read(args.pod.as_ref()).map_err(|e| e.to_string())?;
+    let pod = pod::read(args.pod.as_deref()).map_err(|e| e.to_string())?;
     let looked = match (args.nodes, args.node_names) {
         (Some(list), _) => from_objects(&list, context.client.port())?,
         (None, Some(names)) if pod.need.is_empty() => return Ok(unscored(names)),

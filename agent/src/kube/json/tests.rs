@@ -109,3 +109,32 @@ fn a_large_whole_number_written_with_a_fraction_is_read_exactly() {
     let read = serde_json::from_str::<N>("2067084125191939.0").map(|n| n.0);
     assert_eq!(read.ok(), Some(2_067_084_125_191_939));
 }
+
+/// Bug (#38): a list of empty objects takes some fifty times its text once read; 1 MiB of
+/// `{},` was 300,000 containers before any count was checked.
+#[test]
+fn a_list_of_structs_stops_at_its_bound_before_reading_more() {
+    let list = |n: usize| json!({"list": vec![json!({}); n], "required": vec![json!({"a": 1}); n]});
+    let at = read(list(MAX_OBJECTS)).expect("at the bound");
+    assert_eq!(
+        (at.list.len(), at.required.len()),
+        (MAX_OBJECTS, MAX_OBJECTS)
+    );
+    let over = read(list(MAX_OBJECTS + 1)).expect_err("over the bound");
+    assert!(
+        over.starts_with(&format!("more than {MAX_OBJECTS} entries in a list")),
+        "{over}"
+    );
+    let text_or_none_reads =
+        |v: serde_json::Value| text_or_none(v).map_err(|e: serde_json::Error| e.to_string());
+    assert_eq!(text_or_none_reads(json!("n")), Ok(Some("n".to_owned())));
+    for other in [
+        json!(1),
+        json!(null),
+        json!([1, "x"]),
+        json!({"k": "v"}),
+        json!(true),
+    ] {
+        assert_eq!(text_or_none_reads(other), Ok(None));
+    }
+}

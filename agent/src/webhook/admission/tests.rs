@@ -1,16 +1,16 @@
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::*;
 use crate::webhook::review::AdmissionReview;
 
 /// A request as kube-apiserver sends it (`admission.k8s.io/v1`), its `request` being `request`.
 fn request(request: Value) -> AdmissionRequest {
-    let review: AdmissionReview = serde_json::from_value(json!({
+    let review = json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": request
-    }))
-    .expect("an AdmissionReview");
+    });
+    let review: AdmissionReview = serde_json::from_str(&review.to_string()).expect("a review");
     review.request.expect("its request")
 }
 
@@ -79,7 +79,7 @@ fn a_pod_created_on_a_node_is_judged_and_one_without_a_node_or_an_update_passes(
     assert_eq!(
         subject(&create(&pod, "CREATE")),
         Ok(Subject::Placed {
-            pod: pod.clone(),
+            pod: serde_json::value::to_raw_value(&pod).expect("JSON"),
             node: "worker-2".to_owned()
         })
     );

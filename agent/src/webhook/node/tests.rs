@@ -1,7 +1,12 @@
-use serde_json::json;
+use serde_json::{json, value::RawValue};
 
 use super::*;
 use crate::host::PageSize;
+
+/// `value` as the text an object arrives in.
+fn raw(value: &serde_json::Value) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).expect("JSON")
+}
 
 #[test]
 fn the_agent_is_at_the_first_internal_ip_and_allocatable_hugepages_are_read() {
@@ -16,7 +21,7 @@ fn the_agent_is_at_the_first_internal_ip_and_allocatable_hugepages_are_read() {
             "allocatable": {"cpu": "4", "memory": "16Gi", "hugepages-2Mi": "4Gi", "hugepages-1Gi": "0"}
         }
     });
-    let c = candidate(0, &node, 9820).expect("a candidate");
+    let c = candidate(0, &raw(&node), 9820).expect("a candidate");
     assert_eq!(c.name, "worker-1");
     assert_eq!(c.agent, Ok("10.0.0.7:9820".parse().expect("address")));
     assert_eq!(
@@ -28,20 +33,20 @@ fn the_agent_is_at_the_first_internal_ip_and_allocatable_hugepages_are_read() {
 #[test]
 fn a_node_without_an_internal_ip_or_allocatable_says_so_and_one_without_a_name_is_refused() {
     let node = json!({"metadata": {"name": "n"}, "status": {"addresses": [{"type": "ExternalIP", "address": "1.2.3.4"}]}});
-    let c = candidate(0, &node, 9820).expect("a candidate");
+    let c = candidate(0, &raw(&node), 9820).expect("a candidate");
     assert_eq!(
         c.agent,
         Err("the Node has no InternalIP in status.addresses".to_owned())
     );
     assert_eq!(c.allocatable, None);
     let node = json!({"metadata": {"name": "n"}, "status": {"addresses": [{"type": "InternalIP", "address": "node-1"}]}});
-    let c = candidate(0, &node, 9820).expect("a candidate");
+    let c = candidate(0, &raw(&node), 9820).expect("a candidate");
     assert_eq!(
         c.agent,
         Err("the Node's InternalIP \"node-1\" is not an IP address".to_owned())
     );
     assert_eq!(
-        candidate(3, &json!({"metadata": {}}), 9820),
+        candidate(3, &raw(&json!({"metadata": {}})), 9820),
         Err(NodeError::NoName { index: 3 })
     );
 }
@@ -49,7 +54,7 @@ fn a_node_without_an_internal_ip_or_allocatable_says_so_and_one_without_a_name_i
 #[test]
 fn an_object_that_is_not_a_node_is_a_candidate_without_an_agent_saying_why() {
     let node = json!({"metadata": {"name": "n"}, "kind": "Pod", "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.7"}]}});
-    let c = candidate(0, &node, 9820).expect("a candidate");
+    let c = candidate(0, &raw(&node), 9820).expect("a candidate");
     let why = c.agent.expect_err("no agent for a Pod");
     assert!(
         why.starts_with("the Node object is not a v1.Node: invalid value: string \"Pod\""),
