@@ -15,12 +15,30 @@ pub fn put(root: &Path, path: &str, content: impl AsRef<[u8]>) {
 /// a 2 MiB pool of `pages` pages, `free` of them free; the global pool is their sum, nothing
 /// reserved or surplus, and `/proc/meminfo` says the whole.
 pub fn two_numa_nodes(root: &Path, memory_kib: u64, pages: u64, free: u64) {
-    put(root, "/sys/devices/system/node/online", "0-1\n");
-    for node in 0..2 {
+    numa_nodes(root, 2, memory_kib, pages, free);
+}
+
+/// `count` NUMA nodes as [`two_numa_nodes`] lays out two: the first two with a CPU each (CPU n on
+/// node n), the others without (as CXL memory expanders and sub-NUMA clusters without cores
+/// show them); distances 10 to itself and 20 to every other node.
+pub fn numa_nodes(root: &Path, count: u32, memory_kib: u64, pages: u64, free: u64) {
+    put(
+        root,
+        "/sys/devices/system/node/online",
+        format!("0-{}\n", count - 1),
+    );
+    for node in 0..count {
         let n = format!("/sys/devices/system/node/node{node}");
-        put(root, &format!("{n}/cpulist"), format!("{node}\n"));
-        let distance = if node == 0 { "10 20\n" } else { "20 10\n" };
-        put(root, &format!("{n}/distance"), distance);
+        let cpus = if node < 2 {
+            format!("{node}\n")
+        } else {
+            "\n".to_owned()
+        };
+        put(root, &format!("{n}/cpulist"), cpus);
+        let distances: Vec<&str> = (0..count)
+            .map(|to| if to == node { "10" } else { "20" })
+            .collect();
+        put(root, &format!("{n}/distance"), distances.join(" ") + "\n");
         put(
             root,
             &format!("{n}/meminfo"),
@@ -38,9 +56,10 @@ pub fn two_numa_nodes(root: &Path, memory_kib: u64, pages: u64, free: u64) {
             );
         }
     }
+    let all = u64::from(count);
     for (file, v) in [
-        ("nr_hugepages", 2 * pages),
-        ("free_hugepages", 2 * free),
+        ("nr_hugepages", all * pages),
+        ("free_hugepages", all * free),
         ("resv_hugepages", 0),
         ("surplus_hugepages", 0),
     ] {
@@ -55,8 +74,8 @@ pub fn two_numa_nodes(root: &Path, memory_kib: u64, pages: u64, free: u64) {
         "/proc/meminfo",
         format!(
             "MemTotal: {:>14} kB\nHugePages_Total: {:>7}\nHugepagesize:       2048 kB\n",
-            2 * memory_kib,
-            2 * pages
+            all * memory_kib,
+            all * pages
         ),
     );
 }

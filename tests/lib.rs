@@ -29,7 +29,7 @@ pub mod rendered;
 pub mod rng;
 mod stats;
 pub use flags::BenchFlags;
-pub use host_tree::{put, two_numa_nodes};
+pub use host_tree::{numa_nodes, put, two_numa_nodes};
 pub use log::LogLines;
 pub use pressure::MemoryPressure;
 pub use stats::Percentiles;

@@ -22,7 +22,7 @@ use crate::{
         ResourceList, ResourceUse,
     },
     kubeletconfig::live::{KubeletView, read_once},
-    memorymanager::{live::StateLoader, selection::Topology},
+    memorymanager::live::StateLoader,
     numa::map::{MapWriter, Source},
     quantity::{self, format_binary},
     sysfs::topology,
@@ -245,7 +245,8 @@ fn select(
             "hugepage-agent: the kubelet's checkpoint is refused ({err}); using the state built from sysfs"
         );
     }
-    let config_topology = kubelet.topology();
+    view.usable()?;
+    let topology = kubelet.topology(policy, None)?;
     let list: ResourceList = placed
         .iter()
         .map(|(name, bytes)| (name.clone(), QuantityValue::Number(*bytes)))
@@ -267,15 +268,9 @@ fn select(
         },
         ..Pod::default()
     };
-    let topology = Topology {
-        info: &kubelet.numa_info,
-        policy: policy.unwrap_or(config_topology.policy),
-        options: &config_topology.options,
-        scope: config_topology.scope,
-        gates: config_topology.gates,
-    };
     let pages = pod::pod_hugepages(&pod.spec).map_err(|e| e.to_string())?;
-    let plan = plan::plan(&view.state, &pod, &pages, topology, all).map_err(|e| e.to_string())?;
+    let plan = plan::plan(&view.state, &pod, &pages, topology.topology(), all)
+        .map_err(|e| e.to_string())?;
     if !plan.selection.admit {
         let reason = plan.selection.reason.unwrap_or("TopologyAffinityError");
         let message = plan.selection.message.unwrap_or_default();

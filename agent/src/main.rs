@@ -62,13 +62,7 @@ fn main() -> ExitCode {
             ref container,
             scope,
         } => {
-            let gates = match KubeletSettings::resolve(&[&config.kubelet_flags]) {
-                Ok(settings) => settings.topology().gates,
-                Err(err) => {
-                    eprintln!("hugepage-agent: {err}");
-                    return ExitCode::from(2);
-                }
-            };
+            let gates = KubeletSettings::resolve(&[&config.kubelet_flags]).feature_gates();
             return match whatif::hints(state, pod, container.as_deref(), scope, gates) {
                 Ok(answer) => {
                     if let Some(note) = answer.note {

@@ -44,7 +44,7 @@ use crate::{
     },
     psi::monitor::Monitor,
     runloop::RunLoop,
-    sysfs::{SysfsError, topology},
+    sysfs::{self, SysfsError, topology},
     telemetry::{export::ExportStats, metrics::Metrics},
     tls::{self, TlsError},
 };
@@ -86,7 +86,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         .metrics_listen
         .map(|addr| Server::bind(Endpoint::METRICS, addr))
         .transpose()?;
-    let (writer, map) = MapWriter::new(config.host.clone(), Source::Sysfs)?;
+    let (writer, map) = sysfs::settled(|| MapWriter::new(config.host.clone(), Source::Sysfs))?;
     let refresher = Refresher::new(writer);
     let metrics = Arc::new(Metrics::for_host(&refresher.current(), traces));
     let (tls, reloader) = match &config.tls {
@@ -111,7 +111,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         config.host.clone(),
         config.kubelet_config.clone(),
         config.kubelet_flags.clone(),
-        topology::read(&config.host)?,
+        sysfs::settled(|| topology::read(&config.host))?,
     )
     .map_err(|e| RunError::State(e.to_string()))?;
     let loader = StateLoader::new(
@@ -119,13 +119,12 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         config.kubelet_state.clone(),
         kubelet.current().settings.reserved_memory.value.clone(),
     );
-    let memory = LiveState::load(loader, &refresher.current())
-        .map_err(|e| RunError::State(format!("the Memory Manager state: {e}")))?;
+    let memory = LiveState::load(loader, &refresher.current());
     let state = AppState {
         memory_manager: memory.reader(),
         kubelet: kubelet.reader(),
         map,
-        verifier: Arc::new(Verifier::new(config.host.clone())?),
+        verifier: Arc::new(sysfs::settled(|| Verifier::new(config.host.clone()))?),
         settings: config.verification,
         readiness: readiness.clone(),
         psi: psi_reader,
@@ -136,10 +135,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
         metrics: metrics.clone(),
         max_containers: config.max_containers,
         heavy: Lane::start().map_err(|e| RunError::State(e.to_string()))?,
-        bodies: Arc::new(BodyBudget::new(
-            config.limits.body_budget,
-            metrics.api_connections.clone(),
-        )),
+        bodies: BodyBudget::shared(config.limits.body_budget, &metrics.api_connections),
     };
     let (stop_server, stopped) = watch::channel(false);
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));

@@ -15,8 +15,12 @@ use crate::{
         hints::{self, HintError, Hints, Scope},
     },
     topologymanager::{
-        NumaInfo, Policy, PolicyOptions, ProviderHints, bitmask::BitmaskError, merge::MergeError,
+        NumaInfo, Policy, ProviderHints,
+        bitmask::BitmaskError,
+        manager::{self, StartError},
         merge::merge,
+        numa_info::NumaInfoError,
+        policy,
     },
 };
 
@@ -36,7 +40,9 @@ pub enum WhatIfError {
     #[error("{path}: machine state: {source}")]
     Machine { path: String, source: BitmaskError },
     #[error("{path}: {source}")]
-    Merge { path: String, source: MergeError },
+    Numa { path: String, source: NumaInfoError },
+    #[error("{path}: {source}")]
+    Start { path: String, source: StartError },
     #[error("--container is needed in container scope: the pod has {0:?}")]
     NoContainer(Vec<String>),
 }
@@ -155,12 +161,18 @@ pub fn merge_file(path: &Path) -> Result<String, WhatIfError> {
 /// [`merge_file`] on the file as read: its path (named in errors) and its bytes.
 pub fn merge_of(path: &Path, bytes: &[u8]) -> Result<String, WhatIfError> {
     let input: MergeInput = json(path, bytes)?;
-    let merge_error = |source| WhatIfError::Merge {
-        path: path.display().to_string(),
-        source,
-    };
-    let options = PolicyOptions::from_map(&input.policy_options).map_err(merge_error)?;
-    let info = NumaInfo::new(input.numa_nodes, input.distances, &options).map_err(merge_error)?;
+    let path = path.display().to_string();
+    let info =
+        NumaInfo::new(input.numa_nodes, input.distances).map_err(|source| WhatIfError::Numa {
+            path: path.clone(),
+            source,
+        })?;
+    let options = input
+        .policy_options
+        .iter()
+        .map(|(name, value)| (name.as_str(), policy::text(value)));
+    let options = manager::start(input.policy, options, &info)
+        .map_err(|source| WhatIfError::Start { path, source })?;
     let merged = merge(input.policy, &options, &info, &input.providers);
     serde_json::to_string(&merged).map_err(|e| WhatIfError::Json {
         path: "(answer)".into(),

@@ -390,6 +390,8 @@ fn check_problem(ask: &Ask, request_path: &str, status: u16, content_type: &str,
             detail.contains(&admit::BODY_LIMIT.to_string()),
             "{problem}: not the limit"
         ),
+        "no-kubelet-selection" => assert!(detail.contains("GET /v1/kubelet"), "{problem}"),
+        "body-budget-full" => assert!(detail.contains("--body-budget"), "{problem}"),
         "invalid-json" | "method-not-allowed" | "host-read-failed" | "unavailable" => {}
         other => panic!("a problem of an unknown type {other:?}: {problem}"),
     }

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use hugepage_agent::topologymanager::{
-    NumaMask,
-    merge::{NumaInfo, Policy, PolicyOptions, ProviderHints, TopologyHint, merge, reference},
+    NumaInfo, NumaMask, Policy, PolicyOptions, ProviderHints, TopologyHint,
+    merge::{merge, reference},
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -99,7 +99,7 @@ fuzz_target!(|data: &[u8]| {
             prefer_closest_numa_nodes: closest,
             ..PolicyOptions::default()
         };
-        let Ok(info) = NumaInfo::new(nodes.clone(), distances.clone(), &options) else {
+        let Ok(info) = NumaInfo::new(nodes.clone(), distances.clone()) else {
             continue;
         };
         for policy in POLICIES {

@@ -68,7 +68,7 @@ fn main() {
                 prefer_closest_numa_nodes: closest,
                 ..PolicyOptions::default()
             };
-            let info = numa_info(&options);
+            let info = numa_info();
             let merged = merge::merge(policy, &options, &info, &providers);
             let name = format!(
                 "  merge, {policy}{}",
@@ -83,7 +83,7 @@ fn main() {
             });
         }
         let options = PolicyOptions::default();
-        let info = numa_info(&options);
+        let info = numa_info();
         let topology = Topology {
             info: &info,
             policy: Policy::BestEffort,
@@ -119,7 +119,7 @@ fn report<T, E: std::fmt::Display>(
 }
 
 /// Distances of a two-socket, four-die-per-socket machine.
-fn numa_info(options: &PolicyOptions) -> NumaInfo {
+fn numa_info() -> NumaInfo {
     let distances = (0..NODES)
         .map(|a| {
             let row = (0..NODES)
@@ -132,8 +132,7 @@ fn numa_info(options: &PolicyOptions) -> NumaInfo {
             (a, row)
         })
         .collect();
-    NumaInfo::new((0..NODES).collect(), distances, options)
-        .unwrap_or_else(|e| panic!("numa info: {e}"))
+    NumaInfo::new((0..NODES).collect(), distances).unwrap_or_else(|e| panic!("numa info: {e}"))
 }
 
 /// Every node with 64Gi of memory, 16Gi of 2Mi pages and 16Gi of 1Gi pages allocatable, of

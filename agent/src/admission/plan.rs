@@ -168,7 +168,7 @@ mod tests {
             ),
         ]);
         let options = PolicyOptions::default();
-        let info = NumaInfo::new(vec![0, 1], BTreeMap::new(), &options).expect("numa info");
+        let info = NumaInfo::new(vec![0, 1], BTreeMap::new()).expect("numa info");
         let topology = Topology {
             info: &info,
             policy: Policy::SingleNumaNode,

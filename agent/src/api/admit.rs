@@ -38,7 +38,7 @@ use crate::{
     logging::RateLimit,
     memorymanager::{
         hints::{HintError, Scope},
-        selection::{Basis, Selection, Topology},
+        selection::{Basis, Selection},
     },
     psi::condition::NodeCondition,
     topologymanager::Policy,
@@ -302,17 +302,17 @@ fn select(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
         return Ok(unselected(&all, Basis::NodeWide));
     }
     let view = state.memory_manager.load();
-    let config = kubelet.topology();
-    let topology = Topology {
-        info: &kubelet.numa_info,
-        policy: parsed.policy.unwrap_or(config.policy),
-        options: &config.options,
-        scope: parsed.scope.unwrap_or(config.scope),
-        gates: config.gates,
-    };
+    let config = kubelet
+        .topology(parsed.policy, parsed.scope)
+        .and_then(|config| view.usable().map(|()| config))
+        .map_err(ApiError::no_selection)?;
+    let topology = config.topology();
     let plan = plan::plan(&view.state, &parsed.pod, &parsed.pages, topology, &all).map_err(
         |e| match e {
             PlanError::Hints(HintError::Request(e)) | PlanError::Request(e) => field_error(e),
+            PlanError::Hints(e @ HintError::TooManyNodes { .. }) => {
+                ApiError::no_selection(e.to_string())
+            }
             PlanError::Hints(e) => ApiError::internal(e.to_string()),
         },
     )?;

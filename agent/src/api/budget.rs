@@ -77,6 +77,11 @@ impl BodyBudget {
         }
     }
 
+    /// [`BodyBudget::new`], to share between a listener's requests.
+    pub fn shared(bytes: usize, stats: &Arc<ConnectionStats>) -> Arc<BodyBudget> {
+        Arc::new(BodyBudget::new(bytes, Arc::clone(stats)))
+    }
+
     /// The budget's size.
     pub fn bytes(&self) -> usize {
         self.bytes

@@ -170,6 +170,20 @@ impl ApiError {
         )
     }
 
+    /// NUMA selection as the node's kubelet would make it, when there is none (`why`): the
+    /// kubelet would not start with its settings on this machine, or the machine has more NUMA
+    /// nodes than the agent works the Memory Manager's hints out on.
+    pub fn no_selection(why: String) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no-kubelet-selection",
+            "No NUMA selection as the kubelet would make it",
+            format!(
+                "{why}: there is no NUMA selection to verify (GET /v1/kubelet); give numaNodes to verify NUMA nodes of your choosing"
+            ),
+        )
+    }
+
     pub fn unavailable(detail: impl Into<String>) -> ApiError {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -99,6 +99,18 @@ pub struct AppState {
     pub bodies: Arc<budget::BodyBudget>,
 }
 
+impl AppState {
+    /// Why the node's kubelet would not start with its settings on this machine (its Topology
+    /// Manager's refusal, or reserved memory the Memory Manager cannot hold), when so.
+    pub fn kubelet_refusal(&self) -> Option<String> {
+        let kubelet = self.kubelet.load();
+        kubelet
+            .refusal
+            .clone()
+            .or_else(|| self.memory_manager.load().usable().err())
+    }
+}
+
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/admit", post(admit_handler))
@@ -421,6 +433,10 @@ struct Ready<'a> {
     source: crate::numa::map::Source,
     generation: u64,
     probes: &'a str,
+    /// Why the kubelet would not start with its settings on this machine, when so: the agent is
+    /// ready all the same, without the kubelet's NUMA selection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kubelet: Option<String>,
 }
 
 async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> Response {
@@ -429,13 +445,16 @@ async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> R
     let Ok(reservations) = state.reservations.lock().map(|s| s.list()) else {
         return ApiError::internal("the reservation store is poisoned").into_response();
     };
+    let kubelet = state.kubelet.load();
+    let refused = state.kubelet_refusal().is_some();
     let sources = scrape::Sources {
         snapshot: &state.map.load(),
         reservations: &reservations,
         psi: &state.psi.load(),
         probes: state.readiness.probes(),
         verification_sysfs_errors: state.verifier.sysfs_errors(),
-        kubelet: &state.kubelet.load().rows(),
+        kubelet: &kubelet.rows(),
+        kubelet_refused: refused,
     };
     let body = scrape::render(format, &state.metrics, &sources);
     ([(header::CONTENT_TYPE, format.content_type())], body).into_response()
@@ -453,6 +472,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
             source: snapshot.source,
             generation: snapshot.generation,
             probes,
+            kubelet: state.kubelet_refusal(),
         })
         .into_response(),
         None => ApiError::unavailable("starting: the probes are not attached or refused yet")

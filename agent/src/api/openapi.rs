@@ -48,12 +48,13 @@ fn hints_path() -> Value {
                 "source": {"enum": ["checkpoint", "sysfs"]},
                 "checkpointPath": {"type": "string"},
                 "checkpointError": {"type": "string"},
+                "unusable": {"type": "string", "description": "why no state could be built (reserved memory beyond a node: the kubelet would not start with it); the state is then empty"},
                 "loadedAt": {"type": "string", "format": "date-time"}
             }}}}},
             "400": problem("Invalid JSON, or an invalid field (named in `field`)"),
             "408": problem("The body did not arrive within --body-read-timeout (type body-timeout); the connection is closed"),
             "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
-            "503": problem("No room in --body-budget for the body within a second (type body-budget-full): retry after the Retry-After header's seconds"),
+            "503": problem("No room in --body-budget for the body within a second (type body-budget-full): retry after the Retry-After header's seconds; or, without numaNodes, no NUMA selection as the kubelet would make it, because it would not start with its settings on this machine (type no-kubelet-selection, GET /v1/kubelet)"),
             "415": problem("Content type is not application/json")
         }
     }})
@@ -86,6 +87,7 @@ fn kubelet_path() -> Value {
         "responses": {"200": {"description": "The settings in use", "content": {"application/json": {"schema": {"type": "object", "required": ["origin", "settings", "loadedAt"], "properties": {
             "origin": {"type": "string", "description": "where the settings came from: the kubelet's pid and files, a file, or the kubelet's defaults"},
             "error": {"type": "string", "description": "why the latest reading was not used (file and field named)"},
+            "refusal": {"type": "string", "description": "why the kubelet would not start with these settings on this machine (its Topology Manager: more NUMA nodes than max-allowable-numa-nodes under a policy other than none, or options it does not know), when so; the agent runs on, and admissions without numaNodes are refused (503, type no-kubelet-selection)"},
             "settings": {"type": "object", "description": "KubeletConfiguration field name (feature gates as featureGates.<Name>) to its value and source", "additionalProperties": {"type": "object", "required": ["value", "source"], "properties": {
                 "value": {"type": "string"},
                 "source": {"type": "string", "examples": ["kubelet command line (pid 1234)", "file /var/lib/kubelet/config.yaml", "drop-in /etc/kubernetes/kubelet/config.json.d/50-numa.conf", "flag --topology-policy", "kubelet default"]}
@@ -199,7 +201,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                     "400": problem("Invalid JSON, an invalid field (named in `field`), or a dryRun that is not true or false"),
                     "408": problem("The body did not arrive within --body-read-timeout (type body-timeout); the connection is closed"),
             "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
-            "503": problem("No room in --body-budget for the body within a second (type body-budget-full): retry after the Retry-After header's seconds"),
+            "503": problem("No room in --body-budget for the body within a second (type body-budget-full): retry after the Retry-After header's seconds; or, without numaNodes, no NUMA selection as the kubelet would make it, because it would not start with its settings on this machine (type no-kubelet-selection, GET /v1/kubelet)"),
                     "415": problem("Content type is not application/json"),
                     "500": problem("The reservation could not be saved (type state-write-failed, the file and the error named in detail): a disk fault on the node, not a verdict")
                 }
@@ -249,7 +251,13 @@ pub fn document(nodes: &[NumaNode]) -> Value {
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "The process serves requests"}}}},
             "/readyz": {"get": {
                 "summary": "Readiness: the first map exists and the probes are attached, refused or off",
-                "responses": {"200": {"description": "Ready"}, "503": problem("Still starting")}
+                "responses": {"200": {"description": "Ready", "content": {"application/json": {"schema": {"type": "object", "required": ["ready", "source", "generation", "probes"], "properties": {
+                    "ready": {"const": true},
+                    "source": {"enum": ["sysfs", "ebpf+sysfs"]},
+                    "generation": {"type": "integer"},
+                    "probes": {"type": "string", "description": "attached, off (--ebpf off) or refused: why"},
+                    "kubelet": {"type": "string", "description": "why the kubelet would not start with its settings on this machine, when so (GET /v1/kubelet): ready all the same, without the kubelet's NUMA selection"}
+                }}}}}, "503": problem("Still starting")}
             }},
             "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}}
         },

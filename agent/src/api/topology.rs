@@ -16,7 +16,7 @@ use crate::{
         discrepancy::{self, Discrepancy},
         hints::{self, HintError, Hints, PodFacts},
         live::MemoryManagerView,
-        selection::{self, Basis, Selection, Topology},
+        selection::{self, Basis, Selection},
     },
 };
 
@@ -47,6 +47,7 @@ fn request_error(e: RequestError) -> ApiError {
 fn hint_error(e: HintError) -> ApiError {
     match e {
         HintError::Request(e) => request_error(e),
+        e @ HintError::TooManyNodes { .. } => ApiError::no_selection(e.to_string()),
         other => ApiError::internal(other.to_string()),
     }
 }
@@ -76,7 +77,10 @@ pub fn hints(state: &AppState, parsed: &Parsed) -> Result<HintsAnswer, ApiError>
             state: (**view).clone(),
         });
     }
-    let config = kubelet.topology();
+    let config = kubelet
+        .topology(parsed.policy, parsed.scope)
+        .and_then(|config| view.usable().map(|()| config))
+        .map_err(ApiError::no_selection)?;
     let gates = config.gates;
     let pod_hints = hints::pod_hints(&view.state, pod, gates).map_err(hint_error)?;
     let facts = PodFacts::of(pod, gates).map_err(request_error)?;
@@ -88,14 +92,7 @@ pub fn hints(state: &AppState, parsed: &Parsed) -> Result<HintsAnswer, ApiError>
             hints: hints::container_hints(&view.state, pod, &facts, c).map_err(hint_error)?,
         });
     }
-    let topology = Topology {
-        info: &kubelet.numa_info,
-        policy: parsed.policy.unwrap_or(config.policy),
-        options: &config.options,
-        scope: parsed.scope.unwrap_or(config.scope),
-        gates,
-    };
-    let selection = selection::select(&view.state, pod, topology).map_err(hint_error)?;
+    let selection = selection::select(&view.state, pod, config.topology()).map_err(hint_error)?;
     Ok(HintsAnswer {
         hints: pod_hints,
         containers,

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use super::settings::{
-    Layer, LayerError, Source, Sourced, check_options, key_values, parse_gates,
-    parse_memory_manager_policy, parse_policy, parse_scope, reserve,
+    Layer, LayerError, Source, Sourced, key_values, parse_gates, parse_memory_manager_policy,
+    parse_policy, parse_scope, reserve,
 };
 use crate::memorymanager::machine::ReservedMemory;
 
@@ -104,7 +104,7 @@ pub fn parse(pid: u32, args: &[String]) -> Result<KubeletCmdline, CmdlineError> 
     }
     const OPTIONS: &str = "--topology-manager-policy-options";
     if let Some(options) = map(OPTIONS).map_err(err)? {
-        check_options(OPTIONS, &options).map_err(err)?;
+        // Read as the Topology Manager reads them, when it does (`topologymanager::manager`).
         layer.options = Some(at(options, &source));
     }
     if let Some(text) = last("--memory-manager-policy") {

@@ -4,6 +4,14 @@
 //! flags are laid over what was found. A reading that fails keeps the last good settings (at
 //! start: the kubelet's defaults and the flags), says so once in the log, and marks every
 //! source as kept; the view is published through an atomic pointer that the API reads.
+//!
+//! Settings with which the kubelet itself would not start on this machine (its Topology
+//! Manager's refusal: more NUMA nodes than `max-allowable-numa-nodes` under a policy other than
+//! `none`, options it does not know) are used all the same and said to be refused
+//! ([`KubeletView::refusal`]: logged once, in `GET /v1/kubelet`, a metric, `/readyz`'s detail):
+//! the agent keeps running, and only what needs the Topology Manager's answer (NUMA selection
+//! for a request that names no NUMA nodes) says it cannot have one (#40). A node agent never
+//! crash-loops over another component's setting.
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::SystemTime};
 
@@ -16,16 +24,22 @@ use super::{
     settings::{KubeletSettings, Layer, MemoryManagerPolicy, Row},
 };
 use crate::{
-    host::NodeInfo, memorymanager::selection::TopologyConfig, sysfs::HostFs,
-    topologymanager::NumaInfo,
+    host::NodeInfo,
+    memorymanager::{hints::Scope, selection::TopologyConfig},
+    sysfs::HostFs,
+    topologymanager::{NumaInfo, Policy},
 };
 
 /// What the API and the admissions read.
 #[derive(Debug, Clone)]
 pub struct KubeletView {
     pub settings: KubeletSettings,
-    /// The machine's NUMA nodes as the Topology Manager sees them under these settings' options.
-    pub numa_info: Arc<NumaInfo>,
+    /// The machine's NUMA nodes as the Topology Manager reads them, or why they cannot be read
+    /// so (node ids past its 64-bit masks).
+    pub machine: Result<Arc<NumaInfo>, String>,
+    /// Why the kubelet would not start with these settings on this machine (or why the agent
+    /// cannot select NUMA nodes as it would), when so.
+    pub refusal: Option<String>,
     /// Where the settings came from, in words.
     pub origin: String,
     /// Why the latest reading was not used, when it was not.
@@ -42,13 +56,35 @@ pub struct KubeletAnswer {
     pub origin: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why the kubelet would not start with these settings on this machine, when so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
     pub settings: BTreeMap<String, Row>,
     pub loaded_at: String,
 }
 
 impl KubeletView {
-    pub fn topology(&self) -> TopologyConfig {
-        self.settings.topology()
+    /// How the kubelet would select NUMA nodes, under the settings' own policy and scope or a
+    /// request's: or why there is no such selection (the kubelet would not start with them on
+    /// this machine).
+    pub fn topology(
+        &self,
+        policy: Option<Policy>,
+        scope: Option<Scope>,
+    ) -> Result<TopologyConfig, String> {
+        let info = self.machine.clone()?;
+        let policy = policy.unwrap_or(self.settings.policy.value);
+        let options = self
+            .settings
+            .start(policy, &info)
+            .map_err(|e| refused(&e.to_string()))?;
+        Ok(TopologyConfig {
+            info,
+            policy,
+            options,
+            scope: scope.unwrap_or(self.settings.scope.value),
+            gates: self.settings.feature_gates(),
+        })
     }
 
     /// Whether the kubelet pins memory to NUMA nodes (`Static`); under `None` KEP-5759 does not
@@ -72,6 +108,7 @@ impl KubeletView {
         KubeletAnswer {
             origin: self.origin.clone(),
             error: self.error.clone(),
+            refusal: self.refusal.clone(),
             settings: self.rows(),
             loaded_at: humantime::format_rfc3339_millis(self.loaded_at).to_string(),
         }
@@ -92,6 +129,8 @@ pub struct LiveKubelet {
     nodes: Vec<NodeInfo>,
     stamp: Stamp,
     view: Arc<ArcSwap<KubeletView>>,
+    /// The refusal last logged: each is logged once, when it first applies.
+    logged_refusal: Option<String>,
 }
 
 impl LiveKubelet {
@@ -116,6 +155,7 @@ impl LiveKubelet {
             nodes,
             stamp: Stamp::default(),
             view: Arc::new(ArcSwap::from_pointee(fallback)),
+            logged_refusal: None,
         };
         live.reload();
         let view = live.view.load();
@@ -144,8 +184,19 @@ impl LiveKubelet {
         self.reload()
     }
 
-    /// Reads the settings afresh and publishes them (or keeps the last good ones).
+    /// Reads the settings afresh and publishes them (or keeps the last good ones); logs a
+    /// refusal that is new.
     fn reload(&mut self) -> bool {
+        let changed = self.read_and_publish();
+        let view = self.view.load();
+        if view.refusal != self.logged_refusal {
+            log_refusal(self.logged_refusal.as_deref(), &view);
+            self.logged_refusal.clone_from(&view.refusal);
+        }
+        changed
+    }
+
+    fn read_and_publish(&mut self) -> bool {
         let reading = discovery::read(&self.host, self.explicit.as_deref());
         self.stamp = reading.stamp;
         let before = self.view.load_full();
@@ -212,9 +263,16 @@ fn with_flags(
     view(&layers, nodes, &found.origin)
 }
 
+/// The kubelet's refusal to start with its Topology Manager's error `why`, in words.
+fn refused(why: &str) -> String {
+    format!(
+        "the kubelet would not start with these settings on this machine: the Topology Manager: {why}"
+    )
+}
+
 /// The settings of `layers` over the kubelet's defaults, on a machine with these NUMA nodes.
 pub fn view(layers: &[&Layer], nodes: &[NodeInfo], origin: &str) -> Result<KubeletView, String> {
-    let settings = KubeletSettings::resolve(layers).map_err(|e| e.to_string())?;
+    let settings = KubeletSettings::resolve(layers);
     let reserved = &settings.reserved_memory;
     if let Some(node) = reserved
         .value
@@ -226,16 +284,40 @@ pub fn view(layers: &[&Layer], nodes: &[NodeInfo], origin: &str) -> Result<Kubel
             reserved.source
         ));
     }
-    let numa_info = NumaInfo::from_topology(nodes, &settings.policy_options)
-        .map_err(|e| format!("the Topology Manager: {e}"))?;
+    let machine = NumaInfo::from_topology(nodes).map(Arc::new).map_err(|e| {
+        format!("the agent cannot select NUMA nodes as the kubelet would on this machine: {e}")
+    });
+    let refusal = match &machine {
+        Ok(info) => settings
+            .start(settings.policy.value, info)
+            .err()
+            .map(|e| refused(&e.to_string())),
+        Err(why) => Some(why.clone()),
+    };
     Ok(KubeletView {
         settings,
-        numa_info: Arc::new(numa_info),
+        machine,
+        refusal,
         origin: origin.to_owned(),
         error: None,
         kept: false,
         loaded_at: SystemTime::now(),
     })
+}
+
+/// A warning when the kubelet's refusal of the settings appears or changes (`was`: the one
+/// logged before), a line when it goes.
+fn log_refusal(was: Option<&str>, next: &KubeletView) {
+    match (was, next.refusal.as_deref()) {
+        (was, Some(now)) if was != Some(now) => warn!(
+            origin = %next.origin,
+            "{now}; the agent goes on (the map, verification on given NUMA nodes, consumers, PSI and telemetry), and admissions that need the kubelet's NUMA selection are refused saying so"
+        ),
+        (Some(_), None) => {
+            info!(origin = %next.origin, "the kubelet's settings start on this machine again")
+        }
+        _ => {}
+    }
 }
 
 /// One line at start and whenever the settings or their origin change: every setting with its
@@ -348,5 +430,96 @@ mod tests {
         };
         let live = LiveKubelet::load(HostFs::new(dir.path()), None, flags, nodes).expect("flags");
         assert_eq!(live.current().settings.policy.value, Policy::Restricted);
+    }
+
+    /// A host tree of `count` NUMA nodes, the first two with a CPU each and the rest CPU-less
+    /// (as CXL memory expanders show them), and a kubelet configuration file of `config`.
+    fn machine(count: u32, config: &str) -> (tempfile::TempDir, HostFs, Vec<NodeInfo>) {
+        let last = count - 1;
+        let mut files = vec![
+            ("/proc/1/comm".to_owned(), "init\n".to_owned()),
+            ("/proc/1/cmdline".to_owned(), "init\0".to_owned()),
+            (
+                "/sys/devices/system/node/online".to_owned(),
+                format!("0-{last}\n"),
+            ),
+            (CONFIG.to_owned(), config.to_owned()),
+        ];
+        for n in 0..count {
+            let cpus = if n < 2 {
+                format!("{n}\n")
+            } else {
+                "\n".to_owned()
+            };
+            let distances: Vec<String> = (0..count)
+                .map(|to| if to == n { "10" } else { "20" }.to_owned())
+                .collect();
+            let dir = format!("/sys/devices/system/node/node{n}");
+            files.push((format!("{dir}/cpulist"), cpus));
+            files.push((format!("{dir}/distance"), distances.join(" ") + "\n"));
+        }
+        let files: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(p, c)| (p.as_str(), c.as_str()))
+            .collect();
+        let (dir, host) = fake::tree(&files);
+        let nodes = topology::read(&host).expect("topology");
+        (dir, host, nodes)
+    }
+
+    /// Bug (#40): on nine NUMA nodes with the kubelet's defaults (policy `none`) the agent
+    /// exited, where the kubelet starts: under `none` it neither counts nodes nor reads options.
+    #[test]
+    fn under_none_any_number_of_nodes_and_any_options_start_and_select() {
+        for count in [9, 16, 64] {
+            let file = config("none") + "topologyManagerPolicyOptions: {best-guess: \"true\"}\n";
+            let (_dir, host, nodes) = machine(count, &file);
+            let live = LiveKubelet::load(host, None, Layer::default(), nodes).expect("runs");
+            let view = live.current();
+            assert_eq!(view.refusal, None, "{count} nodes");
+            let topology = view.topology(None, None).expect("a selection");
+            assert_eq!(topology.info.nodes().len(), count as usize);
+            assert_eq!(topology.policy, Policy::None);
+        }
+    }
+
+    /// Bug (#40): settings the kubelet would not start with are the kubelet's to fix; the agent
+    /// says so and keeps running, and only a selection under them is refused.
+    #[test]
+    fn a_policy_the_kubelet_refuses_on_this_machine_is_reported_and_selection_says_why() {
+        let (_dir, host, nodes) = machine(9, &config("single-numa-node"));
+        let live = LiveKubelet::load(host, None, Layer::default(), nodes).expect("runs");
+        let view = live.current();
+        let why = "the kubelet would not start with these settings on this machine: the Topology Manager: policy single-numa-node on 9 NUMA nodes: the kubelet's Topology Manager does not start on machines with more than 8 (its option max-allowable-numa-nodes raises that)";
+        assert_eq!(view.refusal.as_deref(), Some(why));
+        assert_eq!(view.answer().refusal.as_deref(), Some(why));
+        assert_eq!(view.topology(None, None).err().as_deref(), Some(why));
+        // A request's own policy `none` needs no Topology Manager's count.
+        let none = view.topology(Some(Policy::None), None).expect("none");
+        assert_eq!(none.info.nodes().len(), 9);
+        // The settings are in use all the same, not kept from an earlier reading.
+        assert!(!view.kept && view.error.is_none());
+        assert_eq!(view.settings.policy.value, Policy::SingleNumaNode);
+
+        let raised = config("single-numa-node")
+            + "topologyManagerPolicyOptions: {max-allowable-numa-nodes: \"16\"}\n";
+        let (_dir, host, nodes) = machine(16, &raised);
+        let view = LiveKubelet::load(host, None, Layer::default(), nodes)
+            .expect("runs")
+            .current();
+        assert_eq!(view.refusal, None);
+        let selecting = view
+            .topology(None, None)
+            .expect("selects as the kubelet would");
+        assert_eq!(selecting.options.max_allowable_numa_nodes, 16);
+
+        let unknown =
+            config("best-effort") + "topologyManagerPolicyOptions: {best-guess: \"true\"}\n";
+        let (_dir, host, nodes) = machine(2, &unknown);
+        let view = LiveKubelet::load(host, None, Layer::default(), nodes)
+            .expect("runs")
+            .current();
+        let refusal = view.refusal.clone().unwrap_or_default();
+        assert!(refusal.ends_with("unknown topology policy option \"best-guess\": prefer-closest-numa-nodes and max-allowable-numa-nodes are known"), "{refusal}");
     }
 }

@@ -14,9 +14,12 @@ use serde_json::{Map, Value};
 use crate::{
     kube::pod,
     kubelet::features::FeatureGates,
-    memorymanager::{hints::Scope, machine::ReservedMemory, selection::TopologyConfig},
+    memorymanager::{hints::Scope, machine::ReservedMemory},
     quantity,
-    topologymanager::{Policy, PolicyOptions},
+    topologymanager::{
+        NumaInfo, Policy, PolicyOptions,
+        manager::{self, StartError},
+    },
 };
 
 /// The `KubeletConfiguration` fields read, as the file spells them.
@@ -165,19 +168,12 @@ pub fn parse_memory_manager_policy(
     }
 }
 
-/// Topology Manager policy options, checked as the merge reads them.
+/// Topology Manager policy options given to the agent itself, checked as the kubelet reads them:
+/// a flag of the agent's own that does not read stops it.
 pub fn check_options(field: &str, options: &BTreeMap<String, String>) -> Result<(), LayerError> {
-    policy_options(options)
+    PolicyOptions::from_pairs(options.iter().map(|(k, v)| (k.as_str(), v)))
         .map(|_| ())
-        .map_err(|e| bad(field, e))
-}
-
-fn policy_options(options: &BTreeMap<String, String>) -> Result<PolicyOptions, String> {
-    let map = options
-        .iter()
-        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-        .collect();
-    PolicyOptions::from_map(&map).map_err(|e| e.to_string())
+        .map_err(|e| bad(field, e.to_string()))
 }
 
 /// Adds `amount` of `name` (`memory` or `hugepages-<size>`) on `node` to `reserved`.
@@ -333,9 +329,9 @@ impl Layer {
             layer.scope = Some(sourced(parse_scope(SCOPE, string(SCOPE, v)?)?, &at));
         }
         if let Some(v) = get(OPTIONS) {
-            let options = string_map(OPTIONS, v)?;
-            check_options(OPTIONS, &options)?;
-            layer.options = Some(sourced(options, &at));
+            // Read as the Topology Manager reads them, when it does: not under `none`
+            // (`topologymanager::manager`).
+            layer.options = Some(sourced(string_map(OPTIONS, v)?, &at));
         }
         if let Some(v) = get(MEMORY_MANAGER_POLICY) {
             let text = string(MEMORY_MANAGER_POLICY, v)?;
@@ -408,8 +404,6 @@ pub struct KubeletSettings {
     pub kube_reserved: Sourced<BTreeMap<String, String>>,
     /// Every mirrored gate.
     pub gates: BTreeMap<&'static str, Sourced<bool>>,
-    /// The options as the Topology Manager reads them.
-    pub policy_options: PolicyOptions,
 }
 
 /// One setting as shown: the log line, `GET /v1/kubelet` and the info metric.
@@ -421,7 +415,7 @@ pub struct Row {
 
 impl KubeletSettings {
     /// `layers` over the kubelet's defaults, in order.
-    pub fn resolve(layers: &[&Layer]) -> Result<KubeletSettings, LayerError> {
+    pub fn resolve(layers: &[&Layer]) -> KubeletSettings {
         let default = Source::KubeletDefault;
         let mut s = KubeletSettings {
             policy: sourced(Policy::None, &default),
@@ -435,7 +429,6 @@ impl KubeletSettings {
                 .iter()
                 .map(|&g| (g, sourced(false, &default)))
                 .collect(),
-            policy_options: PolicyOptions::default(),
         };
         s.gates.insert(
             VERIFICATION_GATE,
@@ -460,8 +453,7 @@ impl KubeletSettings {
                 s.gates.insert(gate, v.clone());
             }
         }
-        s.policy_options = policy_options(&s.options.value).map_err(|e| bad(OPTIONS, e))?;
-        Ok(s)
+        s
     }
 
     fn gate(&self, name: &str) -> bool {
@@ -473,17 +465,20 @@ impl KubeletSettings {
         self.gate(VERIFICATION_GATE)
     }
 
-    /// What NUMA selection reads.
-    pub fn topology(&self) -> TopologyConfig {
-        TopologyConfig {
-            policy: self.policy.value,
-            options: self.policy_options,
-            scope: self.scope.value,
-            gates: FeatureGates {
-                pod_level_resources: self.gate("PodLevelResources"),
-                pod_level_resource_managers: self.gate("PodLevelResourceManagers"),
-            },
+    /// The mirrored feature gates NUMA selection reads.
+    pub fn feature_gates(&self) -> FeatureGates {
+        FeatureGates {
+            pod_level_resources: self.gate("PodLevelResources"),
+            pod_level_resource_managers: self.gate("PodLevelResourceManagers"),
         }
+    }
+
+    /// Whether the kubelet's Topology Manager starts with these settings on `machine`
+    /// ([`manager::start`]) under `policy` (the settings' own, or a request's): the options in
+    /// effect, or why it does not.
+    pub fn start(&self, policy: Policy, machine: &NumaInfo) -> Result<PolicyOptions, StartError> {
+        let options = self.options.value.iter();
+        manager::start(policy, options.map(|(k, v)| (k.as_str(), v)), machine)
     }
 
     /// Every setting by its `KubeletConfiguration` name (gates as `featureGates.<Name>`).

@@ -33,7 +33,17 @@ pub enum HintError {
     NoSuchContainer(String),
     #[error("machine state: {0}")]
     Machine(#[from] BitmaskError),
+    #[error(
+        "the Memory Manager's hints are every NUMA mask that fits, as the kubelet works them out (2^{nodes}-1 masks on {nodes} NUMA nodes): the agent works them out on at most {MAX_HINT_NODES} nodes ({} masks, tens of milliseconds), and this machine has {nodes}",
+        (1u64 << MAX_HINT_NODES) - 1
+    )]
+    TooManyNodes { nodes: usize },
 }
+
+/// The most NUMA nodes hints are worked out on: every mask of them is visited (65,535 on 16
+/// nodes, 42 to 101 ms an admission in release; 18 nodes took 0.78 s), so past it an admission
+/// would hold its thread for seconds and more.
+pub const MAX_HINT_NODES: usize = 16;
 
 /// Topology Manager scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +105,7 @@ pub fn container_hints(
     }
     let field = format_args!("container {:?}", container.name);
     let requested = requests::exclusive_requests(pod, container, facts.gates, field)?;
-    Ok(exclusive_hints(state, pod, facts, container, &requested)?)
+    exclusive_hints(state, pod, facts, container, &requested)
 }
 
 /// [`container_hints`] for a container of a Guaranteed pod whose exclusive requests
@@ -106,7 +116,7 @@ pub fn exclusive_hints(
     facts: &PodFacts,
     container: &Container,
     requested: &Requested,
-) -> Result<Hints, BitmaskError> {
+) -> Result<Hints, HintError> {
     if requested.is_empty() || pod_level_unmanaged(pod, facts.gates) {
         return Ok(None);
     }
@@ -238,18 +248,21 @@ pub fn regenerate(blocks: &[Block], requested: &Requested) -> Hints {
 pub fn calculate(
     machine: &MachineState,
     requested: &Requested,
-) -> Result<BTreeMap<String, Vec<TopologyHint>>, BitmaskError> {
+) -> Result<BTreeMap<String, Vec<TopologyHint>>, HintError> {
     let nodes: Vec<usize> = machine.keys().copied().collect();
+    if nodes.len() > MAX_HINT_NODES {
+        return Err(HintError::TooManyNodes { nodes: nodes.len() });
+    }
     let amounts: Vec<u64> = requested.values().copied().collect();
     if let Some(&id) = machine.keys().find(|&&id| id > bitmask::MAX_NODE) {
-        return Err(BitmaskError::OutOfRange(id));
+        return Err(BitmaskError::OutOfRange(id).into());
     }
     // Per node id: (allocatable, free) per requested resource, and its grouping.
     let ids = machine.keys().next_back().map_or(0, |&id| id + 1);
     let mut facts: Vec<Option<NodeFacts>> = vec![None; ids];
     for (&id, state) in machine {
         let Some(slot) = facts.get_mut(id) else {
-            return Err(BitmaskError::OutOfRange(id));
+            return Err(BitmaskError::OutOfRange(id).into());
         };
         let table = |resource: &str| state.memory_map.get(resource).copied().unwrap_or_default();
         *slot = Some(NodeFacts {

@@ -5,6 +5,11 @@
 //! [`LiveState`] keeps it current for the running agent (published through an atomic pointer
 //! that admissions read) and says how far it is from the kernel: the discrepancy per node and
 //! size, for the gauge.
+//!
+//! A state that cannot be built at all (the kubelet's reserved memory more than a node has, or
+//! on a resource it does not have: the kubelet itself would not start with it) leaves the agent
+//! running with an empty state that says why ([`MemoryManagerView::unusable`]): NUMA selection
+//! is refused saying so, and everything else goes on (#40).
 
 use std::{os::unix::fs::MetadataExt, path::PathBuf, sync::Arc, time::SystemTime};
 
@@ -37,11 +42,24 @@ pub struct MemoryManagerView {
     /// Why the checkpoint was not used, when it exists but was refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint_error: Option<String>,
+    /// Why there is no state to select with, when none could be built (the state is empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unusable: Option<String>,
     /// Per NUMA node: each resource's table and the node's group (`cells`).
     #[serde(rename = "machineState", serialize_with = "machine_state")]
     pub state: MemoryManagerState,
     #[serde(serialize_with = "rfc3339")]
     pub loaded_at: SystemTime,
+}
+
+impl MemoryManagerView {
+    /// Nothing, when the state can be selected with; else why not.
+    pub fn usable(&self) -> Result<(), String> {
+        match &self.unusable {
+            None => Ok(()),
+            Some(why) => Err(format!("the Memory Manager's state: {why}")),
+        }
+    }
 }
 
 fn machine_state<S: serde::Serializer>(
@@ -97,6 +115,18 @@ impl StateLoader {
         self.stamp != Some(self.stamp())
     }
 
+    /// An empty state that says why none could be built (`err`).
+    fn unusable(&self, err: &machine::MachineError) -> MemoryManagerView {
+        MemoryManagerView {
+            source: StateSource::Sysfs,
+            checkpoint_path: self.path.clone(),
+            checkpoint_error: None,
+            unusable: Some(err.to_string()),
+            state: MemoryManagerState::default(),
+            loaded_at: SystemTime::now(),
+        }
+    }
+
     /// Reads the state afresh: the checkpoint if present and sound, else the state built from the
     /// host (pools from `snapshot`). Errors are those of the host reads or `--reserved-memory`.
     pub fn load(
@@ -118,6 +148,7 @@ impl StateLoader {
                         source: StateSource::Checkpoint,
                         checkpoint_path: self.path.clone(),
                         checkpoint_error: None,
+                        unusable: None,
                         state,
                         loaded_at: SystemTime::now(),
                     });
@@ -131,6 +162,7 @@ impl StateLoader {
             source: StateSource::Sysfs,
             checkpoint_path: self.path.clone(),
             checkpoint_error,
+            unusable: None,
             state: MemoryManagerState {
                 policy_name: "Static".into(),
                 machine_state,
@@ -149,17 +181,16 @@ pub struct LiveState {
 }
 
 impl LiveState {
-    /// Loads the first view (logged); an error is one of the host reads or `--reserved-memory`.
-    pub fn load(
-        mut loader: StateLoader,
-        snapshot: &Snapshot,
-    ) -> Result<LiveState, machine::MachineError> {
-        let view = loader.load(snapshot)?;
+    /// Loads the first view (logged); one that cannot be built is an empty one saying why.
+    pub fn load(mut loader: StateLoader, snapshot: &Snapshot) -> LiveState {
+        let view = loader
+            .load(snapshot)
+            .unwrap_or_else(|err| loader.unusable(&err));
         log_view(&view);
-        Ok(LiveState {
+        LiveState {
             loader,
             view: Arc::new(ArcSwap::from_pointee(view)),
-        })
+        }
     }
 
     /// The published view, for the readers (admission, hints, the discrepancy endpoint).
@@ -185,16 +216,25 @@ impl LiveState {
         self.view.load().source == StateSource::Sysfs
     }
 
-    /// Re-reads the view; a failure keeps the last good one (logged). A change of source or of
-    /// the checkpoint's verdict is logged, and every checkpoint read.
+    /// Re-reads the view; a failure keeps the last good one (logged), or replaces an unusable
+    /// one with why now. A change of source or of the checkpoint's verdict is logged, and every
+    /// checkpoint read.
     pub fn reload(&mut self, snapshot: &Snapshot) {
         let before = self.view.load();
         match self.loader.load(snapshot) {
             Ok(view) => {
                 if view.source != before.source
                     || view.checkpoint_error != before.checkpoint_error
+                    || view.unusable != before.unusable
                     || view.source == StateSource::Checkpoint
                 {
+                    log_view(&view);
+                }
+                self.view.store(Arc::new(view));
+            }
+            Err(err) if before.unusable.is_some() => {
+                let view = self.loader.unusable(&err);
+                if view.unusable != before.unusable {
                     log_view(&view);
                 }
                 self.view.store(Arc::new(view));
@@ -213,6 +253,12 @@ impl LiveState {
 }
 
 fn log_view(view: &MemoryManagerView) {
+    if let Some(why) = &view.unusable {
+        warn!(
+            "the Memory Manager's state cannot be built: {why}; the agent goes on, and admissions that need the kubelet's NUMA selection are refused saying so"
+        );
+        return;
+    }
     match (&view.source, &view.checkpoint_error) {
         (StateSource::Checkpoint, _) => info!(
             path = %view.checkpoint_path.display(),
@@ -232,6 +278,8 @@ fn log_view(view: &MemoryManagerView) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::{
         memorymanager::{checkpoint::to_kubelet_json, testing},
@@ -266,8 +314,7 @@ mod tests {
         let live = LiveState::load(
             StateLoader::new(host, path, ReservedMemory::default()),
             &snapshot,
-        )
-        .expect("built from sysfs");
+        );
         assert!(live.follows_pools());
         assert!(!live.checkpoint_changed());
         assert!(live.discrepancy(&snapshot).is_none());
@@ -280,8 +327,7 @@ mod tests {
         let mut live = LiveState::load(
             StateLoader::new(host, path.clone(), ReservedMemory::default()),
             &snapshot,
-        )
-        .expect("built from sysfs");
+        );
         let reader = live.reader();
         // The kubelet believes 10 pages are free where the kernel has 8.
         let state = testing::state(vec![(
@@ -301,5 +347,27 @@ mod tests {
             .find(|d| d.resource == "hugepages-2Mi")
             .expect("2Mi");
         assert_eq!(two_mi.discrepancy_bytes, 2 << 21);
+    }
+
+    /// Bug (#40): reserved memory beyond what a node has stopped the agent at start.
+    #[test]
+    fn reserved_memory_the_machine_cannot_hold_is_an_unusable_state_until_it_can() {
+        let (dir, host, snapshot) = host();
+        let path = dir.path().join("memory_manager_state");
+        let too_much = ReservedMemory::from([(0, BTreeMap::from([("memory".into(), 1 << 40)]))]);
+        let mut live = LiveState::load(StateLoader::new(host, path, too_much), &snapshot);
+        let reader = live.reader();
+        let view = reader.load();
+        assert_eq!(
+            view.unusable.as_deref(),
+            Some(
+                "the kubelet's reserved memory reserves 1Ti of memory on NUMA node 0, more than its 16368Mi"
+            )
+        );
+        assert!(view.state.machine_state.is_empty());
+        live.set_reserved(&ReservedMemory::default(), &snapshot);
+        let view = reader.load();
+        assert_eq!(view.unusable, None);
+        assert_eq!(view.state.machine_state.len(), 1);
     }
 }

@@ -11,7 +11,7 @@
 //! The Memory Manager is the only hint provider the agent knows: CPU and device hints are not
 //! seen, so a pod the kubelet rejects for CPU alignment alone is not rejected here.
 
-use std::{borrow::Cow, collections::BTreeMap};
+use std::{borrow::Cow, collections::BTreeMap, sync::Arc};
 
 use serde::Serialize;
 
@@ -119,13 +119,28 @@ impl Selection {
     }
 }
 
-/// How the kubelet picks NUMA nodes on this node (the settings [`Topology`] borrows).
-#[derive(Debug, Clone, Copy)]
+/// How the kubelet picks NUMA nodes on this node: the machine, the policy and the options in
+/// effect, the scope and the gates ([`TopologyConfig::topology`] borrows them).
+#[derive(Debug, Clone)]
 pub struct TopologyConfig {
+    pub info: Arc<NumaInfo>,
     pub policy: Policy,
     pub options: PolicyOptions,
     pub scope: Scope,
     pub gates: FeatureGates,
+}
+
+impl TopologyConfig {
+    /// What the selection reads.
+    pub fn topology(&self) -> Topology<'_> {
+        Topology {
+            info: &self.info,
+            policy: self.policy,
+            options: &self.options,
+            scope: self.scope,
+            gates: self.gates,
+        }
+    }
 }
 
 /// What the selection needs besides the pod.

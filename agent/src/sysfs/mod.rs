@@ -14,7 +14,11 @@ pub mod topology;
 use std::{
     fs, io,
     path::{Path, PathBuf},
+    thread,
+    time::Duration,
 };
+
+use tracing::warn;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SysfsError {
@@ -39,6 +43,30 @@ fn not_found_is_none<T>(read: Result<T, SysfsError>) -> Result<Option<T>, SysfsE
             Ok(None)
         }
         Err(err) => Err(err),
+    }
+}
+
+/// A read at start, tried this many times, [`SETTLE_PAUSE`] apart.
+const SETTLE_TRIES: u32 = 5;
+const SETTLE_PAUSE: Duration = Duration::from_millis(200);
+
+/// A first read of the host, tried again a few times when it fails (each failure logged): a
+/// NUMA node that goes offline between `online` and its directory (memory hot-removal, a CXL
+/// device reset) fails one read, not the next. Still failing, the host cannot be read where
+/// `--host-root` says (the DaemonSet's mount of it), which nothing the agent does can work
+/// without: the error names the file. For start-up only: it blocks the thread.
+pub fn settled<T>(read: impl Fn() -> Result<T, SysfsError>) -> Result<T, SysfsError> {
+    let mut tries = 1;
+    loop {
+        match read() {
+            Ok(value) => return Ok(value),
+            Err(err) if tries < SETTLE_TRIES => {
+                warn!("{err}; reading again in {SETTLE_PAUSE:?}");
+                tries += 1;
+                thread::sleep(SETTLE_PAUSE);
+            }
+            Err(err) => return Err(err),
+        }
     }
 }
 

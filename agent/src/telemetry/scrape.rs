@@ -31,6 +31,8 @@ pub struct Sources<'a> {
     pub verification_sysfs_errors: u64,
     /// The node's kubelet settings in use: name → value and source.
     pub kubelet: &'a BTreeMap<String, Row>,
+    /// Whether the kubelet would not start with them on this machine.
+    pub kubelet_refused: bool,
 }
 
 /// The whole exposition.
@@ -68,6 +70,9 @@ pub fn render(format: Format, metrics: &Metrics, s: &Sources<'_>) -> String {
             1.0,
         );
     }
+    const REFUSED: &str = "hugepage_agent_kubelet_settings_refused";
+    e.family(REFUSED, Kind::Gauge, "1 while the kubelet would not start with the settings above on this machine (its Topology Manager refuses them: GET /v1/kubelet says why); the agent then verifies only requests that name their NUMA nodes. 0 otherwise.");
+    e.sample(REFUSED, &[], f64::from(u8::from(s.kubelet_refused)));
     psi(&mut e, s.psi);
     metrics.encode(&mut e);
     e.finish()

@@ -151,7 +151,7 @@ async fn run_async(
         metrics,
         nodes,
         kube,
-        bodies: Arc::new(BodyBudget::new(limits.body_budget, connections.clone())),
+        bodies: BodyBudget::shared(limits.body_budget, &connections),
         extender_body_limit: settings.extender_body_limit,
     };
     let watcher = tokio::spawn(reloader.watch(stopped.clone()));

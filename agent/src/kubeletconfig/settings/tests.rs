@@ -15,7 +15,7 @@ fn fixture(name: &str) -> file::ConfigFile {
 }
 
 fn resolve(layers: &[&Layer]) -> KubeletSettings {
-    KubeletSettings::resolve(layers).expect("settings")
+    KubeletSettings::resolve(layers)
 }
 
 fn file_layer(files: &[&str]) -> Layer {
@@ -42,7 +42,7 @@ fn nothing_found_is_the_kubelets_defaults_not_the_agents_old_ones() {
         s.gates[VERIFICATION_GATE].source,
         Source::AgentDefault(VERIFICATION_DEFAULT_WHY)
     );
-    assert_eq!(s.topology().gates, FeatureGates::default());
+    assert_eq!(s.feature_gates(), FeatureGates::default());
 }
 
 #[test]
@@ -53,7 +53,13 @@ fn kubeadms_file_sets_every_field_it_names() {
     assert_eq!(s.policy.source, from);
     assert_eq!(s.scope.value, Scope::Pod);
     assert_eq!(s.memory_manager_policy.value, MemoryManagerPolicy::Static);
-    assert!(s.policy_options.prefer_closest_numa_nodes);
+    let two = NumaInfo::new(
+        vec![0, 1],
+        BTreeMap::from([(0, vec![10, 20]), (1, vec![20, 10])]),
+    )
+    .expect("two nodes");
+    let options = s.start(s.policy.value, &two).expect("the kubelet starts");
+    assert!(options.prefer_closest_numa_nodes);
     assert_eq!(
         s.reserved_memory.value,
         ReservedMemory::from([
@@ -183,7 +189,7 @@ fn the_kubelets_command_line_wins_over_its_file_and_the_agents_flags_over_both()
         "an explicit false turns verification off"
     );
     assert_eq!(s.gates[VERIFICATION_GATE].source, cmdline);
-    assert!(s.topology().gates.pod_level_resources);
+    assert!(s.feature_gates().pod_level_resources);
     assert_eq!(s.reserved_memory.value[&1]["memory"], 512 * MI);
     assert_eq!(s.reserved_memory.value[&2]["hugepages-1Gi"], GI);
     assert_eq!(s.system_reserved.value.len(), 2, "map flags add up");
@@ -255,8 +261,8 @@ fn a_known_field_with_a_wrong_type_or_value_names_the_file_and_the_field() {
             "systemReserved.memory: expected a string, found a list",
         ),
         (
-            "topologyManagerPolicyOptions: {best-guess: \"true\"}\n",
-            "topologyManagerPolicyOptions: unknown topology policy option",
+            "topologyManagerPolicyOptions: [best-guess]\n",
+            "topologyManagerPolicyOptions: expected an object, found a list",
         ),
     ];
     for (body, expected) in cases {

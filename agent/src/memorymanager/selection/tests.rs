@@ -35,7 +35,7 @@ fn two_nodes(free_huge: [u64; 2]) -> MemoryManagerState {
 
 fn select_with(state: &MemoryManagerState, pod: &Pod, policy: Policy, scope: Scope) -> Selection {
     let options = PolicyOptions::default();
-    let info = NumaInfo::new(vec![0, 1], BTreeMap::new(), &options).unwrap();
+    let info = NumaInfo::new(vec![0, 1], BTreeMap::new()).unwrap();
     let topology = Topology {
         info: &info,
         policy,
@@ -156,15 +156,15 @@ fn pod_scope_places_the_sum_and_burstable_pods_get_no_hints() {
     assert_eq!(allocated(&selection), vec![None]);
 }
 
-/// Three nodes 10, 20 and 30 apart, under `options`.
-fn three_nodes_info(options: &PolicyOptions) -> (NumaInfo, reference::NumaInfo) {
+/// Three nodes 10, 20 and 30 apart.
+fn three_nodes_info() -> (NumaInfo, reference::NumaInfo) {
     let nodes = vec![0, 1, 2];
     let distances = BTreeMap::from([
         (0, vec![10, 20, 30]),
         (1, vec![20, 10, 20]),
         (2, vec![30, 20, 10]),
     ]);
-    let info = NumaInfo::new(nodes.clone(), distances.clone(), options).unwrap();
+    let info = NumaInfo::new(nodes.clone(), distances.clone()).unwrap();
     (info, reference::NumaInfo { nodes, distances })
 }
 
@@ -186,7 +186,7 @@ fn placements_beside_the_kubelet(
                 prefer_closest_numa_nodes: closest,
                 ..PolicyOptions::default()
             };
-            let (info, kubelet_info) = three_nodes_info(&options);
+            let (info, kubelet_info) = three_nodes_info();
             let topology = Topology {
                 info: &info,
                 policy,
