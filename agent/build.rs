@@ -8,12 +8,20 @@
 //! `AYA_BUILD_SKIP=1` skips that build (for `cargo check`/clippy where the eBPF toolchain is
 //! absent) and embeds an empty object instead; such a binary reports "no eBPF object" at start-up
 //! and runs on sysfs alone (`--ebpf auto`) or refuses to start (`--ebpf on`).
+//!
+//! The nested build (`cargo +nightly build -Z build-std=core --target bpfel-unknown-none`, the
+//! flags aya's loader needs: `bpf_target_arch`, debug info, BTF) runs quietly: cargo shows a
+//! build script's lines only as warnings, and its progress is not one. What the compiler says
+//! of the kernel programs (warnings, errors) is passed on; a failed build shows all it printed.
 use std::{
     ffi::OsString,
     fs,
+    io::Read,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
+
+use anyhow::{Context, bail};
 
 const OBJECT: &str = "hugepage-agent-probes";
 const LINKER: &str = "bpf-linker";
@@ -46,12 +54,98 @@ fn main() -> anyhow::Result<()> {
         // SAFETY: the build script is single-threaded here; the nested cargo inherits PATH.
         unsafe { std::env::set_var("PATH", path) };
     }
-    let package = aya_build::Package {
-        name: "hugepage-agent-ebpf",
-        root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../ebpf"),
-        ..Default::default()
+    build_ebpf(&out_dir)
+}
+
+/// The kernel crate, built for the BPF target by the nightly, its program copied to `out_dir`.
+fn build_ebpf(out_dir: &Path) -> anyhow::Result<()> {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../ebpf");
+    println!("cargo:rerun-if-changed={root}");
+    let endian = std::env::var("CARGO_CFG_TARGET_ENDIAN")?;
+    let target = if endian == "big" {
+        "bpfeb-unknown-none"
+    } else {
+        "bpfel-unknown-none"
     };
-    aya_build::build_ebpf([package], aya_build::Toolchain::default())
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH")?;
+    let arch = if arch.starts_with("riscv64") {
+        "riscv64".to_owned()
+    } else {
+        arch
+    };
+    let target_dir = out_dir.join("ebpf-target");
+    let mut cmd = Command::new("rustup");
+    cmd.args([
+        "run",
+        "nightly",
+        "cargo",
+        "build",
+        "--package",
+        "hugepage-agent-ebpf",
+    ])
+    .args([
+        "--bins",
+        "--release",
+        "--message-format=json",
+        "-Z",
+        "build-std=core",
+    ])
+    .args(["--target", target])
+    .arg("--target-dir")
+    .arg(&target_dir)
+    .current_dir(root)
+    .env(
+        "CARGO_ENCODED_RUSTFLAGS",
+        format!("--cfg=bpf_target_arch=\"{arch}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf"),
+    )
+    // The outer build's compiler is not the nightly's.
+    .env_remove("RUSTC")
+    .env_remove("RUSTC_WORKSPACE_WRAPPER")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .context("starting the nightly's cargo (rustup run nightly cargo)")?;
+    let mut stderr = child.stderr.take().context("the nested build's stderr")?;
+    let progress = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .context("the nested build's stdout")?
+        .read_to_string(&mut stdout)?;
+    let status = child.wait()?;
+    let progress = progress.join().unwrap_or_default();
+    let mut object = None;
+    for message in stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    {
+        match message["reason"].as_str() {
+            Some("compiler-message") => {
+                let rendered = message["message"]["rendered"].as_str().unwrap_or_default();
+                for line in rendered.lines() {
+                    println!("cargo:warning={line}");
+                }
+            }
+            Some("compiler-artifact") if message["target"]["name"] == OBJECT => {
+                object = message["executable"].as_str().map(PathBuf::from);
+            }
+            _ => {}
+        }
+    }
+    if !status.success() {
+        bail!("the eBPF programs did not build ({status}):\n{progress}");
+    }
+    let object =
+        object.with_context(|| format!("the nested build named no {OBJECT}:\n{progress}"))?;
+    fs::copy(&object, out_dir.join(OBJECT))
+        .with_context(|| format!("copying {} into OUT_DIR", object.display()))?;
+    Ok(())
 }
 
 /// `<cache>/bin`, where `cargo xtask setup` links the current bpf-linker.
