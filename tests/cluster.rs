@@ -24,7 +24,7 @@ use crate::{
     Agent,
     apiserver::StandInApiServer,
     mtls::{self, Ca, Connection, Versions},
-    put, two_numa_nodes,
+    quiet_pressure, two_numa_nodes,
 };
 
 /// The name the webhook's serving certificate carries (its Service's DNS name).
@@ -101,10 +101,7 @@ pub fn host_tree_of(pages: u64, free: u64) -> tempfile::TempDir {
     let tree = tempfile::tempdir().expect("a host tree");
     let root = tree.path();
     two_numa_nodes(root, 16 << 20, pages, free);
-    let quiet = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n";
-    for resource in ["memory", "io", "cpu"] {
-        put(root, &format!("/proc/pressure/{resource}"), quiet);
-    }
+    quiet_pressure(root);
     tree
 }
 
@@ -194,11 +191,16 @@ pub fn connection(pki: &Pki, port: u16) -> Connection {
 
 /// `GET path` on the webhook over HTTPS: the status and the body as JSON (`null` if it is not).
 pub fn get(pki: &Pki, webhook: &Agent, path: &str) -> (u16, Value) {
+    let (status, body) = get_text(pki, webhook, path);
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// `GET path` on the webhook over HTTPS: the status and the body.
+pub fn get_text(pki: &Pki, webhook: &Agent, path: &str) -> (u16, String) {
     let answer = connection(pki, webhook.port)
         .request("GET", path, None, "")
         .expect("an answer");
-    let value = serde_json::from_str(&answer.body).unwrap_or(Value::Null);
-    (answer.status, value)
+    (answer.status, answer.body)
 }
 
 /// Waits until the webhook's `/readyz` answers 200 (its Node cache synced), up to `within`.

@@ -543,15 +543,15 @@ fn each_cgroup_layout_moves_both_pressure_files_and_nothing_else() {
 
 /// The webhook's Deployment arguments read by the command's own parser (`hugepage-agent
 /// webhook …` as the container runs it): the configuration and the webhook's settings.
-fn webhook_command(webhook: &AgentPod) -> (Config, Settings) {
+fn webhook_command(webhook: &AgentPod) -> Settings {
     let argv = std::iter::once("hugepage-agent").chain(webhook.args.iter().map(String::as_str));
     let cli = Cli::try_parse_from(argv)
         .unwrap_or_else(|e| panic!("the Deployment's arguments {:?}: {e}", webhook.args));
     let config = Config::try_from(cli).unwrap_or_else(|e| panic!("{:?}: {e}", webhook.args));
-    let AgentCommand::Webhook(settings) = config.command.clone() else {
+    let AgentCommand::Webhook(settings) = config.command else {
         panic!("not the webhook: {:?}", webhook.args);
     };
-    (config, settings)
+    *settings
 }
 
 /// The `failurePolicy` (ValidatingWebhookConfiguration) that says what `--failure-policy` says.
@@ -643,8 +643,8 @@ fn the_webhook_runs_two_unprivileged_replicas_on_different_nodes() {
     assert_eq!(fs_group, Some(u64::from(webhook.run_as_group)));
 
     // Probes over HTTPS on the port --listen binds.
-    let (config, _) = webhook_command(&webhook);
-    assert_eq!(config.listen.port(), webhook.port("https"));
+    let settings = webhook_command(&webhook);
+    assert_eq!(settings.listen.port(), webhook.port("https"));
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         let get = &webhook.container[probe]["httpGet"];
         assert_eq!(
@@ -718,7 +718,7 @@ fn the_webhook_runs_two_unprivileged_replicas_on_different_nodes() {
 
     // The limits tests/body_budget.rs floods under the memory limit above are the shipped ones.
     assert_eq!(
-        (config.limits.body_budget, config.limits.max_connections),
+        (settings.limits.body_budget, settings.limits.max_connections),
         (64 << 20, 256),
         "--body-budget and --max-connections as tests/body_budget.rs proves them"
     );
@@ -796,7 +796,7 @@ fn the_webhook_may_get_pods_and_read_nodes_and_nothing_else() {
 fn the_webhook_configuration_agrees_with_the_command_the_service_and_the_namespaces() {
     let rendered = render(&["webhook"]);
     let webhook = rendered.webhook();
-    let (config, settings) = webhook_command(&webhook);
+    let settings = webhook_command(&webhook);
     let namespace = agent_namespace(&rendered);
     let service = rendered.find("Service", WEBHOOK);
     assert_eq!(service["metadata"]["namespace"], namespace.as_str());
@@ -804,10 +804,7 @@ fn the_webhook_configuration_agrees_with_the_command_the_service_and_the_namespa
     assert!(selects(&service["spec"]["selector"], labels));
 
     // The apiserver presents no client certificate to webhooks: the webhook must not ask one.
-    assert_eq!(
-        config.tls.as_ref().map(|t| t.client_ca.is_some()),
-        Some(false)
-    );
+    assert!(settings.tls.client_ca.is_none());
     // The agents' port is the DaemonSet's hostPort.
     let agent = rendered.agent();
     let api = agent.container["ports"]
@@ -851,7 +848,7 @@ fn the_webhook_configuration_agrees_with_the_command_the_service_and_the_namespa
         let port = to["port"].as_u64().expect("a service port");
         assert_eq!(
             target_port(service, port, &webhook),
-            config.listen.port(),
+            settings.listen.port(),
             "{name}: the Service port leads to --listen"
         );
         // kube-system and the product's own namespace are left alone.
@@ -901,7 +898,7 @@ fn the_webhook_configuration_agrees_with_the_command_the_service_and_the_namespa
 fn cert_manager_issues_the_webhooks_certificates_from_the_agents_ca() {
     let rendered = render(&["webhook", "cert-manager"]);
     let webhook = rendered.webhook();
-    let (_, settings) = webhook_command(&webhook);
+    let settings = webhook_command(&webhook);
     let namespace = agent_namespace(&rendered);
     // The Secret a flag's file is in, and the file's name in it.
     let secret_of = |file: &Path| -> (String, String) {
@@ -1302,7 +1299,7 @@ fn the_scheduler_extender_configuration_has_the_go_types_fields_and_agrees_with_
 
     let rendered = render(&["webhook", "cert-manager"]);
     let webhook = rendered.webhook();
-    let (config, settings) = webhook_command(&webhook);
+    let settings = webhook_command(&webhook);
     let namespace = agent_namespace(&rendered);
     let service = rendered.find("Service", WEBHOOK);
 
@@ -1316,7 +1313,7 @@ fn the_scheduler_extender_configuration_has_the_go_types_fields_and_agrees_with_
     let service_name = format!("{WEBHOOK}.{namespace}.svc");
     assert_eq!(host, service_name);
     let port: u64 = port.parse().expect("a port");
-    assert_eq!(target_port(service, port, &webhook), config.listen.port());
+    assert_eq!(target_port(service, port, &webhook), settings.listen.port());
     assert_eq!(extender["enableHTTPS"], true);
     assert_eq!(tls["serverName"], service_name.as_str());
     assert!(tls["caFile"].as_str().is_some_and(|f| f.starts_with('/')));
@@ -1354,7 +1351,7 @@ fn the_scheduler_extender_configuration_has_the_go_types_fields_and_agrees_with_
     assert!(extender["managedResources"].is_null(), "{extender}");
 
     // Ignorable under either --failure-policy: with every pod sent, a required extender that is
-    // down would stop all scheduling, the webhook's own pods included (README).
+    // down would stop all scheduling, the webhook's own pods included (docs/install/scheduler-extender.md).
     assert_eq!(extender["ignorable"], true);
     let timeout = humantime::parse_duration(extender["httpTimeout"].as_str().expect("a duration"))
         .expect("httpTimeout");

@@ -11,6 +11,16 @@ pub fn put(root: &Path, path: &str, content: impl AsRef<[u8]>) {
     fs::write(&full, content).unwrap_or_else(|e| panic!("write {}: {e}", full.display()));
 }
 
+/// `/proc/pressure/{cpu,io,memory}` of a host under no pressure at all.
+pub const QUIET_PRESSURE: &str = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n";
+
+/// Writes [`QUIET_PRESSURE`] as the PSI files of memory, io and cpu under `root`.
+pub fn quiet_pressure(root: &Path) {
+    for resource in ["memory", "io", "cpu"] {
+        put(root, &format!("/proc/pressure/{resource}"), QUIET_PRESSURE);
+    }
+}
+
 /// Two NUMA nodes (CPU n on node n, distances 10 and 20), each with `memory_kib` of memory and
 /// a 2 MiB pool of `pages` pages, `free` of them free; the global pool is their sum, nothing
 /// reserved or surplus, and `/proc/meminfo` says the whole.

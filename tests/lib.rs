@@ -29,7 +29,7 @@ pub mod rendered;
 pub mod rng;
 mod stats;
 pub use flags::BenchFlags;
-pub use host_tree::{numa_nodes, put, two_numa_nodes};
+pub use host_tree::{QUIET_PRESSURE, numa_nodes, put, quiet_pressure, two_numa_nodes};
 pub use log::LogLines;
 pub use pressure::MemoryPressure;
 pub use stats::Percentiles;
@@ -422,8 +422,8 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts `cmd` (an agent command line) with JSON logs, listening on a free loopback port, with
-    /// a fresh `--state-dir` unless `cmd` names one.
+    /// Starts `cmd` (an agent command line: `run`, or the webhook) with JSON logs, listening on a
+    /// free loopback port, with a fresh `--state-dir` for `run` unless `cmd` names one.
     pub fn start(cmd: Command) -> Agent {
         Agent::start_as(cmd, 0)
     }
@@ -442,8 +442,11 @@ impl Agent {
     /// [`Agent::start_as`] listening on `addr` (several agents on loopback addresses of their
     /// own share one port, as agents on the nodes of a cluster do).
     pub fn start_at(mut cmd: Command, uid: u32, addr: std::net::SocketAddr) -> Agent {
+        // Only `run` keeps state (the webhook takes no --state-dir); `cmd` may be a wrapper
+        // (setpriv, unshare) whose own arguments come first.
+        let runs = !cmd.get_args().any(|a| a == "webhook");
         let names_state = cmd.get_args().any(|a| a == "--state-dir");
-        let state = (!names_state).then(|| fresh_state_dir(uid));
+        let state = (runs && !names_state).then(|| fresh_state_dir(uid));
         if let Some(dir) = &state {
             cmd.arg("--state-dir").arg(dir.path());
         }

@@ -18,7 +18,7 @@
 
 use std::{path::Path, process::Command, time::Duration};
 
-use hugepage_agent_tests::{Agent, agent_bin, http, numa_nodes, output};
+use hugepage_agent_tests::{Agent, agent_bin, http, numa_nodes, output, quiet_pressure};
 use serde_json::{Value, json};
 
 /// 2 MiB pages in each node's pool, all free.
@@ -28,10 +28,7 @@ const PAGES: u64 = 64;
 fn tree(count: u32) -> tempfile::TempDir {
     let tree = tempfile::tempdir().expect("a host tree");
     numa_nodes(tree.path(), count, 16 << 20, PAGES, PAGES);
-    let quiet = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n";
-    for resource in ["memory", "io", "cpu"] {
-        hugepage_agent_tests::put(tree.path(), &format!("/proc/pressure/{resource}"), quiet);
-    }
+    quiet_pressure(tree.path());
     tree
 }
 

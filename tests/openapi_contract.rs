@@ -21,7 +21,9 @@
 
 use std::{path::Path, process::Command, time::Duration, time::Instant};
 
-use hugepage_agent_tests::{Agent, agent_bin, peers, put, two_numa_nodes, wait_ready};
+use hugepage_agent_tests::{
+    Agent, agent_bin, peers, put, quiet_pressure, two_numa_nodes, wait_ready,
+};
 
 /// Checks that fail the run on any finding.
 const CHECKS: &str = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,positive_data_acceptance,negative_data_rejection";
@@ -29,10 +31,7 @@ const CHECKS: &str = "not_a_server_error,status_code_conformance,content_type_co
 /// Two NUMA nodes of 2048 2 MiB pages, 1024 free each; quiet pressure files; a cgroup v2 root.
 fn build(root: &Path) {
     two_numa_nodes(root, 16 << 20, 2048, 1024);
-    let quiet = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n";
-    for resource in ["memory", "io", "cpu"] {
-        put(root, &format!("/proc/pressure/{resource}"), quiet);
-    }
+    quiet_pressure(root);
     for file in ["cgroup.controllers", "cgroup.subtree_control"] {
         put(
             root,

@@ -15,7 +15,7 @@ use crate::{
         plan,
         verify::{Gate, Settings, Verdict, Verifier},
     },
-    config::Config,
+    config::CheckConfig,
     host::NumaNode,
     kube::pod::{
         self, Container, Hugepages, Pod, PodSpec, PodStatus, QuantityValue, Requirements,
@@ -113,13 +113,13 @@ pub fn parse_numa(text: &str) -> Result<Vec<NumaNode>, CheckError> {
 }
 
 /// Runs the check and prints the outcome; returns the exit code.
-pub fn run(
-    config: &Config,
-    requests: &[String],
-    numa: Option<&str>,
-    policy: Option<Policy>,
-    json: bool,
-) -> ExitCode {
+pub fn run(config: &CheckConfig) -> ExitCode {
+    let (requests, numa, policy, json) = (
+        config.requests.as_slice(),
+        config.numa.as_deref(),
+        config.policy,
+        config.json,
+    );
     let bad = |err: &dyn std::fmt::Display| {
         eprintln!("hugepage-agent: {err}");
         ExitCode::from(2)
@@ -143,8 +143,8 @@ pub fn run(
     let kubelet = match topology::read(&config.host)
         .map_err(|e| e.to_string())
         .and_then(|nodes| {
-            let explicit = config.kubelet_config.as_deref();
-            read_once(&config.host, explicit, &config.kubelet_flags, &nodes)
+            let explicit = config.kubelet.config.as_deref();
+            read_once(&config.host, explicit, &config.kubelet.layer, &nodes)
                 .map_err(|e| e.to_string())
         }) {
         Ok(view) => view,
@@ -226,7 +226,7 @@ enum Selected {
 /// NUMA nodes as the kubelet would pick them for a Guaranteed pod asking this memory and these
 /// hugepages (on the kubelet's checkpoint, or the state built from sysfs).
 fn select(
-    config: &Config,
+    config: &CheckConfig,
     kubelet: &KubeletView,
     policy: Option<Policy>,
     placed: &BTreeMap<String, u64>,
@@ -236,7 +236,7 @@ fn select(
         MapWriter::new(config.host.clone(), Source::Sysfs).map_err(|e| e.to_string())?;
     let mut loader = StateLoader::new(
         config.host.clone(),
-        config.kubelet_state.clone(),
+        config.kubelet.state.clone(),
         kubelet.settings.reserved_memory.value.clone(),
     );
     let view = loader.load(&writer.current()).map_err(|e| e.to_string())?;

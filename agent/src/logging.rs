@@ -5,13 +5,22 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
 use tracing_subscriber::{EnvFilter, Layer, registry::LookupSpan};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// The log's flag, for the commands that run (`run`, `webhook`).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Logging")]
+pub struct LogArgs {
+    /// The log's lines on stderr: text, or JSON objects (what the DaemonSet and the Deployment use).
+    #[arg(long, env = "HUGEPAGE_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// The log layer, filtered by `RUST_LOG`.

@@ -7,11 +7,7 @@ use clap::Parser;
 use hugepage_agent::{
     check,
     config::{Cli, Command, Config},
-    footprint,
-    kubeletconfig::settings::KubeletSettings,
-    run, status, telemetry,
-    telemetry::traces::TraceConfig,
-    webhook, whatif,
+    footprint, run, status, telemetry, webhook, whatif,
 };
 
 fn main() -> ExitCode {
@@ -28,11 +24,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let traces = match config.command {
-        Command::Run | Command::Webhook(_) => config.traces.clone(),
-        _ => TraceConfig::off(),
-    };
-    let telemetry = match telemetry::init(config.log_format, &traces) {
+    let telemetry = match telemetry::init(config.log_format, &config.traces) {
         Ok(telemetry) => telemetry,
         Err(err) => {
             eprintln!("hugepage-agent: {err}");
@@ -40,29 +32,24 @@ fn main() -> ExitCode {
         }
     };
     let outcome = match config.command {
-        Command::Run => run::run(&config, telemetry.export_stats.clone()).map_err(|e| {
+        Command::Run(ref run) => run::run(run, telemetry.export_stats.clone()).map_err(|e| {
             // The agent's log is where an operator looks first; stderr below is for the shell.
             tracing::error!("{e}");
             e.to_string()
         }),
-        Command::Status { json, ref from } => {
-            status::print(&config.host, from.as_ref(), json).map_err(|e| e.to_string())
-        }
-        Command::Check {
-            ref requests,
-            ref numa,
-            policy,
+        Command::Status {
+            ref host,
             json,
-        } => {
-            return check::run(&config, requests, numa.as_deref(), policy, json);
-        }
+            ref from,
+        } => status::print(host, from.as_ref(), json).map_err(|e| e.to_string()),
+        Command::Check(ref check) => return check::run(check),
         Command::Hints {
             ref state,
             ref pod,
             ref container,
             scope,
+            gates,
         } => {
-            let gates = KubeletSettings::resolve(&[&config.kubelet_flags]).feature_gates();
             return match whatif::hints(state, pod, container.as_deref(), scope, gates) {
                 Ok(answer) => {
                     if let Some(note) = answer.note {
@@ -77,16 +64,11 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Webhook(ref settings) => webhook::run(
-            config.listen,
-            config.limits,
-            settings,
-            telemetry.export_stats.clone(),
-        )
-        .map_err(|e| {
-            tracing::error!("{e}");
-            e.to_string()
-        }),
+        Command::Webhook(ref settings) => webhook::run(settings, telemetry.export_stats.clone())
+            .map_err(|e| {
+                tracing::error!("{e}");
+                e.to_string()
+            }),
         Command::Merge { ref input } => {
             return match whatif::merge_file(input) {
                 Ok(line) => {

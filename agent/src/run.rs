@@ -29,7 +29,7 @@ use crate::{
         lane::Lane,
         server::{Endpoint, Server, ServerError, Serving},
     },
-    config::{Config, EbpfMode},
+    config::RunConfig,
     consumers::FaultBook,
     kubelet::pods::PodCgroups,
     kubeletconfig::live::LiveKubelet,
@@ -40,6 +40,7 @@ use crate::{
     },
     probes::{
         EventStreams, Probes,
+        flags::EbpfMode,
         live::{LiveError, LiveProbes},
     },
     psi::monitor::Monitor,
@@ -71,7 +72,7 @@ pub enum RunError {
 }
 
 /// Runs the agent until a shutdown signal; `/metrics` shows the trace exporter's `traces`.
-pub fn run(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunError> {
+pub fn run(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), RunError> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -79,7 +80,7 @@ pub fn run(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunError> {
         .block_on(run_async(config, traces))
 }
 
-async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunError> {
+async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), RunError> {
     let shutdown = Shutdown::install()?;
     let bound = Server::bind(Endpoint::API, config.listen)?;
     let metrics_bound = config
@@ -109,14 +110,14 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
     psi_monitor.evaluate(std::time::SystemTime::now());
     let kubelet = LiveKubelet::load(
         config.host.clone(),
-        config.kubelet_config.clone(),
-        config.kubelet_flags.clone(),
+        config.kubelet.config.clone(),
+        config.kubelet.layer.clone(),
         sysfs::settled(|| topology::read(&config.host))?,
     )
     .map_err(|e| RunError::State(e.to_string()))?;
     let loader = StateLoader::new(
         config.host.clone(),
-        config.kubelet_state.clone(),
+        config.kubelet.state.clone(),
         kubelet.current().settings.reserved_memory.value.clone(),
     );
     let memory = LiveState::load(loader, &refresher.current());
@@ -206,7 +207,7 @@ async fn run_async(config: &Config, traces: Arc<ExportStats>) -> Result<(), RunE
 }
 
 /// Loads the probes as `--ebpf` asks; `Ok(Err(why))` means sysfs-only operation.
-fn start_probes(config: &Config) -> Result<Result<(Probes, EventStreams), String>, RunError> {
+fn start_probes(config: &RunConfig) -> Result<Result<(Probes, EventStreams), String>, RunError> {
     match config.ebpf {
         EbpfMode::Off => {
             info!("eBPF disabled (--ebpf off): the hugepage map comes from sysfs polling only");

@@ -614,6 +614,7 @@ impl<M: Material> Reloader<M> {
     }
 }
 
+pub mod flags;
 #[cfg(test)]
 pub(crate) mod test_pki;
 #[cfg(test)]

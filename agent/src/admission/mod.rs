@@ -3,6 +3,7 @@
 //! nodes each part is verified ([`plan`]), what admitted pods hold until they start
 //! ([`reservations`]), and when that ends ([`release`]).
 
+pub mod flags;
 pub mod plan;
 pub mod release;
 pub mod reservations;

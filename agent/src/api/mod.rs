@@ -12,6 +12,7 @@ pub mod admit;
 pub mod body;
 pub mod budget;
 pub mod error;
+pub mod flags;
 pub mod lane;
 pub mod openapi;
 pub mod reservations;
@@ -367,7 +368,9 @@ async fn discrepancy_handler(State(state): State<AppState>) -> Response {
 }
 
 async fn kubelet_handler(State(state): State<AppState>) -> Response {
-    Json(state.kubelet.load().answer()).into_response()
+    let mut answer = state.kubelet.load().answer();
+    answer.refusal = state.kubelet_refusal();
+    Json(answer).into_response()
 }
 
 async fn consumers_handler(State(state): State<AppState>) -> Response {

@@ -46,6 +46,7 @@
 //!   `max_connections` is, for `abuse_backoff`, longer if it goes on ([`backoff`]).
 
 mod backoff;
+pub mod flags;
 
 pub use backoff::MAX_BASE as MAX_ABUSE_BACKOFF;
 
@@ -124,6 +125,18 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The webhook's defaults: [`Limits::DEFAULT`] but for `--max-connections` 256 (far above
+    /// its clients: an HTTP/2 connection per API server, a few per scheduler, probes,
+    /// Prometheus; each connection's HTTP/2 windows, [`H2_CONNECTION_WINDOW`], within its
+    /// memory limit beside the body budget) and `--body-budget` 64Mi (within the Deployment's
+    /// 256 MiB memory limit with the Node cache, the agents' connections and each body's parse
+    /// beside it, #38).
+    pub const WEBHOOK: Limits = Limits {
+        max_connections: 256,
+        body_budget: 64 << 20,
+        ..Limits::DEFAULT
+    };
+
     /// What an operator gets without flags: far above what the webhook's pools, the kubelet's
     /// probes and Prometheus open, and time-outs no answer on a working network comes near.
     pub const DEFAULT: Limits = Limits {
@@ -141,15 +154,6 @@ impl Limits {
 /// The agent's `--body-budget` by default: sixteen of its largest bodies (1 MiB each) at once,
 /// within the DaemonSet's 80 MiB memory limit with the agent's own 10 to 25 MiB beside it.
 pub const AGENT_BODY_BUDGET: usize = 16 << 20;
-
-/// The webhook's `--body-budget` by default: within the Deployment's 256 MiB memory limit with
-/// the Node cache, the agents' connections and each body's parse beside it (#38).
-pub const WEBHOOK_BODY_BUDGET: usize = 64 << 20;
-
-/// The webhook's `--max-connections` by default: far above its clients (an HTTP/2 connection
-/// per API server, a few per scheduler, probes, Prometheus), and with each connection's HTTP/2
-/// windows ([`H2_CONNECTION_WINDOW`]) within its memory limit beside the body budget.
-pub const WEBHOOK_MAX_CONNECTIONS: usize = 256;
 
 impl Default for Limits {
     fn default() -> Limits {

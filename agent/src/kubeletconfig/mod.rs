@@ -9,5 +9,6 @@
 pub mod cmdline;
 pub mod discovery;
 pub mod file;
+pub mod flags;
 pub mod live;
 pub mod settings;

@@ -2,5 +2,6 @@
 //! ([`refresh`]: fault-prompted re-reads, the reconcile). The words it is written in (NUMA node
 //! numbers, page sizes, pools) are the host's vocabulary, in [`crate::host`].
 
+pub mod flags;
 pub mod map;
 pub mod refresh;

@@ -8,6 +8,7 @@ pub mod btf;
 mod caps;
 mod errno;
 pub mod events;
+pub mod flags;
 pub mod live;
 pub mod offsets;
 pub mod retries;

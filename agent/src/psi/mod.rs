@@ -8,6 +8,7 @@
 //! pressure is read and reported but is not a condition (the KEP: CPU is compressible).
 
 pub mod condition;
+pub mod flags;
 pub mod monitor;
 pub mod parse;
 pub mod source;

@@ -6,6 +6,7 @@
 pub mod cgroup_tree;
 #[cfg(test)]
 pub mod fake;
+pub mod flags;
 pub mod hugepages;
 pub mod hugetlb_cgroup;
 pub mod meminfo;
@@ -71,7 +72,7 @@ pub fn settled<T>(read: impl Fn() -> Result<T, SysfsError>) -> Result<T, SysfsEr
 }
 
 /// The host's file systems, rooted at `--host-root`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFs {
     root: PathBuf,
 }

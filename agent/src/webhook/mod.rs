@@ -27,6 +27,7 @@ pub mod context;
 pub mod decide;
 pub mod dial;
 pub mod extender;
+pub mod flags;
 pub mod http1;
 pub mod kubeapi;
 pub mod metrics;
@@ -64,7 +65,9 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// What the scheduler is told when an agent does not answer in time (or answers nonsense).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FailurePolicy {
-    /// Keep the node (KEP-5759's graceful degradation: the kubelet still verifies at start-up).
+    /// Keep the node, and admit the binding with a warning: nothing else checks its hugepages
+    /// (today's kubelets do not verify them at admission; KEP-5759 is a proposal), so a pod may
+    /// then fail at its first hugetlb mapping or fault.
     Ignore,
     /// Filter the node out, with a message saying its agent did not answer.
     Fail,
@@ -73,6 +76,10 @@ pub enum FailurePolicy {
 /// The webhook's own settings, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
+    /// Where it listens (`--listen`).
+    pub listen: SocketAddr,
+    /// What its listener tolerates of its clients.
+    pub limits: Limits,
     /// Its serving certificate and key (`--tls-cert-file`, `--tls-private-key-file`).
     pub tls: TlsFiles,
     /// The port every node's agent listens on (`--agent-port`).
@@ -100,26 +107,17 @@ pub enum WebhookError {
     Io(#[from] std::io::Error),
 }
 
-/// Runs the webhook on `listen` over TLS, within `limits`, until SIGINT or SIGTERM; `/metrics`
-/// shows the trace exporter's `traces`.
-pub fn run(
-    listen: SocketAddr,
-    limits: Limits,
-    settings: &Settings,
-    traces: Arc<ExportStats>,
-) -> Result<(), WebhookError> {
+/// Runs the webhook on its `--listen` over TLS, within its limits, until SIGINT or SIGTERM;
+/// `/metrics` shows the trace exporter's `traces`.
+pub fn run(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), WebhookError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(run_async(listen, limits, settings, traces))
+        .block_on(run_async(settings, traces))
 }
 
-async fn run_async(
-    listen: SocketAddr,
-    limits: Limits,
-    settings: &Settings,
-    traces: Arc<ExportStats>,
-) -> Result<(), WebhookError> {
+async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), WebhookError> {
+    let (listen, limits) = (settings.listen, settings.limits);
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let metrics = Arc::new(metrics::Metrics::new(traces));

@@ -18,7 +18,7 @@ use axum::{
     extract::State,
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
-    routing::{get, post},
+    routing::{MethodRouter, get, post},
 };
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -48,14 +48,70 @@ const EXTENDER_ARGS: &str = "ExtenderArgs JSON";
 /// request's names and user: twice the object's limit leaves room for both.
 pub const ADMISSION_REVIEW_LIMIT: usize = 6 << 20;
 
+/// One of the webhook's endpoints: what it is, who calls it, what it answers, and its handler.
+pub struct Route {
+    pub method: &'static str,
+    pub path: &'static str,
+    /// Who calls it.
+    pub caller: &'static str,
+    /// What it does and answers.
+    pub summary: &'static str,
+    handler: fn() -> MethodRouter<Context>,
+}
+
+/// Every endpoint the webhook serves: the router is built from this list, and the reference
+/// (`docs/reference/http-api.md`) is written from it.
+pub const ROUTES: [Route; 6] = [
+    Route {
+        method: "POST",
+        path: "/scheduler/filter",
+        caller: "kube-scheduler (the extender's filterVerb)",
+        summary: "ExtenderArgs (`nodenames` or `nodes` form) in, ExtenderFilterResult out: the candidates whose agents admit a dry run of the pod stay; the others go to failedNodes with the agent's message (or to failedAndUnresolvableNodes when their allocatable hugepages are too few). A pod without hugepages keeps every node without any agent call. 400 with `error` for a body that is not ExtenderArgs; 413, 408, 503 (with Retry-After) for a body over --extender-body-limit, too slow, or without room in --body-budget.",
+        handler: || post(filter),
+    },
+    Route {
+        method: "POST",
+        path: "/scheduler/prioritize",
+        caller: "kube-scheduler (the extender's prioritizeVerb)",
+        summary: "ExtenderArgs in, HostPriorityList out: 6 to 10 for a node that fits the pod on one NUMA node, 1 to 5 on several, 0 for one that does not fit or whose agent did not answer. Refusals as for filter.",
+        handler: || post(prioritize),
+    },
+    Route {
+        method: "POST",
+        path: "/admission/validate",
+        caller: "kube-apiserver (the ValidatingWebhookConfiguration)",
+        summary: "AdmissionReview of a pods/binding CREATE (or a pod created with spec.nodeName) in, AdmissionReview out: the bound node's agent admits the pod for real (and reserves its hugepages by UID), or a dry run when the review is one; a refusal denies with the agent's reason and message (403). An agent that does not answer within --agent-timeout: --failure-policy decides (ignore: allowed with a warning; fail: denied, 500). 400 with `error` for a body that is not an AdmissionReview; 413 over 6 MiB, 408, 503 as for filter.",
+        handler: || post(validate),
+    },
+    Route {
+        method: "GET",
+        path: "/metrics",
+        caller: "Prometheus",
+        summary: "The webhook's metrics (docs/reference/metrics.md), Prometheus text or OpenMetrics by Accept.",
+        handler: || get(metrics),
+    },
+    Route {
+        method: "GET",
+        path: "/healthz",
+        caller: "the kubelet (liveness)",
+        summary: "200 `{\"status\":\"ok\"}` while the process serves.",
+        handler: || get(healthz),
+    },
+    Route {
+        method: "GET",
+        path: "/readyz",
+        caller: "the kubelet (readiness)",
+        summary: "200 once the Node cache has synced (before, `nodenames` calls could not be answered); 503 with `why` until then.",
+        handler: || get(readyz),
+    },
+];
+
 pub fn router(context: Context) -> Router {
-    Router::new()
-        .route("/scheduler/filter", post(filter))
-        .route("/scheduler/prioritize", post(prioritize))
-        .route("/admission/validate", post(validate))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+    ROUTES
+        .iter()
+        .fold(Router::new(), |router, r| {
+            router.route(r.path, (r.handler)())
+        })
         .with_state(context)
 }
 

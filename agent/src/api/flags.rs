@@ -1,0 +1,114 @@
+//! The agent's API as flags: where it listens (`--listen`, `--api-threads`), who may call it
+//! (`--client-ca-file`, `--allow-unauthenticated-clients`), the plain listener for probes and
+//! Prometheus (`--metrics-listen`), and how large a pod a request may carry
+//! (`--max-containers`).
+//!
+//! One rule guards the API: the agent refuses to start when `--listen` is not a loopback address
+//! and no `--client-ca-file` is given (anyone who reaches the port could reserve hugepages),
+//! unless `--allow-unauthenticated-clients` says the operator means it ([`exposure`]).
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::Args;
+
+use super::admit::DEFAULT_MAX_CONTAINERS;
+use crate::{
+    flags::{FlagError, address},
+    kube::json::MAX_OBJECTS,
+    tls::TlsFiles,
+};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiFlagError {
+    #[error(transparent)]
+    Flag(#[from] FlagError),
+    #[error("--metrics-listen {0}: the address of --listen; give it a port of its own")]
+    SameListen(SocketAddr),
+    #[error(
+        "--listen {0} is not a loopback address and no --client-ca-file is given: anyone who reaches it could reserve hugepages; give --client-ca-file with --tls-cert-file and --tls-private-key-file, listen on 127.0.0.1, or add --allow-unauthenticated-clients if that is meant"
+    )]
+    Unauthenticated(SocketAddr),
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "API")]
+pub struct ApiArgs {
+    /// Address of the HTTP API.
+    #[arg(long, env = "HUGEPAGE_AGENT_LISTEN", default_value = "127.0.0.1:9820")]
+    pub listen: String,
+    /// Threads that serve the HTTP API, all accepting on the `--listen` socket. One answers tens
+    /// of thousands of admissions a second (reservation files are written on other threads);
+    /// more add contention, not speed, unless the agent has cores to spare.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_API_THREADS",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=64)
+    )]
+    pub api_threads: u16,
+    /// PEM CA certificates: API clients must present a certificate one of them signed, valid
+    /// now and for client authentication. Needs the TLS flags.
+    #[arg(long, env = "HUGEPAGE_AGENT_CLIENT_CA_FILE", value_name = "PATH")]
+    pub client_ca_file: Option<PathBuf>,
+    /// A second, plain-HTTP listener serving only /metrics, /healthz and /readyz (for kubelet
+    /// probes and Prometheus), e.g. 0.0.0.0:9821; none by default.
+    #[arg(long, env = "HUGEPAGE_AGENT_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+    /// Serve the API on a non-loopback `--listen` without client certificates: anyone who
+    /// reaches the port can reserve hugepages. Refused without this flag.
+    #[arg(long, env = "HUGEPAGE_AGENT_ALLOW_UNAUTHENTICATED_CLIENTS")]
+    pub allow_unauthenticated_clients: bool,
+    /// Containers (app and init together) a pod may have in `POST /v1/admit` and
+    /// `POST /v1/hints`; a pod with more is refused (413). This bounds the work one request may
+    /// cause: real pods have a handful, a few dozen at the most.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_MAX_CONTAINERS",
+        default_value_t = DEFAULT_MAX_CONTAINERS,
+        value_parser = clap::value_parser!(u32).range(1..=MAX_OBJECTS as i64)
+    )]
+    pub max_containers: u32,
+}
+
+/// Where the API and the plain listener listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addresses {
+    pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl ApiArgs {
+    /// The addresses, each read, the plain listener's not the API's.
+    pub fn addresses(&self) -> Result<Addresses, ApiFlagError> {
+        let listen = address("--listen", &self.listen, "127.0.0.1:9820 or [::]:9820")?;
+        let metrics_listen = self
+            .metrics_listen
+            .as_deref()
+            .map(|text| address("--metrics-listen", text, "0.0.0.0:9821"))
+            .transpose()?;
+        if let Some(metrics) = metrics_listen
+            && metrics == listen
+            && metrics.port() != 0
+        {
+            return Err(ApiFlagError::SameListen(metrics));
+        }
+        Ok(Addresses {
+            listen,
+            metrics_listen,
+        })
+    }
+}
+
+/// The refusal rule: an API beyond loopback requires client certificates, unless `allow`.
+pub fn exposure(
+    listen: SocketAddr,
+    tls: Option<&TlsFiles>,
+    allow: bool,
+) -> Result<(), ApiFlagError> {
+    let authenticated = tls.is_some_and(|t| t.client_ca.is_some());
+    if listen.ip().to_canonical().is_loopback() || authenticated || allow {
+        Ok(())
+    } else {
+        Err(ApiFlagError::Unauthenticated(listen))
+    }
+}

@@ -1,0 +1,93 @@
+//! The webhook's flags: where it listens (`--listen`), how it reaches the node agents
+//! (`--agent-port`, the client side of mTLS), what it tells the scheduler and the API server when
+//! an agent does not answer (`--failure-policy`, `--agent-timeout`), the largest scheduler call
+//! it reads (`--extender-body-limit`), and the Kubernetes API (`--kubeconfig`).
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::Args;
+
+use super::{FailurePolicy, agents::ClientFiles};
+use crate::{
+    api::budget,
+    flags::{FlagError, above_zero, address, bytes, duration},
+};
+
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Webhook")]
+pub struct WebhookArgs {
+    /// Address of the HTTPS listener the API server and kube-scheduler call.
+    #[arg(long, env = "HUGEPAGE_AGENT_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: String,
+    /// The port every node's agent listens on, at the node's first InternalIP.
+    #[arg(long, env = "HUGEPAGE_AGENT_AGENT_PORT", default_value_t = 9820, value_parser = clap::value_parser!(u16).range(1..))]
+    pub agent_port: u16,
+    /// PEM CA certificates the agents' server certificates chain to.
+    #[arg(long, env = "HUGEPAGE_AGENT_AGENT_CA_FILE", value_name = "PATH")]
+    pub agent_ca_file: PathBuf,
+    /// PEM client certificate the webhook presents to the agents (the leaf first).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_AGENT_CLIENT_CERT_FILE",
+        value_name = "PATH"
+    )]
+    pub agent_client_cert_file: PathBuf,
+    /// PEM private key of `--agent-client-cert-file`.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_AGENT_CLIENT_KEY_FILE",
+        value_name = "PATH"
+    )]
+    pub agent_client_key_file: PathBuf,
+    /// When an agent does not answer in time: ignore (keep the node) or fail (filter it out).
+    #[arg(long, env = "HUGEPAGE_AGENT_FAILURE_POLICY", value_enum, default_value_t = FailurePolicy::Ignore)]
+    pub failure_policy: FailurePolicy,
+    /// One deadline for all the agent calls of one scheduler call (e.g. 2s, 500ms).
+    #[arg(long, env = "HUGEPAGE_AGENT_AGENT_TIMEOUT", default_value = "2s")]
+    pub agent_timeout: String,
+    /// The largest `ExtenderArgs` body `/scheduler/filter` and `/scheduler/prioritize` read
+    /// (413 beyond): the `nodenames` form (the shipped `nodeCacheCapable: true`) of 5,000
+    /// nodes and a pod at the API server's largest is under 8Mi; the `nodes` form carries
+    /// whole Node objects, tens of MiB on a large cluster (raise this, --body-budget and the
+    /// memory limit with it).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_EXTENDER_BODY_LIMIT",
+        default_value = "8Mi",
+        value_name = "BYTES"
+    )]
+    pub extender_body_limit: String,
+    /// kubeconfig of the Kubernetes API (its current context); without it, the in-cluster
+    /// configuration of the pod the webhook runs in.
+    #[arg(long, env = "HUGEPAGE_AGENT_KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// The webhook's own flags, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    pub listen: SocketAddr,
+    pub agent_tls: ClientFiles,
+    pub agent_timeout: std::time::Duration,
+    pub extender_body_limit: usize,
+}
+
+impl WebhookArgs {
+    /// What the flags give, each read.
+    pub fn read(&self) -> Result<Read, FlagError> {
+        Ok(Read {
+            listen: address("--listen", &self.listen, "0.0.0.0:8443")?,
+            agent_tls: ClientFiles {
+                ca: self.agent_ca_file.clone(),
+                cert: self.agent_client_cert_file.clone(),
+                key: self.agent_client_key_file.clone(),
+            },
+            agent_timeout: duration("--agent-timeout", &self.agent_timeout, above_zero)?,
+            extender_body_limit: bytes(
+                "--extender-body-limit",
+                &self.extender_body_limit,
+                budget::MAX_BYTES,
+            )?,
+        })
+    }
+}
