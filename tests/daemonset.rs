@@ -26,7 +26,7 @@
 //! evaluated, a replaced kubelet checkpoint is followed, and a reservation survives a restart.
 //! Then each declared capability is removed in turn: the probes are refused, the agent runs on
 //! sysfs, and its warning names the capability it lacks. Seccomp is not applied here (no
-//! container runtime runs on these machines); the README cites the runtimes' default profiles.
+//! container runtime runs on these machines); docs/security.md cites the runtimes' default profiles.
 //!
 //! It changes the host (hugepage pools, cgroups, the probes attached while it runs): it takes the
 //! host lock and restores everything on every exit. It needs the image: `cargo xtask image`.

@@ -29,7 +29,7 @@ const TMP_PREFIX: &str = "hugepage-agent-";
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const POOLS: &str = "/sys/kernel/mm/hugepages";
 const NODES: &str = "/sys/devices/system/node";
-/// Mounted by the agent itself when missing (README, Requirements): not a test's leftover.
+/// Mounted by the agent itself when missing (docs/install/cluster.md, Requirements): not a test's leftover.
 const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// Everything on the host a test could change, as text per item.

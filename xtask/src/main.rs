@@ -19,6 +19,8 @@
 //! * `image [--source URL]`: the agent's OCI image (`localhost/hugepage-agent:<version>`), built
 //!   offline with podman and checked by inspection ([`image`]).
 //! * `manifests [--check]`: the files of `deploy/` generated from `dashboards/` ([`manifests`]).
+//! * `docs [--check]`: `docs/reference/` written from the code, and every relative link of
+//!   `README.md` and `docs/` checked ([`docs`]).
 //! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace|admit-tls|admit-size|hints|extender|abuse|soak
 //!   [--] [ARGS]`: the fault probe's cost on ordinary faults, one in-process verification, PSI
 //!   evaluation and trigger latency, the cgroup inventory at scale, `POST /v1/admit` under a
@@ -30,6 +32,7 @@
 
 mod bench;
 mod cmd;
+mod docs;
 mod fuzz;
 mod group;
 mod host;
@@ -98,6 +101,12 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
+    /// Write docs/reference/ from the code, and check every link of README.md and docs/.
+    Docs {
+        /// Only check that docs/reference/ is current (and the links).
+        #[arg(long)]
+        check: bool,
+    },
     /// Run a benchmark and print its figures; its own flags follow, after `--` or not.
     Bench {
         #[arg(value_enum)]
@@ -118,7 +127,11 @@ fn main() -> Result<()> {
         Task::Run { args } => {
             require_root("cargo xtask run")?;
             let env = setup::ensure()?;
+            cmd::step(
+                "building the agent (release) and its eBPF programs (the nightly, for the BPF target)",
+            );
             cmd::cargo(&env, &["build", "--release", "--package", "hugepage-agent"])?;
+            cmd::step("running the agent (Ctrl-C stops it)");
             let mut all = vec!["run".to_owned()];
             all.extend(args);
             cmd::exec(
@@ -150,6 +163,11 @@ fn main() -> Result<()> {
             image::build(&env, source.as_deref())
         }
         Task::Manifests { check } => manifests::run(check),
+        Task::Docs { check } => {
+            let mut env = setup::ensure()?;
+            env.peers = setup::ensure_peers()?;
+            docs::run(&env, check)
+        }
         Task::Bench { which, args } => {
             require_root("cargo xtask bench")?;
             let mut env = setup::ensure()?;
@@ -209,6 +227,8 @@ fn test(env: &cmd::Env) -> Result<()> {
     )?;
     cmd::step("the agent binary the tests run");
     cmd::cargo(env, &["build", "--package", "hugepage-agent"])?;
+    cmd::step("docs/reference/ is what the code gives, and every link of the docs resolves");
+    docs::run(env, true)?;
     cmd::step("every test");
     let (mut passed, mut failed) = cmd::cargo_test(env, &["test", "--workspace"])?;
     cmd::step(&format!(

@@ -7,7 +7,7 @@
 //! touched, and the kernel shows where the reservation really goes: node 2's free pages fall by
 //! exactly 6, the others do not move.
 //!
-//! What the README claims ("exact on one node, conservative on more") must then hold in figures:
+//! What the docs claim (docs/concepts/verification.md) ("exact on one node, conservative on more") must then hold in figures:
 //! where the reservation faults (node 2, and any selection that holds it), `unreserved` before the
 //! touch equals `free` after it, exactly; on every selection without node 2, `unreserved` is
 //! below what stays available by the whole reservation (conservative, never above). Kep admits
