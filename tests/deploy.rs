@@ -18,52 +18,29 @@ use std::{
     time::Duration,
 };
 
-use clap::Parser;
-use hugepage_agent::{
-    config::{Cli, Command as AgentCommand, Config},
-    quantity::parse_bytes,
-    webhook::{FailurePolicy, Settings},
-};
+use hugepage_agent::{quantity::parse_bytes, webhook::FailurePolicy};
 use hugepage_agent_tests::{
-    peers::{crd_models, kubernetes_validate, promtool, validate_python, workspace},
+    manifests::{
+        CLIENT_CONNECTION_FIELDS, CONFIGURATION_FIELDS, EXTENDER_FIELDS, EXTENDER_TLS_FIELDS,
+        NEWEST, OLDEST, all_hold, cel, pod, unknown_fields, validate, webhook_command,
+    },
+    peers::{crd_models, promtool, workspace},
     rendered::{AgentPod, Rendered, Source, WEBHOOK, render, yaml_documents},
 };
 use serde_json::{Value, json};
 
-/// The oldest Kubernetes the manifests support (volume mounts' `recursiveReadOnly` first appears
-/// in 1.30) and the newest the validator knows.
-const OLDEST: &str = "1.30.0";
-const NEWEST: &str = "1.37.0";
-/// Every optional component but the cgroup layouts, which replace the same paths.
-const COMPONENTS: [&str; 4] = [
+/// Every optional component but the cgroup layouts, which replace the same paths, and the
+/// MutatingAdmissionPolicy (Kubernetes 1.36 and later: tests/scheduler.rs validates it).
+const COMPONENTS: [&str; 6] = [
     "prometheus-operator",
     "grafana-dashboard",
     "cert-manager",
     "webhook",
+    "scheduler",
+    "scheduler-by-default-webhook",
 ];
 /// The kinds kubernetes-validate has no schema for, checked against their CRDs instead.
 const CUSTOM_KINDS: [&str; 4] = ["PodMonitor", "PrometheusRule", "Issuer", "Certificate"];
-
-/// `kubernetes-validate --strict` of a rendering for `version`: (passed, its report).
-fn validate(rendered: &Rendered, version: &str) -> (bool, String) {
-    let file = tempfile::Builder::new()
-        .prefix("hugepage-agent-rendered-")
-        .suffix(".yaml")
-        .tempfile()
-        .expect("a temporary file");
-    std::fs::write(file.path(), &rendered.yaml).expect("write the rendering");
-    let out = Command::new(kubernetes_validate())
-        .args(["--strict", "--kubernetes-version", version])
-        .arg(file.path())
-        .output()
-        .expect("run kubernetes-validate");
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), report)
-}
 
 #[test]
 fn every_rendering_validates_strictly_for_the_oldest_and_newest_kubernetes() {
@@ -541,19 +518,6 @@ fn each_cgroup_layout_moves_both_pressure_files_and_nothing_else() {
     }
 }
 
-/// The webhook's Deployment arguments read by the command's own parser (`hugepage-agent
-/// webhook …` as the container runs it): the configuration and the webhook's settings.
-fn webhook_command(webhook: &AgentPod) -> Settings {
-    let argv = std::iter::once("hugepage-agent").chain(webhook.args.iter().map(String::as_str));
-    let cli = Cli::try_parse_from(argv)
-        .unwrap_or_else(|e| panic!("the Deployment's arguments {:?}: {e}", webhook.args));
-    let config = Config::try_from(cli).unwrap_or_else(|e| panic!("{:?}: {e}", webhook.args));
-    let AgentCommand::Webhook(settings) = config.command else {
-        panic!("not the webhook: {:?}", webhook.args);
-    };
-    *settings
-}
-
 /// The `failurePolicy` (ValidatingWebhookConfiguration) that says what `--failure-policy` says.
 fn admission_policy(policy: FailurePolicy) -> &'static str {
     match policy {
@@ -1003,84 +967,6 @@ fn cert_manager_issues_the_webhooks_certificates_from_the_agents_ca() {
     assert!(issuer["spec"]["ca"]["secretName"].is_string(), "{issuer}");
 }
 
-/// The CEL environment of admission matchConditions as kube-apiserver declares it
-/// (k8s.io/apiserver/pkg/admission/plugin/cel/compile.go: `object` and `oldObject` are dynamic),
-/// evaluating each expression on each object: per expression `{"results": [true | false |
-/// {"error": …}]}`, or `{"compileError": …}`.
-const CEL: &str = r#"
-import json, sys
-from cel_expr_python import cel
-spec = json.load(sys.stdin)
-env = cel.NewEnv(variables={
-    "object": cel.Type.DYN, "oldObject": cel.Type.DYN, "request": cel.Type.DYN})
-out = []
-for expression in spec["expressions"]:
-    try:
-        compiled = env.compile(expression)
-    except Exception as e:
-        out.append({"compileError": str(e)})
-        continue
-    results = []
-    for obj in spec["objects"]:
-        try:
-            value = compiled.eval(data={
-                "object": obj, "oldObject": None, "request": {"operation": "CREATE"}}).value()
-        except Exception as e:
-            results.append({"error": str(e)})
-            continue
-        results.append(value if isinstance(value, bool) else {"error": repr(value)})
-    out.append({"results": results})
-json.dump(out, sys.stdout)
-"#;
-
-/// Each expression evaluated on each object by CEL.
-fn cel(expressions: &[&str], objects: &[Value]) -> Vec<Value> {
-    let mut child = Command::new(validate_python())
-        .args(["-c", CEL])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the validator venv's Python (cargo xtask setup installs cel-expr-python)");
-    std::io::Write::write_all(
-        &mut child.stdin.take().expect("stdin"),
-        json!({"expressions": expressions, "objects": objects})
-            .to_string()
-            .as_bytes(),
-    )
-    .expect("send the expressions");
-    let out = child.wait_with_output().expect("CEL's answer");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice::<Vec<Value>>(&out.stdout).expect("JSON from the CEL script")
-}
-
-/// A pod as the API server hands it to admission (defaults applied: every container has
-/// `resources`, possibly empty), with `containers` and optional `initContainers` resources.
-fn pod(node: Option<&str>, containers: &[&Value], init: &[&Value]) -> Value {
-    let container = |(i, resources): (usize, &&Value)| json!({"name": format!("c{i}"), "image": "app", "resources": resources});
-    let mut pod = json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "default", "labels": {"app": "p"}},
-        "spec": {
-            "containers": containers.iter().enumerate().map(container).collect::<Vec<_>>(),
-            "restartPolicy": "Always",
-            "schedulerName": "default-scheduler",
-        },
-    });
-    if let Some(node) = node {
-        pod["spec"]["nodeName"] = json!(node);
-    }
-    if !init.is_empty() {
-        pod["spec"]["initContainers"] = init.iter().enumerate().map(container).collect();
-    }
-    pod
-}
-
 #[test]
 fn the_match_conditions_send_only_pods_on_a_node_with_hugepages_and_never_fail() {
     let rendered = render(&["webhook"]);
@@ -1159,19 +1045,9 @@ fn the_match_conditions_send_only_pods_on_a_node_with_hugepages_and_never_fail()
         ("a mirror pod", mirror, false),
     ];
     let objects: Vec<Value> = cases.iter().map(|(_, object, _)| object.clone()).collect();
-    let answers = cel(&conditions, &objects);
-    assert_eq!(answers.len(), conditions.len());
-    for (i, (case, _, sent)) in cases.iter().enumerate() {
-        let mut all = true;
-        for (answer, condition) in answers.iter().zip(&conditions) {
-            let result = &answer["results"][i];
-            // An error would follow failurePolicy instead of matching: none may occur.
-            let value = result
-                .as_bool()
-                .unwrap_or_else(|| panic!("{case}: {condition}: {answer}"));
-            all &= value;
-        }
-        assert_eq!(all, *sent, "{case}");
+    let held = all_hold(&conditions, &objects);
+    for ((case, _, sent), held) in cases.iter().zip(held) {
+        assert_eq!(held, *sent, "{case}");
     }
 
     // The evaluator does report what would fail in the API server: a compile error, and an
@@ -1189,71 +1065,6 @@ fn the_match_conditions_send_only_pods_on_a_node_with_hugepages_and_never_fail()
         "{}",
         checks[1]
     );
-}
-
-/// The JSON tags of kube-scheduler's configuration types, as read in kubernetes/kubernetes
-/// `staging/src/k8s.io/kube-scheduler/config/v1/types.go` (commit 08ced910cf7f): `Extender`,
-/// `ExtenderTLSConfig`, and `KubeSchedulerConfiguration` with its `metav1.TypeMeta` and inlined
-/// `DebuggingConfiguration`, and `ClientConnectionConfiguration` from
-/// `staging/src/k8s.io/component-base/config/v1alpha1/types.go` (commit 01e8d0dd52a8).
-/// kube-scheduler decodes its file strictly: an unknown or misspelled field stops it.
-const EXTENDER_FIELDS: [&str; 12] = [
-    "urlPrefix",
-    "filterVerb",
-    "preemptVerb",
-    "prioritizeVerb",
-    "weight",
-    "bindVerb",
-    "enableHTTPS",
-    "tlsConfig",
-    "httpTimeout",
-    "nodeCacheCapable",
-    "managedResources",
-    "ignorable",
-];
-const EXTENDER_TLS_FIELDS: [&str; 8] = [
-    "insecure",
-    "serverName",
-    "certFile",
-    "keyFile",
-    "caFile",
-    "certData",
-    "keyData",
-    "caData",
-];
-const CONFIGURATION_FIELDS: [&str; 14] = [
-    "apiVersion",
-    "kind",
-    "parallelism",
-    "leaderElection",
-    "clientConnection",
-    "enableProfiling",
-    "enableContentionProfiling",
-    "percentageOfNodesToScore",
-    "percentageOfPlacementsToScore",
-    "podInitialBackoffSeconds",
-    "podMaxBackoffSeconds",
-    "profiles",
-    "extenders",
-    "delayCacheUntilActive",
-];
-const CLIENT_CONNECTION_FIELDS: [&str; 5] = [
-    "kubeconfig",
-    "acceptContentTypes",
-    "contentType",
-    "qps",
-    "burst",
-];
-
-/// The keys of a JSON object that are not among `known`.
-fn unknown_fields(object: &Value, known: &[&str]) -> Vec<String> {
-    object
-        .as_object()
-        .expect("an object")
-        .keys()
-        .filter(|k| !known.contains(&k.as_str()))
-        .cloned()
-        .collect()
 }
 
 #[test]

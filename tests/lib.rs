@@ -21,6 +21,7 @@ pub mod flood;
 mod host_tree;
 pub mod https;
 mod log;
+pub mod manifests;
 pub mod mbind;
 pub mod mtls;
 pub mod peers;

@@ -31,6 +31,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use base64::Engine;
 use hugepage_agent_tests::{
     Agent, HugepagePool, HugetlbController, TestCgroup, Toucher, agent_bin,
     apiserver::StandInApiServer,
@@ -997,6 +998,98 @@ fn admission_passes_what_is_not_its_business_and_follows_the_failure_policy_when
         &text,
         &[("not_checked", 2.0), ("denied", 1.0), ("fail_open", 2.0)],
     );
+}
+
+/// A pod `CREATE` as kube-apiserver sends it to a mutating webhook: the pod defaulted, no UID yet.
+fn creation_review(pod: &Value) -> Value {
+    let mut pod = pod.clone();
+    if let Some(meta) = pod["metadata"].as_object_mut() {
+        meta.remove("uid");
+    }
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "c0000000-0000-4000-8000-00000000000c",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "telco",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    })
+}
+
+/// The mutating webhook (component scheduler-by-default-webhook) over real HTTPS: a pod with
+/// hugepages and the default scheduler gets the JSON patch naming the second scheduler, as
+/// base64 in the review; one naming a scheduler, one without hugepages and one created on a node
+/// are allowed unchanged; an unreadable review is a 400; every call is counted.
+#[test]
+fn a_pod_with_hugepages_and_no_scheduler_is_given_the_second_one_and_others_are_untouched() {
+    let c = cluster();
+    let hook = webhook(&c.pki, &c.api, c.port, "ignore", "500ms");
+    wait_ready(&c.pki, &hook);
+    let mutate = |pod: &Value| {
+        let (status, answer) = call(&c.pki, &hook, "/admission/mutate", &creation_review(pod));
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["kind"], "AdmissionReview", "{answer}");
+        assert_eq!(
+            answer["response"]["uid"],
+            "c0000000-0000-4000-8000-00000000000c"
+        );
+        assert_eq!(answer["response"]["allowed"], true, "{answer}");
+        answer["response"].clone()
+    };
+    let huge = pod(Some("1Gi"));
+    let response = mutate(&huge);
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(response["patch"].as_str().expect("a patch"))
+        .expect("base64");
+    let patch: Value = serde_json::from_slice(&patch).expect("a JSON patch");
+    assert_eq!(
+        patch,
+        json!([{"op": "add", "path": "/spec/schedulerName", "value": "hugepage-agent"}])
+    );
+    let mut named = huge.clone();
+    named["spec"]["schedulerName"] = json!("volcano");
+    let mut placed = huge.clone();
+    placed["spec"]["nodeName"] = json!("roomy");
+    for untouched in [named, placed, pod(None)] {
+        let response = mutate(&untouched);
+        assert!(
+            response["patch"].is_null() && response["patchType"].is_null(),
+            "{untouched}: {response}"
+        );
+    }
+    let (status, answer) = call(
+        &c.pki,
+        &hook,
+        "/admission/mutate",
+        &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
+    );
+    assert_eq!(
+        (status, answer),
+        (400, json!({"error": "the AdmissionReview has no request"}))
+    );
+    let text = metrics(&c.pki, &hook);
+    for (result, n) in [("assigned", 1.0), ("untouched", 3.0), ("unreadable", 0.0)] {
+        let series =
+            format!("hugepage_agent_webhook_scheduler_assignments_total{{result=\"{result}\"}}");
+        assert_eq!(sample(&text, &series), Some(n), "{series} in\n{text}");
+    }
+    for (result, n) in [("answered", 4.0), ("error", 1.0)] {
+        let series = format!(
+            "hugepage_agent_webhook_calls_total{{endpoint=\"mutate\",result=\"{result}\"}}"
+        );
+        assert_eq!(sample(&text, &series), Some(n), "{series} in\n{text}");
+    }
 }
 
 #[test]

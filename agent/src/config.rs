@@ -258,6 +258,7 @@ fn webhook_config(args: WebhookCommandArgs) -> Result<webhook::Settings, ConfigE
         agent_timeout: read.agent_timeout,
         extender_body_limit: read.extender_body_limit,
         kubeconfig: args.webhook.kubeconfig,
+        scheduler_name: read.scheduler_name,
     })
 }
 

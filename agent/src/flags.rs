@@ -31,6 +31,12 @@ pub enum FlagError {
         value: String,
         reason: String,
     },
+    #[error("{flag} {value:?}: {reason}")]
+    Name {
+        flag: &'static str,
+        value: String,
+        reason: String,
+    },
 }
 
 /// `text` as a socket address, or the error naming `flag` with an `example`.

@@ -56,9 +56,14 @@ const SCHEMATHESIS_PACKAGES: [&str; 3] = [
     "jsonschema_rs==0.60.3",
 ];
 /// The manifests' check against the official Kubernetes schemas, and CEL (the CEL team's Python
-/// wrapper of its C++ implementation) to evaluate the webhook configuration's matchConditions
-/// (PyPI).
-const VALIDATE_PACKAGES: [&str; 2] = ["kubernetes-validate==1.37.0", "cel-expr-python==0.1.3"];
+/// wrapper of its C++ implementation) to evaluate the admission configurations' matchConditions
+/// and the MutatingAdmissionPolicy's JSONPatch expression, whose `JSONPatch` type is declared to
+/// CEL as a protobuf message (PyPI).
+const VALIDATE_PACKAGES: [&str; 3] = [
+    "kubernetes-validate==1.37.0",
+    "cel-expr-python==0.1.3",
+    "protobuf==7.36.2",
+];
 /// The dashboard's schema check (npm).
 const NPM_PACKAGES: [&str; 2] = ["@grafana/schema@13.2.3", "typescript@5.9.3"];
 /// The custom resources' check (npm): the Prometheus Operator's and cert-manager's CRD schemas
@@ -213,7 +218,7 @@ pub fn ensure_peers() -> Result<Vec<(&'static str, PathBuf)>> {
             ensure_venv(
                 &cache.join("kubernetes-validate-venv"),
                 &VALIDATE_PACKAGES,
-                "import kubernetes_validate, yaml; from cel_expr_python import cel",
+                "import kubernetes_validate, yaml, google.protobuf; from cel_expr_python import cel",
             )?,
         ),
         (

@@ -279,7 +279,7 @@ fn denied(uid: String, status: Status, verdict: Verdict) -> (AdmissionResponse, 
         uid,
         allowed: false,
         status: Some(status),
-        warnings: Vec::new(),
+        ..AdmissionResponse::default()
     };
     (response, verdict)
 }
@@ -309,8 +309,8 @@ fn unverified(
             let response = AdmissionResponse {
                 uid,
                 allowed: true,
-                status: None,
                 warnings: vec![warning],
+                ..AdmissionResponse::default()
             };
             (response, Verdict::FailOpen)
         }

@@ -1,6 +1,7 @@
 //! What every call of the webhook needs besides its arguments: the agents' client, the failure
 //! policy and deadline, the metrics, the Node cache, the Kubernetes API client (for the pod of a
-//! binding), and what request bodies may take (the budget, the extender's limit).
+//! binding), what request bodies may take (the budget, the extender's limit), and the scheduler
+//! pods are given.
 
 use std::{sync::Arc, time::Duration};
 
@@ -20,6 +21,8 @@ pub struct Context {
     pub bodies: Arc<BodyBudget>,
     /// The largest `ExtenderArgs` body (`--extender-body-limit`).
     pub extender_body_limit: usize,
+    /// The scheduler `/admission/mutate` gives pods (`--scheduler-name`).
+    pub scheduler_name: std::sync::Arc<str>,
 }
 
 impl std::fmt::Debug for Context {

@@ -1,7 +1,8 @@
 //! The webhook's flags: where it listens (`--listen`), how it reaches the node agents
 //! (`--agent-port`, the client side of mTLS), what it tells the scheduler and the API server when
 //! an agent does not answer (`--failure-policy`, `--agent-timeout`), the largest scheduler call
-//! it reads (`--extender-body-limit`), and the Kubernetes API (`--kubeconfig`).
+//! it reads (`--extender-body-limit`), the scheduler pods with hugepages are given
+//! (`--scheduler-name`), and the Kubernetes API (`--kubeconfig`).
 
 use std::{net::SocketAddr, path::PathBuf};
 
@@ -11,6 +12,7 @@ use super::{FailurePolicy, agents::ClientFiles};
 use crate::{
     api::budget,
     flags::{FlagError, above_zero, address, bytes, duration},
+    kube::identifiers::dns1123_subdomain,
 };
 
 #[derive(Debug, Clone, Args)]
@@ -57,6 +59,15 @@ pub struct WebhookArgs {
         value_name = "BYTES"
     )]
     pub extender_body_limit: String,
+    /// The scheduler `/admission/mutate` gives a pod that asks for hugepages and names none: the
+    /// `schedulerName` of the `scheduler` component's profile.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_SCHEDULER_NAME",
+        default_value = "hugepage-agent",
+        value_name = "NAME"
+    )]
+    pub scheduler_name: String,
     /// kubeconfig of the Kubernetes API (its current context); without it, the in-cluster
     /// configuration of the pod the webhook runs in.
     #[arg(long, env = "HUGEPAGE_AGENT_KUBECONFIG", value_name = "PATH")]
@@ -70,6 +81,7 @@ pub struct Read {
     pub agent_tls: ClientFiles,
     pub agent_timeout: std::time::Duration,
     pub extender_body_limit: usize,
+    pub scheduler_name: String,
 }
 
 impl WebhookArgs {
@@ -88,6 +100,18 @@ impl WebhookArgs {
                 &self.extender_body_limit,
                 budget::MAX_BYTES,
             )?,
+            scheduler_name: scheduler_name(&self.scheduler_name)?,
         })
     }
+}
+
+/// `--scheduler-name`: a pod's `spec.schedulerName` must be a DNS subdomain (the API server's
+/// validation), or every pod given it would be refused.
+fn scheduler_name(value: &str) -> Result<String, FlagError> {
+    dns1123_subdomain(value).map_err(|e| FlagError::Name {
+        flag: "--scheduler-name",
+        value: value.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok(value.to_owned())
 }

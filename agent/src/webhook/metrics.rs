@@ -1,5 +1,6 @@
 //! The webhook's own metrics, served at `GET /metrics` (Prometheus text, OpenMetrics when asked):
-//! calls by endpoint and result, admission requests by verdict, candidate nodes by how they were
+//! calls by endpoint and result, admission requests by verdict, pod creations given the second
+//! scheduler or not, candidate nodes by how they were
 //! judged, the Node cache's size and watch errors, the nodes kept (fail-open) or filtered out (fail-closed) because their agent did not answer, and the
 //! latency of the agent calls that completed (a call abandoned at the deadline is counted as a
 //! node without an answer, not timed); the reloads of its TLS files, served and agent client
@@ -15,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use super::FailurePolicy;
+use super::{FailurePolicy, mutate::Judged};
 use crate::{
     telemetry::{
         connections::{self, ConnectionStats},
@@ -38,9 +39,12 @@ pub enum Endpoint {
     Filter,
     Prioritize,
     Validate,
+    Mutate,
 }
 
-const ENDPOINTS: [&str; 3] = ["filter", "prioritize", "validate"];
+const ENDPOINTS: [&str; 4] = ["filter", "prioritize", "validate", "mutate"];
+/// Per [`super::mutate::Judged`], in its order.
+const ASSIGNMENTS: [&str; 3] = ["assigned", "untouched", "unreadable"];
 /// Per [`Verdict`], in its order.
 const VERDICTS: [&str; 6] = [
     "allowed",
@@ -85,7 +89,9 @@ pub enum Verdict {
 #[derive(Debug)]
 pub struct Metrics {
     /// Per endpoint, per result.
-    calls: [[AtomicU64; 2]; 3],
+    calls: [[AtomicU64; 2]; 4],
+    /// Pod creations judged by `/admission/mutate`, per [`ASSIGNMENTS`].
+    assignments: [AtomicU64; 3],
     /// Admission requests per [`VERDICTS`].
     admissions: [AtomicU64; 6],
     /// Per [`JUDGED`].
@@ -117,6 +123,7 @@ impl Metrics {
     pub fn new(traces: Arc<ExportStats>) -> Metrics {
         Metrics {
             calls: Default::default(),
+            assignments: Default::default(),
             admissions: Default::default(),
             nodes: Default::default(),
             fail_open: AtomicU64::new(0),
@@ -140,6 +147,16 @@ impl Metrics {
     /// An admission request answered.
     pub fn admission(&self, verdict: Verdict) {
         self.admissions[verdict as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A pod creation judged by `/admission/mutate`.
+    pub fn assignment(&self, judged: &Judged) {
+        let i = match judged {
+            Judged::Assigned(_) => 0,
+            Judged::Untouched(_) => 1,
+            Judged::Unreadable(_) => 2,
+        };
+        self.assignments[i].fetch_add(1, Ordering::Relaxed);
     }
 
     /// One candidate judged.
@@ -175,7 +192,7 @@ impl Metrics {
     pub fn render(&self, format: Format) -> String {
         let mut e = Encoder::new(format);
         const CALLS: &str = "hugepage_agent_webhook_calls_total";
-        e.family(CALLS, Kind::Counter, "Calls, per endpoint (the extender's filter and prioritize, the admission webhook's validate) and result (error: the answer carried an error or was a 400).");
+        e.family(CALLS, Kind::Counter, "Calls, per endpoint (the extender's filter and prioritize, the admission webhooks' validate and mutate) and result (error: the answer carried an error or was a 400).");
         for (endpoint, per) in ENDPOINTS.iter().zip(&self.calls) {
             for (result, n) in RESULTS.iter().zip(per) {
                 let labels = [("endpoint", *endpoint), ("result", *result)];
@@ -188,6 +205,15 @@ impl Metrics {
             e.sample(
                 ADMISSIONS,
                 &[("verdict", verdict)],
+                n.load(Ordering::Relaxed) as f64,
+            );
+        }
+        const ASSIGNED: &str = "hugepage_agent_webhook_scheduler_assignments_total";
+        e.family(ASSIGNED, Kind::Counter, "Pod creations judged by /admission/mutate (component scheduler-by-default-webhook): assigned (given --scheduler-name), untouched (names a scheduler or a node, asks for no hugepages, or not a pod creation), unreadable (left as it was, with a warning).");
+        for (result, n) in ASSIGNMENTS.iter().zip(&self.assignments) {
+            e.sample(
+                ASSIGNED,
+                &[("result", result)],
                 n.load(Ordering::Relaxed) as f64,
             );
         }

@@ -11,7 +11,8 @@
 //! What each part does: [`extender`] is the wire format of `k8s.io/kube-scheduler/extender/v1`;
 //! [`pod`] and [`node`] read what the webhook needs of the pod and of each `Node` (its first
 //! `InternalIP`, its allocatable hugepages); [`ask`] calls every candidate's agent at once under
-//! one deadline; [`admission`] judges a binding ([`review`] is its wire format); [`decide`]
+//! one deadline; [`admission`] judges a binding ([`review`] is its wire format); [`mutate`]
+//! gives a pod with hugepages the second scheduler; [`decide`]
 //! turns the agents' answers into the filter's and prioritize's answers, plain functions with no
 //! I/O; [`scheduler`] runs those steps for one call;
 //! [`metrics`] counts them.
@@ -31,6 +32,7 @@ pub mod flags;
 pub mod http1;
 pub mod kubeapi;
 pub mod metrics;
+pub mod mutate;
 pub mod node;
 pub mod pod;
 pub mod pool;
@@ -93,6 +95,8 @@ pub struct Settings {
     pub extender_body_limit: usize,
     /// The Kubernetes API's kubeconfig (`--kubeconfig`); `None`: the in-cluster configuration.
     pub kubeconfig: Option<PathBuf>,
+    /// The scheduler `/admission/mutate` gives pods with hugepages (`--scheduler-name`).
+    pub scheduler_name: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +155,7 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
         kube,
         bodies: BodyBudget::shared(limits.body_budget, &connections),
         extender_body_limit: settings.extender_body_limit,
+        scheduler_name: Arc::from(settings.scheduler_name.as_str()),
     };
     let watcher = tokio::spawn(reloader.watch(stopped.clone()));
     let client_watcher = tokio::spawn(client_reloader.watch(stopped.clone()));

@@ -1,10 +1,11 @@
-//! The wire format of a validating admission webhook, `admission.k8s.io/v1` (`types.go`):
+//! The wire format of an admission webhook, `admission.k8s.io/v1` (`types.go`):
 //! an `AdmissionReview` with a `request` in, the same kind with a `response` out. Only the
 //! fields the webhook reads are declared (`uid`, `kind`, `resource`, `subResource`, `name`,
 //! `namespace`, `operation`, `object`, `dryRun`); the object stays the text it came in for
 //! [`super::admission`] to read (a tree of JSON values would take many times its size). The answer carries `uid`, `allowed`, `status` (a
-//! `metav1.Status` with `code`, `reason` and `message` when denied) and `warnings`, with the
-//! JSON names of the Go tags.
+//! `metav1.Status` with `code`, `reason` and `message` when denied), `warnings`, and for a
+//! mutation `patchType` (`JSONPatch`) and `patch` (the RFC 6902 patch, base64 as Go encodes a
+//! `[]byte`), with the JSON names of the Go tags.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -77,6 +78,10 @@ pub struct AdmissionResponse {
     pub status: Option<Status>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    #[serde(rename = "patchType", skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
 }
 
 /// A `metav1.Status` of a denial.

@@ -1,7 +1,9 @@
 //! The webhook's HTTP routes: `POST /scheduler/filter`, `POST /scheduler/prioritize`,
-//! `POST /admission/validate` (an `AdmissionReview` that cannot be read is a 400 naming why),
+//! `POST /admission/validate`, `POST /admission/mutate` (an `AdmissionReview` that cannot be
+//! read is a 400 naming why),
 //! `GET /metrics`, `GET /healthz`, `GET /readyz` (503 until the Node cache has synced). Handlers
-//! read the body and hand it to [`super::scheduler`] or [`super::admission`], and count the call;
+//! read the body and hand it to [`super::scheduler`], [`super::admission`] or
+//! [`super::mutate`], and count the call;
 //! a body that is not `ExtenderArgs` JSON is a 400 whose JSON names the problem in `error` (the
 //! field both extender answers use for a failed call). Each scheduler and admission call is a
 //! server span continuing the caller's trace ([`super::trace::continued`]). Query parameters are
@@ -26,7 +28,8 @@ use serde_json::json;
 use super::{
     admission,
     metrics::Endpoint,
-    review::{self, AdmissionReview},
+    mutate,
+    review::{self, AdmissionRequest, AdmissionReview},
     scheduler, trace,
 };
 use crate::{
@@ -61,7 +64,7 @@ pub struct Route {
 
 /// Every endpoint the webhook serves: the router is built from this list, and the reference
 /// (`docs/reference/http-api.md`) is written from it.
-pub const ROUTES: [Route; 6] = [
+pub const ROUTES: [Route; 7] = [
     Route {
         method: "POST",
         path: "/scheduler/filter",
@@ -82,6 +85,13 @@ pub const ROUTES: [Route; 6] = [
         caller: "kube-apiserver (the ValidatingWebhookConfiguration)",
         summary: "AdmissionReview of a pods/binding CREATE (or a pod created with spec.nodeName) in, AdmissionReview out: the bound node's agent admits the pod for real (and reserves its hugepages by UID), or a dry run when the review is one; a refusal denies with the agent's reason and message (403). An agent that does not answer within --agent-timeout: --failure-policy decides (ignore: allowed with a warning; fail: denied, 500). 400 with `error` for a body that is not an AdmissionReview; 413 over 6 MiB, 408, 503 as for filter.",
         handler: || post(validate),
+    },
+    Route {
+        method: "POST",
+        path: "/admission/mutate",
+        caller: "kube-apiserver (the MutatingWebhookConfiguration of component scheduler-by-default-webhook)",
+        summary: "AdmissionReview of a pod CREATE in, AdmissionReview out, always allowed: a pod that asks for hugepages, names no scheduler (absent or default-scheduler) and no node gets the JSON patch setting spec.schedulerName to --scheduler-name; any other request is allowed unchanged (one that cannot be read with a warning). 400 with `error` for a body that is not an AdmissionReview; 413 over 6 MiB, 408, 503 as for filter.",
+        handler: || post(mutate),
     },
     Route {
         method: "GET",
@@ -212,43 +222,76 @@ async fn prioritize(State(context): State<Context>, headers: HeaderMap, body: Bo
     }
 }
 
-async fn validate(State(context): State<Context>, headers: HeaderMap, body: Body) -> Response {
+/// The request of an `AdmissionReview` body (its charge of the budget held until the answer is
+/// built), or the 400, 408, 413 or 503 saying why there is none; the call is counted as failed
+/// for `endpoint` then.
+async fn review_request(
+    context: &Context,
+    headers: &HeaderMap,
+    body: Body,
+    endpoint: Endpoint,
+) -> Result<(AdmissionRequest, Charge), Response> {
     let limit = ADMISSION_REVIEW_LIMIT;
-    let read = read::<AdmissionReview>(&context, &headers, body, limit, "an AdmissionReview");
-    let (review, _charge) = match read.await {
-        Ok(read) => read,
-        Err(answer) => {
-            context.metrics.call(Endpoint::Validate, false);
-            return answer;
-        }
+    let read = read::<AdmissionReview>(context, headers, body, limit, "an AdmissionReview");
+    let failed = |answer: Response| {
+        context.metrics.call(endpoint, false);
+        answer
     };
-    let request = match review.request {
+    let (review, charge) = read.await.map_err(failed)?;
+    match review.request {
         Some(request)
             if review.api_version == review::API_VERSION && review.kind == review::KIND =>
         {
-            request
+            Ok((request, charge))
         }
-        Some(_) => {
-            context.metrics.call(Endpoint::Validate, false);
-            return refused(format!(
-                "the body is a {} {}, not an {} {}",
-                review.api_version,
-                review.kind,
-                review::API_VERSION,
-                review::KIND
-            ));
-        }
-        None => {
-            context.metrics.call(Endpoint::Validate, false);
-            return refused("the AdmissionReview has no request".to_owned());
-        }
-    };
+        Some(_) => Err(failed(refused(format!(
+            "the body is a {} {}, not an {} {}",
+            review.api_version,
+            review.kind,
+            review::API_VERSION,
+            review::KIND
+        )))),
+        None => Err(failed(refused(
+            "the AdmissionReview has no request".to_owned(),
+        ))),
+    }
+}
+
+async fn validate(State(context): State<Context>, headers: HeaderMap, body: Body) -> Response {
+    let (request, _charge) =
+        match review_request(&context, &headers, body, Endpoint::Validate).await {
+            Ok(read) => read,
+            Err(answer) => return answer,
+        };
     let span = tracing::debug_span!("admission validate", otel.kind = "server");
     let (response, verdict) =
         trace::continued(span, &headers, admission::validate(&context, request)).await;
     context.metrics.call(Endpoint::Validate, true);
     context.metrics.admission(verdict);
     Json(response.into_review()).into_response()
+}
+
+async fn mutate(State(context): State<Context>, headers: HeaderMap, body: Body) -> Response {
+    let (request, _charge) = match review_request(&context, &headers, body, Endpoint::Mutate).await
+    {
+        Ok(read) => read,
+        Err(answer) => return answer,
+    };
+    let judged = mutate::judge(&request, &context.scheduler_name);
+    match &judged {
+        mutate::Judged::Assigned(_) => tracing::info!(
+            namespace = request.namespace,
+            scheduler = %context.scheduler_name,
+            "a pod with hugepages given the scheduler"
+        ),
+        mutate::Judged::Unreadable(why) => {
+            tracing::warn!(namespace = request.namespace, "scheduler not chosen: {why}");
+        }
+        mutate::Judged::Untouched(_) => {}
+    }
+    context.metrics.call(Endpoint::Mutate, true);
+    context.metrics.assignment(&judged);
+    Json(mutate::answer(request.uid, &judged).into_review()).into_response()
 }
 
 async fn metrics(State(context): State<Context>, headers: HeaderMap) -> Response {
