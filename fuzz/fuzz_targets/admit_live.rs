@@ -39,9 +39,7 @@ use hugepage_agent::{
         reservations::{self, Reservation, Store},
         verify::{Gate, Mode, OnSysfsError, Settings, Verifier},
     },
-    api::{
-        AppState, Readiness, admit, budget::BodyBudget, lane::Lane, router, server::Limits,
-    },
+    api::{AppState, Readiness, admit, budget::BodyBudget, lane::Lane, router, server::Limits},
     consumers::FaultBook,
     host::{NumaNode, PageSize},
     kubeletconfig::{
@@ -248,10 +246,7 @@ fn live() -> &'static Live {
             kubelet: Arc::new(ArcSwap::from_pointee(kubelet)),
             max_containers: admit::DEFAULT_MAX_CONTAINERS as usize,
             heavy: Lane::start().expect("the heavy lane"),
-            bodies: Arc::new(BodyBudget::new(
-                Limits::DEFAULT.body_budget,
-                Arc::default(),
-            )),
+            bodies: Arc::new(BodyBudget::new(Limits::DEFAULT.body_budget, Arc::default())),
         };
         state.readiness.release("off");
         let runtime = tokio::runtime::Builder::new_current_thread()
