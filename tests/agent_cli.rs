@@ -3,7 +3,10 @@
 
 use std::{fs, process::Command, time::Duration};
 
-use hugepage_agent::{probes::Probes, sysfs::HostFs};
+use hugepage_agent::{
+    probes::{Probes, flags::FaultAttach},
+    sysfs::HostFs,
+};
 use hugepage_agent_tests::{
     Agent, HugepagePool, HugetlbController, MemoryPressure, Nested, TestCgroup, Toucher, agent_bin,
     free_port, fresh_state_dir, host_lock, http, node0_checkpoint, output, pod_cgroups, read_u64,
@@ -42,7 +45,7 @@ fn agent_with_cap_bpf_only(args: &[&str]) -> Command {
 /// agent meets first is the kernel's verdict on its programs.
 fn tracefs_ready() {
     drop(
-        Probes::load(&HostFs::new("/"))
+        Probes::load(&HostFs::new("/"), FaultAttach::Auto)
             .unwrap_or_else(|e| panic!("loading the probes as root: {}", e.explain())),
     );
 }

@@ -10,8 +10,9 @@ use std::{
 
 use hugepage_agent::{
     probes::{
-        Counters, EventStreams, Probes,
+        Counters, EventStreams, FaultPath, Probes,
         events::{CgroupChange, FaultEvent, ProbeEvent},
+        flags::FaultAttach,
         retries::{DEFAULT_WINDOW, RetryFilter},
         stream,
     },
@@ -26,7 +27,7 @@ use tokio::sync::mpsc::Receiver;
 const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
 
 fn load() -> (Probes, EventStreams) {
-    match Probes::load(&HostFs::new("/")) {
+    match Probes::load(&HostFs::new("/"), FaultAttach::Auto) {
         Ok(loaded) => loaded,
         Err(err) => panic!("loading the probes on this kernel: {}", err.explain()),
     }
@@ -94,6 +95,53 @@ fn each_touched_huge_page_in_a_watched_cgroup_is_one_event_with_pid_cgroup_and_s
         let attached = events.iter().any(|e| matches!(e, ProbeEvent::Cgroup(c)
             if c.cgroup_id == cgroup.id && c.change == CgroupChange::AttachTask { pid: toucher.pid }));
         assert!(attached, "the toucher's move into the cgroup is an attach_task event");
+    });
+}
+
+/// `--fault-attach fentry`: where the kernel runs fentry programs (the VM test's kernels, whose
+/// PREEMPT_RT builds need it), the same events as the tracepoint for the same touched pages;
+/// where it refuses them, the refusal names the program. This host's kernel refuses fentry
+/// (EPERM from BPF_PROG_LOAD whatever the capabilities): the test then says so and checks the
+/// refusal; `cargo xtask vm-test` runs the fentry path on 6.1-rt and 6.12-rt.
+#[test]
+fn the_fentry_fault_program_sees_the_same_faults_or_its_refusal_names_it() {
+    const K: usize = 4;
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 8);
+    let cgroup = TestCgroup::create(&lock, "fentry");
+    let (mut probes, streams) = match Probes::load(&HostFs::new("/"), FaultAttach::Fentry) {
+        Ok(loaded) => loaded,
+        Err(err) => {
+            let why = err.explain();
+            assert!(
+                why.contains("eBPF program hugetlb_fault refused by the kernel"),
+                "{why}"
+            );
+            eprintln!("this kernel refuses fentry programs, so only the refusal is checked: {why}");
+            return;
+        }
+    };
+    assert_eq!(probes.fault_path, FaultPath::Fentry);
+    runtime().block_on(async {
+        let scan = v2().scan(&HostFs::new("/")).expect("scan cgroups");
+        probes.sync_watched(&scan.watched).expect("watch");
+        let mut rx = stream::spawn(streams, 4096).expect("readers");
+        let toucher = Toucher::run(TOUCHER, Some(&cgroup.dir), K, 64);
+        let events = collect(&mut rx, Duration::from_secs(1)).await;
+        let faults = faults_of(&events, toucher.pid);
+        assert_eq!(
+            faults.len(),
+            K,
+            "one event per touched huge page: {faults:#?}"
+        );
+        for f in &faults {
+            assert_eq!(
+                (f.pid, f.cgroup_id, f.page_size),
+                (toucher.pid, cgroup.id, Some(2 << 20)),
+                "{f:?}"
+            );
+            assert!(f.write);
+        }
     });
 }
 

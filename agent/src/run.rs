@@ -213,7 +213,7 @@ fn start_probes(config: &RunConfig) -> Result<Result<(Probes, EventStreams), Str
             info!("eBPF disabled (--ebpf off): the hugepage map comes from sysfs polling only");
             Ok(Err("off (--ebpf off)".to_owned()))
         }
-        mode => match Probes::load(&config.host) {
+        mode => match Probes::load(&config.host, config.fault_attach) {
             Ok(loaded) => Ok(Ok(loaded)),
             Err(err) if mode == EbpfMode::Auto => {
                 let why = err.explain();

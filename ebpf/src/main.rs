@@ -1,7 +1,7 @@
-//! The kernel side of hugepage-agent: tracepoint programs built for `bpfel-unknown-none`.
+//! The kernel side of hugepage-agent: tracepoint and fentry programs built for `bpfel-unknown-none`.
 //!
 //! One program per attach point: `page_fault_user` reports faults in hugetlb VMAs of watched
-//! cgroups; `cgroup_mkdir`, `cgroup_rmdir`, `cgroup_attach_task` and `cgroup_release` report the
+//! cgroups (`hugetlb_fault`, an fentry program, the same where that tracepoint cannot: PREEMPT_RT); `cgroup_mkdir`, `cgroup_rmdir`, `cgroup_attach_task` and `cgroup_release` report the
 //! cgroup lifecycle for the pod inventory. Records go to ring buffers; every program counts what it
 //! saw, skipped and lost in a per-CPU counter map. Layout that differs between kernels comes from
 //! [`shared::offsets`], filled in by the agent from BTF. On the host this crate only type-checks.
@@ -13,6 +13,7 @@ mod cgroup_event;
 mod cgroup_mkdir;
 mod cgroup_release;
 mod cgroup_rmdir;
+mod hugetlb_fault;
 mod page_fault_user;
 mod shared;
 

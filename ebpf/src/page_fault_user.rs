@@ -4,6 +4,10 @@
 //! `WATCHED_CGROUPS` costs one array and one hash lookup and stops there. Only watched faults pay
 //! for `bpf_find_vma`, which may give up with -EBUSY when the mmap lock is held; that is counted,
 //! never guessed. The page size comes from the VMA's hugetlbfs superblock (`hstate.order`).
+//!
+//! The filter, the ring buffer, the page size and the record are shared with the fentry program
+//! on `hugetlb_fault` ([`crate::hugetlb_fault`]), which PREEMPT_RT kernels need: there
+//! `bpf_find_vma` always gives up in this tracepoint.
 
 use aya_ebpf::{
     cty::{c_long, c_void},
@@ -28,7 +32,7 @@ use crate::shared::{count, offset};
 const EBUSY: c_long = 16;
 
 #[map(name = "HUGETLB_FAULTS")]
-static HUGETLB_FAULTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+pub(crate) static HUGETLB_FAULTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 
 #[map(name = "WATCHED_CGROUPS")]
 static WATCHED_CGROUPS: HashMap<u64, u8> = HashMap::with_max_entries(WATCHED_CGROUPS_MAX, 0);
@@ -58,17 +62,9 @@ pub fn page_fault_user(ctx: RawTracePointContext) -> i32 {
 }
 
 fn try_page_fault_user(ctx: &RawTracePointContext) -> Result<i32, i32> {
-    let Some(&settings) = FAULT_SETTINGS.get(0) else {
+    let Some(cgroup_id) = inspected() else {
         return Ok(0);
     };
-    if settings.flags & settings::PAUSE != 0 {
-        return Ok(0);
-    }
-    // SAFETY: helper without preconditions.
-    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    if !watched(settings, cgroup_id) {
-        return Ok(0);
-    }
     let address: u64 = ctx.arg(ARG_ADDRESS);
     let mut vma = VmaInfo {
         hugetlb: 0,
@@ -97,9 +93,16 @@ fn try_page_fault_user(ctx: &RawTracePointContext) -> Result<i32, i32> {
         return Ok(0);
     }
     let error_code: u64 = ctx.arg(ARG_ERROR_CODE);
+    report(cgroup_id, address, vma.page_size, error_code);
+    Ok(0)
+}
+
+/// Writes one hugetlb fault of the current task to the ring buffer (or counts it lost).
+#[inline(always)]
+pub(crate) fn report(cgroup_id: u64, address: u64, page_size: u64, error_code: u64) {
     let Some(mut entry) = HUGETLB_FAULTS.reserve::<HugetlbFault>(0) else {
         count(Counter::HugetlbFaultsLost);
-        return Ok(0);
+        return;
     };
     let pid_tgid = bpf_get_current_pid_tgid();
     entry.write(HugetlbFault {
@@ -107,7 +110,7 @@ fn try_page_fault_user(ctx: &RawTracePointContext) -> Result<i32, i32> {
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         cgroup_id,
         address,
-        page_size: vma.page_size,
+        page_size,
         error_code,
         tgid: (pid_tgid >> 32) as u32,
         pid: pid_tgid as u32,
@@ -119,7 +122,18 @@ fn try_page_fault_user(ctx: &RawTracePointContext) -> Result<i32, i32> {
     });
     entry.submit(0);
     count(Counter::HugetlbFaults);
-    Ok(0)
+}
+
+/// The current task's cgroup when its faults are inspected: not paused, and watched.
+#[inline(always)]
+pub(crate) fn inspected() -> Option<u64> {
+    let &settings = FAULT_SETTINGS.get(0)?;
+    if settings.flags & settings::PAUSE != 0 {
+        return None;
+    }
+    // SAFETY: helper without preconditions.
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    watched(settings, cgroup_id).then_some(cgroup_id)
 }
 
 /// Whether the faults of `cgroup_id` are inspected; a fault that is not is counted as filtered.
@@ -178,7 +192,7 @@ extern "C" fn inspect_vma(_task: *mut c_void, vma: *mut c_void, data: *mut c_voi
 
 /// `PAGE_SIZE << vma->vm_file->f_inode->i_sb->s_fs_info->hstate->order`, or 0 when unknown.
 #[inline(always)]
-fn hugetlb_page_size(vma: *const u8) -> u64 {
+pub(crate) fn hugetlb_page_size(vma: *const u8) -> u64 {
     if offset!(page_size_known) == 0 {
         return 0;
     }

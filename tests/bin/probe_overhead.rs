@@ -12,7 +12,7 @@
 //! `probe-overhead [--mib M] [--rounds R]` (defaults 256 MiB per run, 21 rounds).
 
 use hugepage_agent::{
-    probes::{Counters, Probes},
+    probes::{Counters, Probes, flags::FaultAttach},
     sysfs::HostFs,
 };
 use hugepage_agent_common::counters::Counter;
@@ -86,8 +86,8 @@ fn main() {
         .expect("runtime");
     let _entered = runtime.enter();
     let host = HostFs::new("/");
-    let (mut probes, _streams) =
-        Probes::load(&host).unwrap_or_else(|e| panic!("loading the probes: {}", e.explain()));
+    let (mut probes, _streams) = Probes::load(&host, FaultAttach::Auto)
+        .unwrap_or_else(|e| panic!("loading the probes: {}", e.explain()));
     let scan = v2().scan(&host).expect("scan cgroups");
     assert!(
         !scan.watched.contains(&pod.id),

@@ -9,8 +9,9 @@
 //!   host ([`host`]).
 //! * `fuzz [--seconds N | --runs N] [--jobs N] [TARGET]`: the parsers of outside input under
 //!   libFuzzer ([`fuzz`]).
-//! * `vm-test`: Debian's Linux 6.1 booted under QEMU as a four-NUMA-node machine, the agent and
-//!   its checks run inside ([`vm`]); part of `test`.
+//! * `vm-test [--kernel 6.1|6.1-rt|6.12|6.12-rt|all]`: Debian's kernels booted in turn under QEMU
+//!   as a four-NUMA-node machine, the agent and its checks run inside ([`vm`]); part of `test`,
+//!   all four.
 //! * `layers`: the agent's modules as floors; a circle between modules, or pure logic that
 //!   imports a reader, fails it (and `test`).
 //! * `fresh-test`: `test` as on a new machine: the host's leftovers of earlier runs removed, a
@@ -85,8 +86,13 @@ enum Task {
         /// One target (see fuzz/Cargo.toml); all of them when absent.
         target: Option<String>,
     },
-    /// Boot Debian's Linux 6.1 under QEMU with 4 NUMA nodes and run the agent's checks in it.
-    VmTest,
+    /// Boot Debian's kernels under QEMU with 4 NUMA nodes and run the agent's checks in each.
+    VmTest {
+        /// Which kernel: 6.1, 6.1-rt, 6.12, 6.12-rt (Debian bookworm's, PREEMPT_RT the -rt), or
+        /// all four in turn.
+        #[arg(long, default_value = "all", value_name = "KERNEL", value_parser = kernels)]
+        kernel: Kernels,
+    },
     /// Print the agent's modules as floors; fail on a circle or on pure logic importing a reader.
     Layers,
     /// Build the agent's container image (statically linked, FROM scratch) and check it.
@@ -156,7 +162,7 @@ fn main() -> Result<()> {
             let budget = runs.map_or(fuzz::Budget::Seconds(seconds), fuzz::Budget::Runs);
             fuzz::run(budget, jobs, target.as_deref())
         }
-        Task::VmTest => vm::run(&setup::ensure()?),
+        Task::VmTest { kernel } => vm::run(&setup::ensure()?, &kernel.0),
         Task::Layers => layers::check(&cmd::workspace().join("agent/src")),
         Task::Image { source } => {
             let env = setup::ensure()?;
@@ -236,8 +242,10 @@ fn test(env: &cmd::Env) -> Result<()> {
     ));
     fuzz::check()?;
     fuzz::run(fuzz::Budget::Seconds(FUZZ_TEST_SECONDS), 1, None)?;
-    cmd::step("the VM test: Linux 6.1 with 4 NUMA nodes under QEMU, the agent's checks inside");
-    let (vm_passed, vm_failed) = vm::test(env)?;
+    cmd::step(
+        "the VM test: Linux 6.1, 6.1-rt, 6.12 and 6.12-rt with 4 NUMA nodes under QEMU, the agent's checks inside",
+    );
+    let (vm_passed, vm_failed) = vm::test(env, &vm::Flavour::ALL)?;
     (passed, failed) = (passed + vm_passed, failed + vm_failed);
     if vm_failed > 0 {
         bail!("{vm_failed} VM check(s) failed (above)");
@@ -283,6 +291,19 @@ fn fresh_test(keep_cache: bool) -> Result<()> {
         eprintln!("the clone is kept for a look: {}", clone.display());
     }
     outcome
+}
+
+/// The kernels `--kernel` names: one flavour, or `all`.
+#[derive(Debug, Clone)]
+struct Kernels(Vec<vm::Flavour>);
+
+fn kernels(text: &str) -> Result<Kernels, String> {
+    if text == "all" {
+        return Ok(Kernels(vm::Flavour::ALL.to_vec()));
+    }
+    <vm::Flavour as clap::ValueEnum>::from_str(text, false)
+        .map(|k| Kernels(vec![k]))
+        .map_err(|_| format!("{text:?}: expected 6.1, 6.1-rt, 6.12, 6.12-rt or all"))
 }
 
 fn require_root(what: &str) -> Result<()> {

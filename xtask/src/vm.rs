@@ -1,11 +1,12 @@
-//! `cargo xtask vm-test`: the agent on a real multi-NUMA kernel of another version. Boots
-//! Debian's Linux 6.1 ([`kernel`]) under QEMU ([`qemu`]) as the four-node machine of
-//! [`machine`], from a busybox initramfs ([`initramfs`]) whose init (`tests/vm/init`) mounts
-//! the host's debug build over 9p and runs `vm-checks` (`tests/bin/vm_checks/`), which runs the
-//! real `hugepage-agent` binary, the same code as on the host, and writes one line per check.
-//! The host prints those lines, then a closing line in libtest's format so that `cargo xtask
-//! test` and CI count them. What a failed run leaves (the console, the logs the checks kept) is
-//! in `<target>/vm-test/`.
+//! `cargo xtask vm-test [--kernel 6.1|6.1-rt|6.12|6.12-rt|all]`: the agent on real multi-NUMA
+//! kernels of other versions. Boots each of Debian's kernels asked ([`kernel`]: 6.1 and 6.12,
+//! generic and PREEMPT_RT) in turn under QEMU ([`qemu`]) as the same four-node machine of
+//! [`machine`], from a busybox initramfs ([`initramfs`]) whose init (`tests/vm/init`) mounts the
+//! host's debug build over 9p and runs `vm-checks` (`tests/bin/vm_checks/`), which runs the real
+//! `hugepage-agent` binary, the same code as on the host, and writes one line per check. The
+//! host prints those lines, then per kernel a closing line in libtest's format so that `cargo
+//! xtask test` and CI count them. What a failed run leaves (the console, the logs the checks
+//! kept) is in `<target>/vm-test/<kernel>/`.
 
 mod initramfs;
 mod kernel;
@@ -20,26 +21,36 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+pub use kernel::Flavour;
+
 use crate::{
     cmd::{self, Env},
     setup,
 };
 
-/// Debian packages the VM test needs: QEMU (x86 system emulation) and a static busybox.
-const VM_PACKAGES: [&str; 2] = ["qemu-system-x86", "busybox-static"];
+/// Debian packages the VM test needs: QEMU (x86 system emulation), a static busybox, and the
+/// decompressors of kernel modules (6.12's are xz).
+const VM_PACKAGES: [&str; 4] = ["qemu-system-x86", "busybox-static", "xz-utils", "zstd"];
 /// The whole boot, checks included; a hung guest is killed after it.
 const BOOT_LIMIT: Duration = Duration::from_secs(480);
 
-/// The VM's prerequisites: the Debian packages and the kernel (idempotent).
+/// The VM's prerequisites: the Debian packages and the kernels (idempotent).
 pub fn ensure_prerequisites() -> Result<()> {
     setup::ensure_debian_packages(&VM_PACKAGES)?;
-    kernel::ensure().map(drop)
+    for flavour in Flavour::ALL {
+        kernel::ensure(flavour)?;
+    }
+    Ok(())
 }
 
-/// Builds, boots, checks; returns (passed, failed) and prints the closing line.
-pub fn test(env: &Env) -> Result<(u64, u64)> {
+/// Builds once, then boots and checks each of `kernels` in turn; returns (passed, failed) over
+/// all of them, having printed each kernel's closing line.
+pub fn test(env: &Env, kernels: &[Flavour]) -> Result<(u64, u64)> {
     setup::ensure_debian_packages(&VM_PACKAGES)?;
-    let kernel = kernel::ensure()?;
+    let ready: Vec<kernel::Kernel> = kernels
+        .iter()
+        .map(|k| kernel::ensure(*k))
+        .collect::<Result<_>>()?;
     cmd::step("the binaries the guest runs (debug build: the agent, vm-checks, toucher)");
     cmd::cargo(
         env,
@@ -57,14 +68,30 @@ pub fn test(env: &Env) -> Result<(u64, u64)> {
             "toucher",
         ],
     )?;
+    let (mut passed, mut failed) = (0, 0);
+    for kernel in &ready {
+        let (p, f) = boot(kernel)?;
+        passed += p;
+        failed += f;
+    }
+    Ok((passed, failed))
+}
+
+/// Boots `kernel` with the checks; (passed, failed), its closing line printed.
+fn boot(kernel: &kernel::Kernel) -> Result<(u64, u64)> {
     let bin = cmd::target_dir().join("debug");
-    let dir = cmd::target_dir().join("vm-test");
+    let dir = cmd::target_dir()
+        .join("vm-test")
+        .join(kernel.flavour.label());
     let work = dir.join("work");
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     fs::write(
         work.join("machine.json"),
-        serde_json::to_vec_pretty(&machine::description())?,
+        serde_json::to_vec_pretty(&machine::description(
+            kernel.flavour.release_prefix(),
+            kernel.flavour.realtime(),
+        ))?,
     )?;
     let initramfs = dir.join("initramfs.cpio");
     let binaries: Vec<_> = ["hugepage-agent", "vm-checks", "toucher"]
@@ -74,12 +101,13 @@ pub fn test(env: &Env) -> Result<(u64, u64)> {
     initramfs::build(
         &initramfs,
         &cmd::workspace().join("tests/vm/init"),
-        &kernel,
+        kernel,
         &binaries,
     )?;
     cmd::step(&format!(
-        "booting {} under QEMU (TCG, 4 NUMA nodes) and running the checks in it",
-        kernel.package
+        "booting {} ({}) under QEMU (TCG, 4 NUMA nodes) and running the checks in it",
+        kernel.package,
+        kernel.flavour.label()
     ));
     let console = dir.join("console.log");
     let started = Instant::now();
@@ -100,9 +128,10 @@ pub fn test(env: &Env) -> Result<(u64, u64)> {
         failed += 1;
     }
     println!(
-        "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s",
+        "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s (kernel {})",
         if failed == 0 { "ok" } else { "FAILED" },
-        elapsed.as_secs_f64()
+        elapsed.as_secs_f64(),
+        kernel.flavour.label()
     );
     if failed > 0 {
         eprintln!(
@@ -114,9 +143,9 @@ pub fn test(env: &Env) -> Result<(u64, u64)> {
     Ok((passed, failed))
 }
 
-/// `cargo xtask vm-test`: fails when a check failed.
-pub fn run(env: &Env) -> Result<()> {
-    let (_, failed) = test(env)?;
+/// `cargo xtask vm-test`: fails when a check failed on any of `kernels`.
+pub fn run(env: &Env, kernels: &[Flavour]) -> Result<()> {
+    let (_, failed) = test(env, kernels)?;
     if failed > 0 {
         bail!("{failed} VM check(s) failed");
     }

@@ -18,6 +18,7 @@ const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_ENUM: u32 = 6;
 const KIND_TYPEDEF: u32 = 8;
+const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
@@ -50,6 +51,8 @@ pub enum BtfError {
     NoSuchEnumerator(String),
     #[error("no typedef `{0}` of a function pointer in BTF")]
     NoSuchFunctionType(String),
+    #[error("no function `{0}` in BTF")]
+    NoSuchFunction(String),
     #[error("`{name}` takes {found:?}, expected {expected:?}")]
     Prototype {
         name: String,
@@ -93,6 +96,8 @@ pub struct Btf {
     typedefs: HashMap<String, u32>,
     /// type id -> parameter type ids, for function prototypes.
     params: HashMap<u32, Vec<u32>>,
+    /// function name -> its type id (what an fentry or fexit program names as attach_btf_id).
+    functions: HashMap<String, u32>,
 }
 
 impl Btf {
@@ -158,6 +163,10 @@ impl Btf {
                         let name = self.string(name)?.to_owned();
                         self.typedefs.entry(name).or_insert(id);
                     }
+                }
+                KIND_FUNC if name != 0 => {
+                    let name = self.string(name)?.to_owned();
+                    self.functions.entry(name).or_insert(id);
                 }
                 KIND_FUNC_PROTO => {
                     let params = body
@@ -308,6 +317,15 @@ impl Btf {
             Some(&(KIND_INT, bytes)) => Shape::Integer { bytes },
             _ => Shape::Other,
         }
+    }
+
+    /// The type id of the kernel function `name` (`BTF_KIND_FUNC`): the `attach_btf_id` of an
+    /// fentry or fexit program on it.
+    pub fn function(&self, name: &str) -> Result<u32, BtfError> {
+        self.functions
+            .get(name)
+            .copied()
+            .ok_or_else(|| BtfError::NoSuchFunction(name.to_owned()))
     }
 
     /// Value of the enumerator `name` (from any enum).

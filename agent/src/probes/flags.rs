@@ -1,5 +1,5 @@
-//! The probes' flags: whether the eBPF programs load (`--ebpf`) and which processes' faults the
-//! fault probe inspects (`--fault-scope`).
+//! The probes' flags: whether the eBPF programs load (`--ebpf`), which processes' faults the
+//! fault probe inspects (`--fault-scope`), and where it attaches (`--fault-attach`).
 
 use clap::{Args, ValueEnum};
 
@@ -16,6 +16,19 @@ pub enum EbpfMode {
     Off,
 }
 
+/// Where the fault probe attaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FaultAttach {
+    /// fentry on PREEMPT_RT kernels (where the tracepoint's VMA lookup always gives up), the
+    /// tracepoint elsewhere.
+    Auto,
+    /// The raw tracepoint `exceptions/page_fault_user`, looking the VMA up (`bpf_find_vma`).
+    Tracepoint,
+    /// fentry on the kernel's `hugetlb_fault`, which is handed the VMA (Linux 5.5 and later, with
+    /// BTF trampolines).
+    Fentry,
+}
+
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "eBPF probes")]
 pub struct ProbeArgs {
@@ -25,4 +38,8 @@ pub struct ProbeArgs {
     /// Which processes' faults the probe inspects: those of cgroups that can use hugepages, or all.
     #[arg(long, env = "HUGEPAGE_AGENT_FAULT_SCOPE", value_enum, default_value_t = FaultScope::HugetlbCgroups)]
     pub fault_scope: FaultScope,
+    /// Where the fault probe attaches: auto (fentry on PREEMPT_RT kernels, the tracepoint
+    /// elsewhere), tracepoint, fentry.
+    #[arg(long, env = "HUGEPAGE_AGENT_FAULT_ATTACH", value_enum, default_value_t = FaultAttach::Auto)]
+    pub fault_attach: FaultAttach,
 }

@@ -101,6 +101,7 @@ impl LiveProbes {
         streams: EventStreams,
         scope: FaultScope,
     ) -> Result<mpsc::Receiver<ProbeEvent>, LiveError> {
+        info!(attach = %probes.fault_path.describe(), "fault probe attached");
         if let Some(why) = &probes.page_size_unavailable {
             warn!("hugetlb faults will carry no page size: the kernel's BTF lacks {why}");
         }

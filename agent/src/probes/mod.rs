@@ -1,5 +1,7 @@
 //! Sole owner of the loaded eBPF object: loads the embedded programs with kernel offsets from BTF,
-//! attaches each to its tracepoint, hands out the ring buffers, and keeps the filter maps.
+//! attaches each to its tracepoint (the fault program, or its fentry twin on `hugetlb_fault`
+//! where the tracepoint cannot work: [`FaultPath`]), hands out the ring buffers, and keeps the
+//! filter maps.
 //!
 //! Dropping [`Probes`] detaches every program. What the agent does with events lives elsewhere
 //! ([`events`] decodes them; the run loop consumes them).
@@ -22,7 +24,8 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
-        Program, ProgramError, RawTracePoint, TracePoint, raw_trace_point::RawTracePointLinkId,
+        FEntry, Program, ProgramError, RawTracePoint, TracePoint, fentry::FEntryLinkId,
+        raw_trace_point::RawTracePointLinkId,
     },
 };
 use hugepage_agent_common::{
@@ -32,6 +35,7 @@ use hugepage_agent_common::{
     page_fault_user::{self, CgroupVerdict, FaultSettings},
 };
 
+use self::flags::FaultAttach;
 use crate::sysfs::{HostFs, SysfsError};
 pub use errno::errno_name;
 
@@ -44,6 +48,10 @@ const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 /// The fault program: name in the object, tracepoint category, tracepoint name. It is attached as
 /// a raw tracepoint: the classic tracepoint's perf record alone costs an ordinary fault ~13 %.
 pub const FAULT_PROGRAM: (&str, &str, &str) = ("page_fault_user", "exceptions", "page_fault_user");
+/// The fault program's fentry twin: name in the object, and the kernel function it attaches to.
+pub const FAULT_FENTRY: (&str, &str) = ("hugetlb_fault", "hugetlb_fault");
+/// `1` on PREEMPT_RT kernels, absent elsewhere.
+const REALTIME: &str = "/sys/kernel/realtime";
 /// The cgroup programs (classic tracepoints), in the same form.
 pub const CGROUP_PROGRAMS: [(&str, &str, &str); 4] = [
     ("cgroup_mkdir", "cgroup", "cgroup_mkdir"),
@@ -78,6 +86,15 @@ pub enum ProbeError {
         #[source]
         source: Box<ProgramError>,
     },
+    #[error("attaching eBPF program {program} to kernel function {function} (fentry): {source}")]
+    AttachFentry {
+        program: &'static str,
+        function: &'static str,
+        #[source]
+        source: Box<ProgramError>,
+    },
+    #[error("reading the kernel's BTF for fentry: {0}")]
+    FentryBtf(#[source] Box<aya::BtfError>),
     #[error("detaching eBPF program {program}: {source}")]
     Detach {
         program: &'static str,
@@ -128,7 +145,10 @@ impl ProbeError {
             text.push_str(&format!(" [{}]", errno_name(code)));
             let kernel_refused = matches!(
                 self,
-                ProbeError::Object(_) | ProbeError::ProgramLoad { .. } | ProbeError::Attach { .. }
+                ProbeError::Object(_)
+                    | ProbeError::ProgramLoad { .. }
+                    | ProbeError::Attach { .. }
+                    | ProbeError::AttachFentry { .. }
             );
             if code == libc::EPERM
                 && kernel_refused
@@ -163,6 +183,48 @@ impl Counters {
     }
 }
 
+/// Where the fault program runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPath {
+    /// The raw tracepoint `exceptions/page_fault_user` ([`FAULT_PROGRAM`]).
+    Tracepoint,
+    /// fentry on `hugetlb_fault` ([`FAULT_FENTRY`]).
+    Fentry,
+}
+
+impl FaultPath {
+    /// What `attach` resolves to on this host: `auto` is fentry on a PREEMPT_RT kernel.
+    pub fn resolve(attach: FaultAttach, host: &HostFs) -> FaultPath {
+        match attach {
+            FaultAttach::Tracepoint => FaultPath::Tracepoint,
+            FaultAttach::Fentry => FaultPath::Fentry,
+            FaultAttach::Auto if realtime(host) => FaultPath::Fentry,
+            FaultAttach::Auto => FaultPath::Tracepoint,
+        }
+    }
+
+    /// `raw_tracepoint exceptions/page_fault_user` or `fentry hugetlb_fault`, for the log.
+    pub fn describe(self) -> String {
+        match self {
+            FaultPath::Tracepoint => {
+                format!("raw_tracepoint {}/{}", FAULT_PROGRAM.1, FAULT_PROGRAM.2)
+            }
+            FaultPath::Fentry => format!("fentry {}", FAULT_FENTRY.1),
+        }
+    }
+}
+
+/// Whether the kernel is a PREEMPT_RT build (`/sys/kernel/realtime` says 1).
+fn realtime(host: &HostFs) -> bool {
+    host.read_string(REALTIME).is_ok_and(|r| r.trim() == "1")
+}
+
+/// The fault program's link, by where it runs.
+enum FaultLink {
+    Tracepoint(RawTracePointLinkId),
+    Fentry(FEntryLinkId),
+}
+
 /// The loaded and attached programs and the maps the agent writes.
 pub struct Probes {
     ebpf: Ebpf,
@@ -173,7 +235,9 @@ pub struct Probes {
     current: FaultSettings,
     counters: PerCpuArray<MapData, u64>,
     verdicts: PerCpuArray<MapData, CgroupVerdict>,
-    fault_link: Option<RawTracePointLinkId>,
+    fault_link: Option<FaultLink>,
+    /// Where the fault program runs.
+    pub fault_path: FaultPath,
     /// Why faults carry page size 0, when the kernel's BTF lacks the hugetlbfs layout.
     pub page_size_unavailable: Option<btf::BtfError>,
     /// Reads aya-log records of the programs; `None` when the object has no log map.
@@ -181,16 +245,16 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Loads the object, attaches every program, and returns the ring buffers. Nothing is left
-    /// attached when this fails.
-    pub fn load(host: &HostFs) -> Result<(Probes, EventStreams), ProbeError> {
+    /// Loads the object, attaches every program (the fault program where `attach` resolves to),
+    /// and returns the ring buffers. Nothing is left attached when this fails.
+    pub fn load(host: &HostFs, attach: FaultAttach) -> Result<(Probes, EventStreams), ProbeError> {
         if OBJECT.is_empty() {
             return Err(ProbeError::NotBuilt);
         }
         let btf_bytes = host.read_bytes(BTF_PATH).map_err(ProbeError::BtfRead)?;
         let kernel_btf = btf::Btf::parse(&btf_bytes).map_err(ProbeError::Btf)?;
         let resolved = offsets::resolve(&kernel_btf, base_page_size()).map_err(ProbeError::Btf)?;
-        drop((kernel_btf, btf_bytes));
+        drop(kernel_btf);
         // No kernel BTF for aya: it would parse all of vmlinux's types (tens of MB, kept by the
         // allocator afterwards) for CO-RE relocations, which these programs do not have; the
         // offsets they need come from our own reader above, as globals.
@@ -205,15 +269,29 @@ impl Probes {
             let loaded = self::program::<TracePoint>(&mut ebpf, program)?.load();
             loaded.map_err(load_err(program))?;
         }
-        let loaded = self::program::<RawTracePoint>(&mut ebpf, FAULT_PROGRAM.0)?.load();
-        loaded.map_err(load_err(FAULT_PROGRAM.0))?;
+        let fault_path = FaultPath::resolve(attach, host);
+        match fault_path {
+            FaultPath::Tracepoint => {
+                let loaded = self::program::<RawTracePoint>(&mut ebpf, FAULT_PROGRAM.0)?.load();
+                loaded.map_err(load_err(FAULT_PROGRAM.0))?;
+            }
+            FaultPath::Fentry => {
+                // aya's own BTF reader, for the function's BTF id: parsed here only, and dropped.
+                let btf = aya::Btf::parse(&btf_bytes, aya::Endianness::default())
+                    .map_err(|e| ProbeError::FentryBtf(Box::new(e)))?;
+                let (program, function) = FAULT_FENTRY;
+                let loaded = self::program::<FEntry>(&mut ebpf, program)?.load(function, &btf);
+                loaded.map_err(load_err(program))?;
+            }
+        }
+        drop(btf_bytes);
         tracefs::ensure_mounted()?;
         for (program, category, tracepoint) in CGROUP_PROGRAMS {
             self::program::<TracePoint>(&mut ebpf, program)?
                 .attach(category, tracepoint)
                 .map_err(attach_err((program, category, tracepoint)))?;
         }
-        let fault_link = Some(attach_fault(&mut ebpf)?);
+        let fault_link = Some(attach_fault(&mut ebpf, fault_path)?);
         let streams = EventStreams {
             faults: RingBuf::try_from(take_map(&mut ebpf, page_fault_user::EVENTS_MAP)?)
                 .map_err(map_err(page_fault_user::EVENTS_MAP))?,
@@ -239,6 +317,7 @@ impl Probes {
             watched_ids: BTreeSet::new(),
             current: FaultSettings::default(),
             fault_link,
+            fault_path,
             page_size_unavailable: resolved.page_size_unavailable,
             logger,
         };
@@ -337,14 +416,26 @@ impl Probes {
 
     /// Detaches the fault program (the cgroup programs stay); for measuring its cost.
     pub fn detach_faults(&mut self) -> Result<(), ProbeError> {
-        let (program, _, _) = FAULT_PROGRAM;
-        if let Some(link) = self.fault_link.take() {
-            self::program::<RawTracePoint>(&mut self.ebpf, program)?
-                .detach(link)
-                .map_err(|source| ProbeError::Detach {
-                    program,
-                    source: Box::new(source),
-                })?;
+        let detach_err = |program| {
+            move |source| ProbeError::Detach {
+                program,
+                source: Box::new(source),
+            }
+        };
+        match self.fault_link.take() {
+            Some(FaultLink::Tracepoint(link)) => {
+                let program = FAULT_PROGRAM.0;
+                self::program::<RawTracePoint>(&mut self.ebpf, program)?
+                    .detach(link)
+                    .map_err(detach_err(program))?;
+            }
+            Some(FaultLink::Fentry(link)) => {
+                let program = FAULT_FENTRY.0;
+                self::program::<FEntry>(&mut self.ebpf, program)?
+                    .detach(link)
+                    .map_err(detach_err(program))?;
+            }
+            None => {}
         }
         Ok(())
     }
@@ -352,7 +443,7 @@ impl Probes {
     /// Attaches the fault program again after [`Probes::detach_faults`].
     pub fn attach_faults(&mut self) -> Result<(), ProbeError> {
         if self.fault_link.is_none() {
-            self.fault_link = Some(attach_fault(&mut self.ebpf)?);
+            self.fault_link = Some(attach_fault(&mut self.ebpf, self.fault_path)?);
         }
         Ok(())
     }
@@ -392,11 +483,27 @@ where
         .map_err(load_err(name))
 }
 
-fn attach_fault(ebpf: &mut Ebpf) -> Result<RawTracePointLinkId, ProbeError> {
-    let (program, _, tracepoint) = FAULT_PROGRAM;
-    self::program::<RawTracePoint>(ebpf, program)?
-        .attach(tracepoint)
-        .map_err(attach_err(FAULT_PROGRAM))
+fn attach_fault(ebpf: &mut Ebpf, path: FaultPath) -> Result<FaultLink, ProbeError> {
+    match path {
+        FaultPath::Tracepoint => {
+            let (program, _, tracepoint) = FAULT_PROGRAM;
+            self::program::<RawTracePoint>(ebpf, program)?
+                .attach(tracepoint)
+                .map(FaultLink::Tracepoint)
+                .map_err(attach_err(FAULT_PROGRAM))
+        }
+        FaultPath::Fentry => {
+            let (program, function) = FAULT_FENTRY;
+            self::program::<FEntry>(ebpf, program)?
+                .attach()
+                .map(FaultLink::Fentry)
+                .map_err(|source| ProbeError::AttachFentry {
+                    program,
+                    function,
+                    source: Box::new(source),
+                })
+        }
+    }
 }
 
 fn load_err(program: &'static str) -> impl Fn(ProgramError) -> ProbeError {
@@ -438,3 +545,6 @@ fn base_page_size() -> u64 {
         .filter(|s| s.is_power_of_two())
         .unwrap_or(4096)
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,6 +11,7 @@
 mod admit;
 mod cgroup_events;
 mod kep5759;
+mod kernel;
 mod numa_consumer;
 mod pool_resize;
 mod psi;
@@ -236,6 +237,9 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
     }
     runner.check_agent("api-hugepages-topology", &mut agent, |agent| {
         topology::api_hugepages(agent.port)
+    });
+    runner.check_agent("probes-on-this-kernel", &mut agent, |agent| {
+        kernel::probes(agent)
     });
     let lock = hugepage_agent_tests::host_lock();
     let _hugetlb = hugepage_agent_tests::HugetlbController::enable(&lock);

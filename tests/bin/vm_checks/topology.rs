@@ -1,5 +1,6 @@
 //! The machine itself and how the agent describes it: the guest is the machine the host defined
-//! (kernel 6.1, four nodes, their CPUs, the asymmetric distances, the boot-time pools);
+//! (its kernel, PREEMPT_RT or not, four nodes, their CPUs, the asymmetric distances, the
+//! boot-time pools);
 //! `status --json` equals sysfs for every node and size; `GET /v1/hugepages` shows each node's
 //! CPUs and distances as sysfs has them, from probes that loaded (`source: ebpf+sysfs`).
 
@@ -13,8 +14,20 @@ pub fn machine(guest: &Guest) -> CheckResult {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map_err(|e| format!("osrelease: {e}"))?;
     let release = release.trim();
-    if !release.starts_with("6.1.") {
-        return Err(format!("kernel {release}, expected 6.1"));
+    let kernel = &guest.machine["kernel"];
+    let prefix = kernel["release_prefix"]
+        .as_str()
+        .ok_or("machine.json names no kernel")?;
+    if !release.starts_with(prefix) {
+        return Err(format!("kernel {release}, expected {prefix}*"));
+    }
+    // PREEMPT_RT kernels say so in /sys/kernel/realtime (1); others have no such file.
+    let realtime = std::fs::read_to_string("/sys/kernel/realtime").is_ok_and(|r| r.trim() == "1");
+    if Some(realtime) != kernel["realtime"].as_bool() {
+        return Err(format!(
+            "kernel {release}: PREEMPT_RT {realtime}, expected {}",
+            kernel["realtime"]
+        ));
     }
     let expected = guest.machine["nodes"]
         .as_array()
@@ -49,7 +62,8 @@ pub fn machine(guest: &Guest) -> CheckResult {
         .map(|n| sysfs::distances(*n).map(|d| format!("{d:?}")))
         .collect::<Result<_, _>>()?;
     Ok(format!(
-        "kernel {release}, nodes {nodes:?} with one CPU each, distances {}, boot pools as asked",
+        "kernel {release}{}, nodes {nodes:?} with one CPU each, distances {}, boot pools as asked",
+        if realtime { " (PREEMPT_RT)" } else { "" },
         rows.join(" ")
     ))
 }

@@ -2,7 +2,7 @@
 //! asymmetric distance table (node 3 to node 0 is not node 0 to node 3), 2 MiB pools of a
 //! different size on every node and one 1 GiB page on nodes 2 and 3, set on the kernel command
 //! line. QEMU's arguments and the kernel parameters come from here, and so does `machine.json`,
-//! which the checks in the guest compare the guest's sysfs with.
+//! which the checks in the guest compare the guest's kernel and sysfs with.
 
 use serde_json::{Value, json};
 
@@ -65,8 +65,9 @@ pub fn qemu_arguments() -> Vec<String> {
     args
 }
 
-/// What the checks expect the guest to be: per node its CPUs, distances and boot-time pools.
-pub fn description() -> Value {
+/// What the checks expect the guest to be: its kernel (what `uname -r` starts with, and whether
+/// it is a PREEMPT_RT build), and per node its CPUs, distances and boot-time pools.
+pub fn description(release_prefix: &str, realtime: bool) -> Value {
     let nodes: Vec<Value> = (0..NODE_MIB.len())
         .map(|node| {
             json!({
@@ -77,7 +78,10 @@ pub fn description() -> Value {
             })
         })
         .collect();
-    json!({ "nodes": nodes })
+    json!({
+        "kernel": {"release_prefix": release_prefix, "realtime": realtime},
+        "nodes": nodes,
+    })
 }
 
 #[cfg(test)]

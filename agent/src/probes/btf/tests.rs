@@ -238,3 +238,20 @@ fn raw_tracepoint_prototypes_are_read_through_typedefs_and_pointers() {
         Err(BtfError::NoSuchFunctionType("btf_trace_nope".into()))
     );
 }
+
+#[test]
+fn functions_are_found_by_name_with_their_type_id() {
+    let mut b = Builder::new();
+    b.int("int", 4); // 1
+    b.func_proto(&[1]); // 2
+    b.head("hugetlb_fault", KIND_FUNC, 1, false, 2); // 3
+    b.head("", KIND_FUNC, 0, false, 2); // 4: nameless, ignored
+    b.head("other", KIND_FUNC, 1, false, 2); // 5
+    let btf = Btf::parse(&b.finish()).expect("parse");
+    assert_eq!(btf.function("hugetlb_fault"), Ok(3));
+    assert_eq!(btf.function("other"), Ok(5));
+    assert_eq!(
+        btf.function("int"),
+        Err(BtfError::NoSuchFunction("int".into()))
+    );
+}

@@ -1,0 +1,43 @@
+//! `fentry/hugetlb_fault`: the same hugetlb fault records as `exceptions/page_fault_user`, taken
+//! at the entry of the kernel's hugetlb fault handler, which is handed the VMA.
+//!
+//! The agent attaches it instead of the tracepoint program where that one cannot work: on
+//! PREEMPT_RT kernels `bpf_find_vma` always gives up in the page-fault tracepoint (interrupts are
+//! off there, and RT may not trylock the mmap lock then; `kernel/bpf/mmap_unlock_work.h`), so no
+//! hugetlb fault would be seen. Here no lookup is needed, and only faults in hugetlb VMAs reach
+//! the program, so an ordinary fault costs nothing. Faults the kernel takes on a task's behalf
+//! (`get_user_pages`, `MAP_POPULATE`) are reported too, with the current task's cgroup. The fault
+//! flags stand in for the x86 error code: `FAULT_FLAG_WRITE` becomes its write bit, the address is
+//! the one the handler was given.
+//!
+//! `vm_fault_t hugetlb_fault(struct mm_struct *mm, struct vm_area_struct *vma,
+//! unsigned long address, unsigned int flags)`, as in Linux 6.1 to 6.12 (`mm/hugetlb.c`).
+
+use aya_ebpf::{macros::fentry, programs::FEntryContext};
+
+use crate::page_fault_user::{hugetlb_page_size, inspected, report};
+
+const ARG_VMA: usize = 1;
+const ARG_ADDRESS: usize = 2;
+const ARG_FLAGS: usize = 3;
+/// `FAULT_FLAG_WRITE` (`include/linux/mm_types.h`).
+const FAULT_FLAG_WRITE: u64 = 1;
+/// The x86 page-fault error code's write bit (`X86_PF_WRITE`).
+const X86_PF_WRITE: u64 = 2;
+
+#[fentry(function = "hugetlb_fault")]
+pub fn hugetlb_fault(ctx: FEntryContext) -> u32 {
+    let Some(cgroup_id) = inspected() else {
+        return 0;
+    };
+    let vma: *const u8 = ctx.arg(ARG_VMA);
+    let address: u64 = ctx.arg(ARG_ADDRESS);
+    let flags: u64 = ctx.arg(ARG_FLAGS);
+    let error_code = if flags & FAULT_FLAG_WRITE != 0 {
+        X86_PF_WRITE
+    } else {
+        0
+    };
+    report(cgroup_id, address, hugetlb_page_size(vma), error_code);
+    0
+}
