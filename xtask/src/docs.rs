@@ -176,7 +176,12 @@ fn links(text: &str) -> Vec<String> {
         let line = without_code(line);
         let mut rest = line.as_str();
         while let Some(at) = rest.find("](") {
+            // `\]` is a literal bracket, as Markdown escapes it: no link ends there.
+            let escaped = rest[..at].ends_with('\\');
             rest = &rest[at + 2..];
+            if escaped {
+                continue;
+            }
             let Some(end) = rest.find(')') else { break };
             let target = rest[..end].split_whitespace().next().unwrap_or_default();
             if !target.is_empty() {
@@ -249,7 +254,7 @@ mod tests {
 
     #[test]
     fn links_outside_code_are_found_and_resolved() {
-        let text = "See [a](a.md#x) and `[b](b.md)`\n```\n[c](c.md)\n```\n![d](img.png \"t\")\n";
+        let text = "See [a](a.md#x) and `[b](b.md)`\n```\n[c](c.md)\n```\n![d](img.png \"t\") \\[0,2\\](closest)\n";
         assert_eq!(links(text), ["a.md#x", "img.png"]);
         let dir = tempfile::tempdir().expect("a directory");
         let root = dir.path();
