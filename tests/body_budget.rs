@@ -10,7 +10,7 @@
 //! `apiserver.rs` (the Node list), the one peer that cannot run here.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr},
+    net::Ipv4Addr,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -25,7 +25,6 @@ use hugepage_agent_tests::{
     cluster::{self, Pki},
     flood::{self, Caller, Calls, Flood, Tally, Target},
     free_port,
-    mtls::{self, Versions},
 };
 
 /// How long the floods run.
@@ -100,15 +99,7 @@ fn a_flood_of_large_chunked_and_slow_bodies_keeps_the_webhook_under_its_memory_l
     let budget = "hugepage_agent_webhook_http_body_budget_bytes{listener=\"webhook\"}";
     assert_eq!(metric(&pki, &webhook, budget), f64::from(64u32 << 20));
 
-    let http1 = mtls::client_config(&[&pki.webhook], None, Versions::Any);
-    let mut h2 = (*http1).clone();
-    h2.alpn_protocols = vec![b"h2".to_vec()];
-    let target = Target {
-        addr: SocketAddr::from((Ipv4Addr::LOCALHOST, webhook.port)),
-        name: cluster::WEBHOOK_NAME,
-        http1,
-        h2: Arc::new(h2),
-    };
+    let target = Target::webhook(&pki, webhook.port);
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
     let callers = [Caller::Scheduler, Caller::ApiServer]

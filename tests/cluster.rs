@@ -272,3 +272,27 @@ pub fn node(name: &str, ip: Ipv4Addr, hugepages: &str) -> Value {
 pub fn args(pod: Value, nodes: &[Value]) -> Value {
     json!({"pod": pod, "nodes": {"metadata": {}, "items": nodes}})
 }
+
+/// An `AdmissionReview` of `pod`'s creation in `telco`, as kube-apiserver sends it to an admission
+/// webhook (`admission.k8s.io/v1`: the request's kinds and resources, the creating user, the
+/// options), its request `uid`, a dry run or not.
+pub fn creation_review(pod: &Value, uid: &str, dry_run: bool) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "telco",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": dry_run,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    })
+}

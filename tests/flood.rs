@@ -35,7 +35,12 @@ use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use rustls_pki_types::ServerName;
 use serde_json::{Value, json};
 
-use crate::{allowed_cpus, cluster, https::Https, pin_this_thread};
+use crate::{
+    allowed_cpus, cluster,
+    https::Https,
+    mtls::{self, Versions},
+    pin_this_thread,
+};
 
 /// The webhook's limit of an `AdmissionReview` (`webhook::routes::ADMISSION_REVIEW_LIMIT`).
 pub const REVIEW_LIMIT: usize = 6 << 20;
@@ -108,6 +113,21 @@ pub struct Target {
     pub h2: Arc<ClientConfig>,
 }
 
+impl Target {
+    /// The webhook listening on loopback `port`, verified by the cluster's webhook CA and name.
+    pub fn webhook(pki: &cluster::Pki, port: u16) -> Target {
+        let http1 = mtls::client_config(&[&pki.webhook], None, Versions::Any);
+        let mut h2 = (*http1).clone();
+        h2.alpn_protocols = vec![b"h2".to_vec()];
+        Target {
+            addr: SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)),
+            name: cluster::WEBHOOK_NAME,
+            http1,
+            h2: Arc::new(h2),
+        }
+    }
+}
+
 /// A pod as the API server stores it, asking for 2 MiB hugepages, on `node` when given, with
 /// `padding` bytes of annotations: a string, or a list of zeros.
 fn padded_pod(node: Option<&str>, padding: usize, zeros: bool) -> Value {
@@ -135,7 +155,7 @@ pub fn filter_at(limit: usize, names: &[&str], zeros: bool) -> Vec<u8> {
 /// An `AdmissionReview` of a padded pod created on `node`, just under `limit` bytes.
 pub fn review_at(limit: usize, node: &str, zeros: bool) -> Vec<u8> {
     fill(limit, |padding| {
-        review(padded_pod(Some(node), padding, zeros), "flood")
+        cluster::creation_review(&padded_pod(Some(node), padding, zeros), "flood", true)
     })
 }
 
@@ -150,24 +170,6 @@ fn fill(limit: usize, make: impl Fn(usize) -> Value) -> Vec<u8> {
         }
         padding -= (body.len() - limit) + 64;
     }
-}
-
-/// An `AdmissionReview` of `pod`'s creation, a dry run.
-pub fn review(pod: Value, uid: &str) -> Value {
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": "telco",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-            "object": pod,
-            "dryRun": true
-        }
-    })
 }
 
 /// A TLS connection to the target, HTTP/1.1.
@@ -445,7 +447,7 @@ pub fn call(
                 (
                     target.h2.clone(),
                     "/admission/validate",
-                    review(pod, "good"),
+                    cluster::creation_review(&pod, "good", true),
                 )
             }
             Caller::Webhook => (

@@ -27,6 +27,7 @@ use hugepage_agent::webhook::{
     routes::ROUTES,
 };
 use hugepage_agent_tests::{
+    cluster,
     manifests::{
         CONFIGURATION_FIELDS, LEADER_ELECTION_FIELDS, NEWEST, OLDEST, PROFILE_FIELDS, all_hold,
         cel, pod, unknown_fields, validate, webhook_command,
@@ -563,18 +564,7 @@ fn conditions(holder: &Value) -> Vec<(String, String)> {
 
 /// A pod `CREATE` review of `pod`, as the webhook is sent it.
 fn review_of(pod: &Value) -> hugepage_agent::webhook::review::AdmissionRequest {
-    let review = json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "default",
-            "operation": "CREATE",
-            "object": pod
-        }
-    });
+    let review = cluster::creation_review(pod, "u", false);
     let review: AdmissionReview = serde_json::from_value(review).expect("a review");
     review.request.expect("a request")
 }

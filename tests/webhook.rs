@@ -1006,24 +1006,7 @@ fn creation_review(pod: &Value) -> Value {
     if let Some(meta) = pod["metadata"].as_object_mut() {
         meta.remove("uid");
     }
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "c0000000-0000-4000-8000-00000000000c",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "telco",
-            "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-            "object": pod,
-            "oldObject": null,
-            "dryRun": false,
-            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
-        }
-    })
+    cluster::creation_review(&pod, "c0000000-0000-4000-8000-00000000000c", false)
 }
 
 /// The mutating webhook (component scheduler-by-default-webhook) over real HTTPS: a pod with

@@ -148,15 +148,7 @@ fn main() {
     let webhook = cluster::webhook(&bin, &pki, &api, port, "ignore", "2s", &[]);
     cluster::wait_ready(&pki, &webhook, Duration::from_secs(20));
 
-    let http1 = mtls::client_config(&[&pki.webhook], None, Versions::Any);
-    let mut h2 = (*http1).clone();
-    h2.alpn_protocols = vec![b"h2".to_vec()];
-    let target = Target {
-        addr: SocketAddr::from((Ipv4Addr::LOCALHOST, webhook.port)),
-        name: cluster::WEBHOOK_NAME,
-        http1,
-        h2: Arc::new(h2),
-    };
+    let target = Target::webhook(&pki, webhook.port);
     measure(
         "webhook (--body-budget 64Mi, --max-connections 256)",
         &target,

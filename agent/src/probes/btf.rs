@@ -96,13 +96,26 @@ pub struct Btf {
     typedefs: HashMap<String, u32>,
     /// type id -> parameter type ids, for function prototypes.
     params: HashMap<u32, Vec<u32>>,
-    /// function name -> its type id (what an fentry or fexit program names as attach_btf_id).
-    functions: HashMap<String, u32>,
+    /// function name -> its type id (what an fentry or fexit program names as attach_btf_id);
+    /// kept only by [`Btf::parse_with_functions`]: vmlinux has tens of thousands.
+    functions: Option<HashMap<String, u32>>,
 }
 
 impl Btf {
-    /// Parses a whole BTF blob.
+    /// Parses a whole BTF blob: its structs, enums, typedefs and prototypes, not its functions.
     pub fn parse(data: &[u8]) -> Result<Btf, BtfError> {
+        Btf::parse_keeping(data, None)
+    }
+
+    /// [`Btf::parse`], keeping the functions' type ids too ([`Btf::function`]).
+    pub fn parse_with_functions(data: &[u8]) -> Result<Btf, BtfError> {
+        Btf::parse_keeping(data, Some(HashMap::new()))
+    }
+
+    fn parse_keeping(
+        data: &[u8],
+        functions: Option<HashMap<String, u32>>,
+    ) -> Result<Btf, BtfError> {
         let magic_bytes = slice(data, 0, 2, "magic")?;
         let magic = u16::from_le_bytes([magic_bytes[0], magic_bytes[1]]);
         if magic != MAGIC {
@@ -118,6 +131,7 @@ impl Btf {
         let strings = slice(data, header_len + str_off, str_len, "string section")?.to_vec();
         let mut btf = Btf {
             strings,
+            functions,
             ..Btf::default()
         };
         btf.read_types(types)?;
@@ -164,9 +178,11 @@ impl Btf {
                         self.typedefs.entry(name).or_insert(id);
                     }
                 }
-                KIND_FUNC if name != 0 => {
+                KIND_FUNC if name != 0 && self.functions.is_some() => {
                     let name = self.string(name)?.to_owned();
-                    self.functions.entry(name).or_insert(id);
+                    if let Some(functions) = &mut self.functions {
+                        functions.entry(name).or_insert(id);
+                    }
                 }
                 KIND_FUNC_PROTO => {
                     let params = body
@@ -320,10 +336,11 @@ impl Btf {
     }
 
     /// The type id of the kernel function `name` (`BTF_KIND_FUNC`): the `attach_btf_id` of an
-    /// fentry or fexit program on it.
+    /// fentry or fexit program on it. Known only when parsed by [`Btf::parse_with_functions`].
     pub fn function(&self, name: &str) -> Result<u32, BtfError> {
         self.functions
-            .get(name)
+            .as_ref()
+            .and_then(|f| f.get(name))
             .copied()
             .ok_or_else(|| BtfError::NoSuchFunction(name.to_owned()))
     }

@@ -26,7 +26,7 @@ type Fields<'a> = [(&'a str, u64)];
 
 pub fn probes(agent: &Agent) -> CheckResult {
     let data = fs::read("/sys/kernel/btf/vmlinux").map_err(|e| format!("BTF: {e}"))?;
-    let btf = Btf::parse(&data).map_err(|e| format!("BTF: {e}"))?;
+    let btf = Btf::parse_with_functions(&data).map_err(|e| format!("BTF: {e}"))?;
     let resolved = offsets::resolve(&btf, 4096).map_err(|e| format!("offsets: {e}"))?;
     let o = resolved.offsets;
     let mkdir: &Fields = &[

@@ -247,11 +247,18 @@ fn functions_are_found_by_name_with_their_type_id() {
     b.head("hugetlb_fault", KIND_FUNC, 1, false, 2); // 3
     b.head("", KIND_FUNC, 0, false, 2); // 4: nameless, ignored
     b.head("other", KIND_FUNC, 1, false, 2); // 5
-    let btf = Btf::parse(&b.finish()).expect("parse");
+    let blob = b.finish();
+    let btf = Btf::parse_with_functions(&blob).expect("parse");
     assert_eq!(btf.function("hugetlb_fault"), Ok(3));
     assert_eq!(btf.function("other"), Ok(5));
     assert_eq!(
         btf.function("int"),
         Err(BtfError::NoSuchFunction("int".into()))
+    );
+    // The agent's own parse keeps no functions (vmlinux has tens of thousands).
+    let lean = Btf::parse(&blob).expect("parse");
+    assert_eq!(
+        lean.function("hugetlb_fault"),
+        Err(BtfError::NoSuchFunction("hugetlb_fault".into()))
     );
 }
