@@ -288,7 +288,15 @@ fn fresh_test(keep_cache: bool) -> Result<()> {
     if outcome.is_ok() {
         let _ = std::fs::remove_dir_all(clone.parent().unwrap_or(&clone));
     } else {
-        eprintln!("the clone is kept for a look: {}", clone.display());
+        // The build (about 20 GB) goes even on failure: a kept one filled this machine's disk
+        // and the next CI run on it failed for want of space. The sources stay for a look.
+        for built in ["target", "cache"] {
+            let _ = std::fs::remove_dir_all(clone.join(built));
+        }
+        eprintln!(
+            "the clone's sources are kept for a look (its target/ and cache/ removed): {}",
+            clone.display()
+        );
     }
     outcome
 }
