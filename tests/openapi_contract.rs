@@ -12,7 +12,8 @@
 //! documented, a body valid by the document accepted (`positive_data_acceptance`) and an
 //! invalid one refused (`negative_data_rejection`). The one rule JSON Schema cannot state
 //! (container names unique within a pod) is kept out of the generated bodies by
-//! `schemathesis_hooks.py`; no failure is ever dropped. The agent runs with `--ebpf off` over a
+//! `schemathesis_hooks.py`, and so is `watch=true` (a stream of minutes, not a document: the
+//! watch's own tests read it); no failure is ever dropped. The agent runs with `--ebpf off` over a
 //! built two-node host tree, with a fresh state directory: nothing on the host changes.
 //!
 //! `HUGEPAGE_AGENT_CONTRACT_EXAMPLES` (default 200 per operation) and
@@ -59,7 +60,10 @@ fn the_openapi_document_and_the_server_agree_as_schemathesis_checks_them() {
     cmd.arg("run")
         .arg("--host-root")
         .arg(tree.path())
-        .args(["--ebpf", "off"]);
+        .args(["--ebpf", "off"])
+        // A watch is a stream: ended after a second or two, so that the few schemathesis sends
+        // (its coverage phase; the hook keeps them out of the generated cases) are answered whole.
+        .args(["--watch-max-duration", "1s", "--watch-heartbeat", "200ms"]);
     // SAFETY: geteuid has no preconditions.
     let agent = Agent::start_as(cmd, unsafe { libc::geteuid() });
     wait_ready(agent.port, Duration::from_secs(20)).expect("the agent is ready");

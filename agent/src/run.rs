@@ -28,6 +28,7 @@ use crate::{
         budget::BodyBudget,
         lane::Lane,
         server::{Endpoint, Server, ServerError, Serving},
+        watch::{Hub, Inputs as HubInputs},
     },
     config::RunConfig,
     consumers::FaultBook,
@@ -121,6 +122,16 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
         kubelet.current().settings.reserved_memory.value.clone(),
     );
     let memory = LiveState::load(loader, &refresher.current());
+    let (hub, publisher) = Hub::new(
+        HubInputs {
+            map: map.clone(),
+            reservations: reservations.clone(),
+            kubelet: kubelet.reader(),
+            memory_manager: memory.reader(),
+        },
+        config.watch,
+        metrics.watch.clone(),
+    );
     let state = AppState {
         memory_manager: memory.reader(),
         kubelet: kubelet.reader(),
@@ -137,7 +148,9 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
         max_containers: config.max_containers,
         heavy: Lane::start().map_err(|e| RunError::State(e.to_string()))?,
         bodies: BodyBudget::shared(config.limits.body_budget, &metrics.api_connections),
+        watch: hub,
     };
+    tokio::spawn(publisher);
     let (stop_server, stopped) = watch::channel(false);
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));
     let tls_task = reloader.map(|r| tokio::spawn(r.watch(stopped.clone())));

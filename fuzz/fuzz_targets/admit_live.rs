@@ -39,7 +39,14 @@ use hugepage_agent::{
         reservations::{self, Reservation, Store},
         verify::{Gate, Mode, OnSysfsError, Settings, Verifier},
     },
-    api::{AppState, Readiness, admit, budget::BodyBudget, lane::Lane, router, server::Limits},
+    api::{
+        AppState, Readiness, admit,
+        budget::BodyBudget,
+        lane::Lane,
+        router,
+        server::Limits,
+        watch::{Hub, Inputs, WatchLimits},
+    },
     consumers::FaultBook,
     host::{NumaNode, PageSize},
     kubeletconfig::{
@@ -223,6 +230,25 @@ fn live() -> &'static Live {
         .expect("the memory manager's state");
         let (store, warning) = Store::open(&store_dir, TTL).expect("the store");
         assert!(warning.is_none(), "{warning:?}");
+        let reservations = Arc::new(Mutex::new(store));
+        let memory_manager = Arc::new(ArcSwap::from_pointee(memory_manager));
+        let kubelet = Arc::new(ArcSwap::from_pointee(kubelet));
+        let metrics = Arc::new(Metrics::new(
+            &[PageSize(2 << 20)],
+            &[NumaNode(0), NumaNode(1)],
+            Arc::default(),
+        ));
+        // The watch's first state only: this target fuzzes the admission.
+        let (watch, _publisher) = Hub::new(
+            Inputs {
+                map: map.clone(),
+                reservations: reservations.clone(),
+                kubelet: kubelet.clone(),
+                memory_manager: memory_manager.clone(),
+            },
+            WatchLimits::DEFAULT,
+            metrics.watch.clone(),
+        );
         let state = AppState {
             map,
             verifier: Arc::new(Verifier::new(host.clone()).expect("the verifier")),
@@ -234,19 +260,16 @@ fn live() -> &'static Live {
             readiness: Readiness::default(),
             psi,
             faults: FaultBook::default(),
-            reservations: Arc::new(Mutex::new(store)),
+            reservations,
             host,
             reject_under_pressure: false,
-            metrics: Arc::new(Metrics::new(
-                &[PageSize(2 << 20)],
-                &[NumaNode(0), NumaNode(1)],
-                Arc::default(),
-            )),
-            memory_manager: Arc::new(ArcSwap::from_pointee(memory_manager)),
-            kubelet: Arc::new(ArcSwap::from_pointee(kubelet)),
+            metrics,
+            memory_manager,
+            kubelet,
             max_containers: admit::DEFAULT_MAX_CONTAINERS as usize,
             heavy: Lane::start().expect("the heavy lane"),
             bodies: Arc::new(BodyBudget::new(Limits::DEFAULT.body_budget, Arc::default())),
+            watch,
         };
         state.readiness.release("off");
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -30,6 +30,7 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
 use super::verify::{REASON, ReservationRef, Verdict, message};
 use crate::{
@@ -115,6 +116,8 @@ pub struct Store {
     next: u64,
     /// Changes made so far; each [`Snapshot`] carries the count it was taken at.
     generation: u64,
+    /// Woken after each change (one permit kept when nobody waits): for the watch's hub.
+    changed: Arc<Notify>,
 }
 
 /// The file's content at one generation of the store, and the file.
@@ -165,6 +168,7 @@ impl Store {
             entries: BTreeMap::new(),
             next: 0,
             generation: 0,
+            changed: Arc::new(Notify::new()),
         };
         let text = match fs::read(&path) {
             Ok(text) => text,
@@ -216,6 +220,11 @@ impl Store {
                 kept
             )),
         ))
+    }
+
+    /// Woken after each change of the reservations.
+    pub fn changed(&self) -> Arc<Notify> {
+        Arc::clone(&self.changed)
     }
 
     pub fn list(&self) -> Vec<Reservation> {
@@ -322,6 +331,7 @@ impl Store {
     /// The file's content now, as the next generation.
     fn snapshot(&mut self) -> Snapshot {
         self.generation += 1;
+        self.changed.notify_one();
         let reservations: Vec<&Reservation> = self.entries.values().collect();
         let text = file_text(&reservations);
         Snapshot {

@@ -1,7 +1,7 @@
 //! The agent's API as flags: where it listens (`--listen`, `--api-threads`), who may call it
 //! (`--client-ca-file`, `--allow-unauthenticated-clients`), the plain listener for probes and
-//! Prometheus (`--metrics-listen`), and how large a pod a request may carry
-//! (`--max-containers`).
+//! Prometheus (`--metrics-listen`), how large a pod a request may carry (`--max-containers`),
+//! and the map watch's limits (`--max-watchers`, `--watch-heartbeat`, `--watch-max-duration`).
 //!
 //! One rule guards the API: the agent refuses to start when `--listen` is not a loopback address
 //! and no `--client-ca-file` is given (anyone who reaches the port could reserve hugepages),
@@ -11,9 +11,9 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use clap::Args;
 
-use super::admit::DEFAULT_MAX_CONTAINERS;
+use super::{admit::DEFAULT_MAX_CONTAINERS, watch::WatchLimits};
 use crate::{
-    flags::{FlagError, address},
+    flags::{FlagError, above_zero, address, duration},
     kube::json::MAX_OBJECTS,
     tls::TlsFiles,
 };
@@ -68,6 +68,39 @@ pub struct ApiArgs {
         value_parser = clap::value_parser!(u32).range(1..=MAX_OBJECTS as i64)
     )]
     pub max_containers: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Map watch")]
+pub struct WatchArgs {
+    /// Watches of the map (`GET /v1/hugepages?watch=true`) open at once; one more is refused
+    /// with 503. Each webhook replica keeps one per agent.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_MAX_WATCHERS",
+        default_value_t = WatchLimits::DEFAULT.max_watchers as u32,
+        value_parser = clap::value_parser!(u32).range(1..=4096)
+    )]
+    pub max_watchers: u32,
+    /// A watch is sent a BOOKMARK after this long without a change, so that its client knows
+    /// the stream is alive (e.g. 5s).
+    #[arg(long, env = "HUGEPAGE_AGENT_WATCH_HEARTBEAT", default_value = "5s")]
+    pub watch_heartbeat: String,
+    /// A watch ends after this long, jittered up to twice it; its client resumes from the
+    /// generation it saw (e.g. 5m).
+    #[arg(long, env = "HUGEPAGE_AGENT_WATCH_MAX_DURATION", default_value = "5m")]
+    pub watch_max_duration: String,
+}
+
+impl WatchArgs {
+    /// The limits, each read.
+    pub fn limits(&self) -> Result<WatchLimits, FlagError> {
+        Ok(WatchLimits {
+            max_watchers: self.max_watchers as usize,
+            heartbeat: duration("--watch-heartbeat", &self.watch_heartbeat, above_zero)?,
+            max_duration: duration("--watch-max-duration", &self.watch_max_duration, above_zero)?,
+        })
+    }
 }
 
 /// Where the API and the plain listener listen.

@@ -18,6 +18,7 @@ pub mod openapi;
 pub mod reservations;
 pub mod server;
 pub mod topology;
+pub mod watch;
 
 use std::{
     sync::{Arc, Mutex, OnceLock},
@@ -98,6 +99,8 @@ pub struct AppState {
     pub heavy: lane::Lane,
     /// What the API's request bodies may hold at once (`--body-budget`).
     pub bodies: Arc<budget::BodyBudget>,
+    /// The map watch's states and watchers (`GET /v1/hugepages?watch=true`).
+    pub watch: watch::Hub,
 }
 
 impl AppState {
@@ -316,7 +319,12 @@ fn encode(value: &impl Serialize, room: usize) -> Result<Vec<u8>, ApiError> {
     Ok(body)
 }
 
-async fn hugepages(State(state): State<AppState>) -> Response {
+async fn hugepages(State(state): State<AppState>, uri: Uri) -> Response {
+    match watch::Resume::from_query(uri.query()) {
+        Err(problem) => return problem.into_response(),
+        Ok(resume) if resume.watch => return watch::serve(&state.watch, &resume),
+        Ok(_) => {}
+    }
     let snapshot = state.map.load();
     let Ok(store) = state.reservations.lock() else {
         return ApiError::internal("the reservation store is poisoned").into_response();

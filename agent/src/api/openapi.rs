@@ -27,6 +27,49 @@ fn qos_class() -> Value {
     json!({"enum": ["Guaranteed", "Burstable", "BestEffort", "", null], "description": "absent, null or empty: computed as Kubernetes does"})
 }
 
+/// `GET /v1/hugepages`: the snapshot, or with `watch=true` the stream of states.
+fn hugepages_path() -> Value {
+    json!({"get": {
+        "summary": "The hugepage map: per NUMA node and size, and system-wide; or, with watch=true, a stream of its states",
+        "description": "With watch=true the answer is a stream (application/x-ndjson), one WatchEvent a line, as Kubernetes watches are: SNAPSHOT (the state now) first, MODIFIED with each new state (a change of free, reserved or unreserved hugepages on a NUMA node, or of the NUMA selection's inputs), BOOKMARK every --watch-heartbeat while nothing changes. Each event names the agent's epoch (new at each start) and the state's generation; a client that resumes with both and is up to date gets no SNAPSHOT, any other gets one. A watch ends after --watch-max-duration (jittered up to twice it); at most --max-watchers at once.",
+        "parameters": [
+            {"name": "watch", "in": "query", "required": false, "schema": {"type": "boolean"}, "description": "true: a stream of states instead of the snapshot"},
+            {"name": "epoch", "in": "query", "required": false, "schema": {"type": "string"}, "description": "with watch: the epoch of the last event seen"},
+            {"name": "generation", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 0, "maximum": u64::MAX}, "description": "with watch: the generation of the last event seen"}
+        ],
+        "responses": {
+            "200": {"description": "The latest snapshot; with watch=true, the stream", "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/Snapshot"}},
+                "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/WatchEvent"}}
+            }},
+            "400": problem("watch or generation is not what it should be (the parameter named in field)"),
+            "503": problem("--max-watchers watches are open; Retry-After says when to try again")
+        }
+    }})
+}
+
+/// One line of the map watch's stream.
+fn watch_event_schema() -> Value {
+    json!({"type": "object", "required": ["type", "epoch", "generation"], "properties": {
+        "type": {"enum": ["SNAPSHOT", "MODIFIED", "BOOKMARK"]},
+        "epoch": {"type": "string", "description": "new at each start of the agent"},
+        "generation": {"type": "integer", "description": "the state's; a new state has a higher one"},
+        "object": {"type": "object", "description": "the state (absent on BOOKMARK)", "properties": {
+            "source": {"enum": ["ebpf+sysfs", "sysfs"]},
+            "selectionInputs": {"type": "integer", "description": "changes of the kubelet's settings and the Memory Manager's state seen since the agent started"},
+            "nodes": {"type": "array", "items": {"type": "object", "properties": {
+                "node": {"type": "integer"},
+                "sizes": {"type": "array", "items": {"type": "object", "properties": {
+                    "pageSizeBytes": {"type": "integer"}, "total": {"type": "integer"}, "free": {"type": "integer"},
+                    "reservedByAgent": {"type": "integer", "description": "bytes reserved for admitted pods that may draw from this node"},
+                    "unreservedBytes": {"type": "integer", "description": "free bytes not held by a reservation"},
+                    "stale": {"type": "boolean", "description": "the pool's files could not be read: the last good figures"}
+                }}}
+            }}}
+        }}
+    }})
+}
+
 fn problem(description: &str) -> Value {
     json!({"description": description, "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}})
 }
@@ -209,10 +252,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
             "/v1/hints": hints_path(),
             "/v1/discrepancy": discrepancy_path(),
             "/v1/kubelet": kubelet_path(),
-            "/v1/hugepages": {"get": {
-                "summary": "The hugepage map: per NUMA node and size, and system-wide",
-                "responses": {"200": {"description": "The latest snapshot", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Snapshot"}}}}}
-            }},
+            "/v1/hugepages": hugepages_path(),
             "/v1/consumers": {"get": {
                 "summary": "Who holds the hugepages: pods, containers and system cgroups, read fresh, largest first",
                 "description": "Every pod and container cgroup (pod UID, QoS and container id from the kubelet's cgroup path, either driver) and every other top-level cgroup charged with hugepages by the hugetlb controller, per size and NUMA node, with the hugetlb faults the probes saw there. A 'system' entry for '/' holds what the pools show in use beyond every top-level cgroup.",
@@ -286,6 +326,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                 "selection": selection_schema(),
                 "dryRun": {"const": true, "description": "present (true) on the answer of a dry run"}
             }},
+            "WatchEvent": watch_event_schema(),
             "Snapshot": {"type": "object", "properties": {
                 "generation": {"type": "integer"},
                 "updatedAt": {"type": "string", "format": "date-time"},

@@ -108,6 +108,27 @@ fn state() -> (tempfile::TempDir, AppState) {
         &[crate::host::NumaNode(0), crate::host::NumaNode(1)],
         Arc::default(),
     ));
+    let reservations = Arc::new(std::sync::Mutex::new(
+        Store::open(
+            &dir.path().join("state"),
+            std::time::Duration::from_secs(30),
+        )
+        .expect("store")
+        .0,
+    ));
+    let memory_manager = Arc::new(ArcSwap::from_pointee(view));
+    let kubelet = Arc::new(ArcSwap::from_pointee(kubelet));
+    // The hub's first state only: tests of the watch run its publisher themselves.
+    let (watch, _publisher) = super::watch::Hub::new(
+        super::watch::Inputs {
+            map: map.clone(),
+            reservations: reservations.clone(),
+            kubelet: kubelet.clone(),
+            memory_manager: memory_manager.clone(),
+        },
+        super::watch::WatchLimits::DEFAULT,
+        metrics.watch.clone(),
+    );
     let state = AppState {
         map,
         verifier,
@@ -120,24 +141,18 @@ fn state() -> (tempfile::TempDir, AppState) {
         psi,
         reject_under_pressure: false,
         faults: crate::consumers::FaultBook::default(),
-        reservations: Arc::new(std::sync::Mutex::new(
-            Store::open(
-                &dir.path().join("state"),
-                std::time::Duration::from_secs(30),
-            )
-            .expect("store")
-            .0,
-        )),
+        reservations,
         host,
-        memory_manager: Arc::new(ArcSwap::from_pointee(view)),
-        kubelet: Arc::new(ArcSwap::from_pointee(kubelet)),
+        memory_manager,
+        kubelet,
         bodies: Arc::new(super::budget::BodyBudget::new(
             crate::api::server::Limits::DEFAULT.body_budget,
             metrics.api_connections.clone(),
         )),
-        metrics,
         max_containers: admit::DEFAULT_MAX_CONTAINERS as usize,
         heavy: lane::Lane::start().expect("the heavy lane"),
+        watch,
+        metrics,
     };
     (dir, state)
 }
@@ -1086,6 +1101,7 @@ async fn metrics_count_verifications_rejections_per_node_and_show_the_pools() {
 }
 
 mod bodies;
+mod watch;
 
 /// `n` containers named `c-0`…, each with `resources`: the short form's list, or a `v1.Pod`'s
 /// requirements.

@@ -12,8 +12,9 @@ use crate::{
     },
     api::{
         admit::BODY_LIMIT,
-        flags::{ApiArgs, exposure},
+        flags::{ApiArgs, WatchArgs, exposure},
         server::{Limits, flags::LimitArgs},
+        watch::WatchLimits,
     },
     kubeletconfig::flags::{KubeletArgs, KubeletFlags},
     logging::LogArgs,
@@ -37,6 +38,8 @@ pub struct RunArgs {
     pub tls: ServingTlsArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    pub watch: WatchArgs,
     #[command(flatten)]
     pub probes: ProbeArgs,
     #[command(flatten)]
@@ -80,6 +83,8 @@ pub struct RunConfig {
     pub allow_unauthenticated_clients: bool,
     /// What the listeners tolerate of their clients.
     pub limits: Limits,
+    /// The map watch's limits.
+    pub watch: WatchLimits,
 }
 
 impl RunConfig {
@@ -131,6 +136,7 @@ impl RunConfig {
             tls,
             allow_unauthenticated_clients: args.api.allow_unauthenticated_clients,
             limits,
+            watch: args.watch.limits()?,
             host,
         })
     }

@@ -18,6 +18,7 @@ use std::{
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use tokio::sync::Notify;
 
 use crate::{
     host::{GlobalPool, HugepageTable, NodeInfo, NodePool, NumaNode, PageSize},
@@ -139,11 +140,20 @@ fn micros<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> 
 
 /// A handle readers clone and load from.
 #[derive(Debug, Clone)]
-pub struct MapReader(Arc<ArcSwap<Snapshot>>);
+pub struct MapReader {
+    shared: Arc<ArcSwap<Snapshot>>,
+    published: Arc<Notify>,
+}
 
 impl MapReader {
     pub fn load(&self) -> Arc<Snapshot> {
-        self.0.load_full()
+        self.shared.load_full()
+    }
+
+    /// Woken after each snapshot the writer publishes (one permit kept when nobody waits): for
+    /// the one task that follows the map's changes (the watch's hub).
+    pub fn published(&self) -> Arc<Notify> {
+        Arc::clone(&self.published)
     }
 }
 
@@ -152,6 +162,7 @@ impl MapReader {
 pub struct MapWriter {
     host: HostFs,
     shared: Arc<ArcSwap<Snapshot>>,
+    published: Arc<Notify>,
     topology: Vec<NodeInfo>,
     table: HugepageTable,
     generation: u64,
@@ -186,16 +197,18 @@ impl MapWriter {
         let stale = BTreeMap::new();
         let first = build(1, source, &topology, &table, &stale, None);
         let shared = Arc::new(ArcSwap::from_pointee(first));
+        let published = Arc::new(Notify::new());
         let writer = MapWriter {
             host,
             shared: shared.clone(),
+            published: published.clone(),
             topology,
             table,
             generation: 1,
             source,
             stale,
         };
-        Ok((writer, MapReader(shared)))
+        Ok((writer, MapReader { shared, published }))
     }
 
     /// The snapshot last published.
@@ -327,6 +340,7 @@ impl MapWriter {
             delay,
         );
         self.shared.store(Arc::new(snapshot));
+        self.published.notify_one();
     }
 }
 

@@ -23,6 +23,7 @@ use super::{
     connections::{self, ConnectionStats},
     encode::{Encoder, HistogramValue, Kind},
     export::ExportStats,
+    watch::WatchStats,
 };
 use crate::{
     admission::{reservations::Released, verify::Verdict},
@@ -160,6 +161,8 @@ pub struct Metrics {
     pub api_connections: Arc<ConnectionStats>,
     /// The metrics listener's (`listener="metrics"`).
     pub metrics_connections: Arc<ConnectionStats>,
+    /// The map watch's watchers and events.
+    pub watch: Arc<WatchStats>,
 }
 
 impl Metrics {
@@ -213,6 +216,7 @@ impl Metrics {
             tls: Arc::default(),
             api_connections: Arc::default(),
             metrics_connections: Arc::default(),
+            watch: Arc::default(),
         }
     }
 
@@ -446,6 +450,7 @@ impl Metrics {
             ("metrics", &*self.metrics_connections),
         ];
         connections::encode("hugepage_agent", &listeners, e);
+        self.watch.encode(e);
     }
 }
 

@@ -1,6 +1,7 @@
 //! Telemetry: the log, OpenTelemetry traces over OTLP ([`traces`], through the bounded queue of
 //! [`export`]), and the Prometheus metrics served at `GET /metrics` ([`metrics`] for what events
-//! update, [`scrape`] for what is read when scraped, [`connections`] for what the listeners' limits did, [`encode`] for the text formats).
+//! update, [`scrape`] for what is read when scraped, [`connections`] for what the listeners' limits did, [`watch`] for the map's watchers,
+//! [`encode`] for the text formats).
 //!
 //! [`init`] installs one `tracing` subscriber with two layers, each with its own filter: the log
 //! (`RUST_LOG`, events and, at debug level, span context) and, when traces are on, the
@@ -14,6 +15,7 @@ pub mod export;
 pub mod metrics;
 pub mod scrape;
 pub mod traces;
+pub mod watch;
 
 use std::{sync::Arc, time::Duration};
 

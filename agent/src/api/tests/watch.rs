@@ -1,0 +1,226 @@
+//! `GET /v1/hugepages?watch=true` in process: the query's parameters, the state per node and size
+//! with the reservations, and the stream itself: its snapshot, a new state after an admission
+//! reserves, heartbeats, a resume, the watchers' limit and a watch's end. (On the real kernel,
+//! with faults, over a socket: `tests/watch.rs`.)
+
+use std::time::Duration;
+
+use axum::body::Body;
+
+use super::*;
+use crate::api::watch::{Hub, Inputs, Resume, WatchLimits};
+
+#[test]
+fn the_query_says_watch_and_where_to_resume_and_bad_values_are_named() {
+    assert_eq!(Resume::from_query(None), Ok(Resume::default()));
+    let resume = Resume::from_query(Some("watch=true&epoch=abc&generation=7&other=x"));
+    assert_eq!(
+        resume,
+        Ok(Resume {
+            watch: true,
+            epoch: Some("abc".into()),
+            generation: Some(7),
+        })
+    );
+    assert!(
+        !Resume::from_query(Some("watch=false"))
+            .expect("false")
+            .watch
+    );
+    let bad = Resume::from_query(Some("watch=yes")).expect_err("yes");
+    assert_eq!(bad.field.as_deref(), Some("watch"));
+    let bad = Resume::from_query(Some("watch=true&generation=-1")).expect_err("-1");
+    assert_eq!(bad.field.as_deref(), Some("generation"));
+}
+
+/// The hub of `state`'s inputs with `limits`, its publisher running on this runtime.
+fn running_hub(state: &AppState, limits: WatchLimits) -> Hub {
+    let (hub, publisher) = Hub::new(
+        Inputs {
+            map: state.map.clone(),
+            reservations: state.reservations.clone(),
+            kubelet: state.kubelet.clone(),
+            memory_manager: state.memory_manager.clone(),
+        },
+        limits,
+        state.metrics.watch.clone(),
+    );
+    tokio::spawn(publisher);
+    hub
+}
+
+/// A watch's body, read line by line.
+struct Lines {
+    body: Body,
+    pending: String,
+}
+
+impl Lines {
+    /// The next event, or `None` when the stream ended; panics past `within`.
+    async fn next(&mut self, within: Duration) -> Option<Value> {
+        loop {
+            if let Some((line, rest)) = self.pending.split_once('\n') {
+                let event = serde_json::from_str(line).expect("a JSON event");
+                self.pending = rest.to_owned();
+                return Some(event);
+            }
+            let frame = tokio::time::timeout(within, self.body.frame())
+                .await
+                .expect("an event in time");
+            match frame {
+                None => return None,
+                Some(frame) => {
+                    let frame = frame.expect("a frame");
+                    if let Some(data) = frame.data_ref() {
+                        self.pending
+                            .push_str(std::str::from_utf8(data).expect("UTF-8"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn watch(state: &AppState, query: &str) -> (StatusCode, String, Lines) {
+    let request = Request::builder()
+        .method("GET")
+        .uri(format!("/v1/hugepages?{query}"))
+        .body(Body::empty())
+        .expect("request");
+    let response = router(state.clone())
+        .oneshot(request)
+        .await
+        .expect("response");
+    let status = response.status();
+    let ctype = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let lines = Lines {
+        body: response.into_body(),
+        pending: String::new(),
+    };
+    (status, ctype, lines)
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+const LIMITS: WatchLimits = WatchLimits {
+    max_watchers: 4,
+    heartbeat: Duration::from_millis(300),
+    max_duration: Duration::from_secs(60),
+};
+
+#[tokio::test]
+async fn a_watch_gets_the_state_then_each_new_one_and_heartbeats_between() {
+    let (_d, mut state) = state();
+    state.watch = running_hub(&state, LIMITS);
+    let (status, ctype, mut lines) = watch(&state, "watch=true").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ctype, "application/x-ndjson");
+    let first = lines.next(SECOND).await.expect("a snapshot");
+    assert_eq!(first["type"], "SNAPSHOT", "{first}");
+    let epoch = first["epoch"].as_str().expect("an epoch").to_owned();
+    let generation = first["generation"].as_u64().expect("a generation");
+    let node0 = &first["object"]["nodes"][0]["sizes"][0];
+    assert_eq!(node0["pageSizeBytes"], 2 << 20);
+    assert_eq!(node0["free"], 1024);
+    assert_eq!(node0["reservedByAgent"], 0);
+    assert_eq!(node0["unreservedBytes"], 1024u64 * (2 << 20));
+    assert_eq!(first["object"]["source"], "sysfs");
+
+    // Nothing changes: a heartbeat, with the generation and no state.
+    let beat = lines.next(SECOND).await.expect("a bookmark");
+    assert_eq!(beat["type"], "BOOKMARK", "{beat}");
+    assert_eq!(beat["generation"], generation);
+    assert!(beat["object"].is_null());
+
+    // An admission reserves 6 MiB on node 0: a new state says so, at once.
+    let (status, _, answer) = admit(&state, short("6Mi", Some(json!([0])))).await;
+    assert_eq!((status, &answer["allowed"]), (StatusCode::OK, &json!(true)));
+    let changed = lines.next(SECOND).await.expect("a new state");
+    assert_eq!(changed["type"], "MODIFIED", "{changed}");
+    assert_eq!(changed["epoch"], epoch.as_str());
+    assert!(changed["generation"].as_u64() > Some(generation));
+    let node0 = &changed["object"]["nodes"][0]["sizes"][0];
+    assert_eq!(node0["reservedByAgent"], 6u64 << 20);
+    assert_eq!(node0["unreservedBytes"], 1024u64 * (2 << 20) - (6 << 20));
+    assert_eq!(
+        changed["object"]["nodes"][1]["sizes"][0]["reservedByAgent"],
+        0
+    );
+
+    // A client that resumes where it was is sent no snapshot; one from another epoch is.
+    let current = changed["generation"].as_u64().expect("a generation");
+    let (_, _, mut resumed) = watch(
+        &state,
+        &format!("watch=true&epoch={epoch}&generation={current}"),
+    )
+    .await;
+    let next = resumed.next(SECOND).await.expect("an event");
+    assert_eq!(next["type"], "BOOKMARK", "{next}");
+    let (_, _, mut stranger) = watch(&state, "watch=true&epoch=0&generation=1").await;
+    let next = stranger.next(SECOND).await.expect("an event");
+    assert_eq!(next["type"], "SNAPSHOT", "{next}");
+
+    let text = scrape(&state, None).await.1;
+    assert_eq!(
+        sample(&text, "hugepage_agent_watchers"),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "hugepage_agent_watch_events_total{type=\"SNAPSHOT\"}"
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&text, "hugepage_agent_watch_states_total"),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn watchers_beyond_the_limit_are_refused_and_a_watch_ends_after_its_time() {
+    let (_d, mut state) = state();
+    let limits = WatchLimits {
+        max_watchers: 1,
+        heartbeat: Duration::from_millis(100),
+        max_duration: Duration::from_millis(300),
+    };
+    state.watch = running_hub(&state, limits);
+    let (status, _, mut only) = watch(&state, "watch=true").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        only.next(SECOND).await.expect("a snapshot")["type"],
+        "SNAPSHOT"
+    );
+    let (status, ctype, _) = watch(&state, "watch=true").await;
+    assert_eq!(
+        (status, ctype.as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, "application/problem+json")
+    );
+    let text = scrape(&state, None).await.1;
+    assert_eq!(
+        sample(&text, "hugepage_agent_watches_refused_total"),
+        Some(1.0)
+    );
+    // Between 300 and 600 ms (jittered) the watch ends; its slot is free again.
+    let mut events = 0;
+    while only.next(SECOND).await.is_some() {
+        events += 1;
+        assert!(events < 10, "the watch did not end");
+    }
+    drop(only);
+    let (status, _, _) = watch(&state, "watch=true").await;
+    assert_eq!(status, StatusCode::OK);
+    // A bad parameter is a problem naming it, and opens no watch.
+    let (status, ctype, _) = watch(&state, "watch=maybe").await;
+    assert_eq!(
+        (status, ctype.as_str()),
+        (StatusCode::BAD_REQUEST, "application/problem+json")
+    );
+}

@@ -1,0 +1,455 @@
+//! `GET /v1/hugepages?watch=true`: the map as a stream, for the webhook to keep a table per node
+//! without asking every agent for every pod. One hub ([`Hub`]) follows what the extender decides
+//! on, per NUMA node and page size: the kernel's free pages, the bytes the agent holds in
+//! reservations, what remains unreserved; and a marker that the NUMA selection's inputs (the
+//! kubelet's settings, the Memory Manager's state) changed. It publishes a new state, under the
+//! next generation, only when that content changed: on the map's snapshots (prompted by hugetlb
+//! faults and the reconcile), on each change of the reservations, and every second for what time
+//! alone changes (a reservation that expires, a view the run loop replaced).
+//!
+//! A watcher gets newline-delimited JSON events (`application/x-ndjson`; Kubernetes watches send
+//! the same kind of stream as `application/json;stream=watch`, which generic clients and
+//! checkers take for one JSON document): `SNAPSHOT` (the state now) first, `MODIFIED` with each new
+//! state, and `BOOKMARK` (no state) every `heartbeat` while nothing changes. Every event names
+//! the hub's `epoch` (new with each start of the agent) and the `generation`. A watcher that
+//! resumes with the `epoch` and `generation` it last saw gets no snapshot when nothing changed
+//! since; any other resume gets the state now as a `SNAPSHOT` (generations are not kept). A
+//! watcher is sent the latest state only, never a queue: a slow one skips states, and holds no
+//! more than one event. At most `max_watchers` at once (more: 503 with `Retry-After`); each
+//! watch ends after `max_duration`, jittered up to twice that, so that watchers come back with a
+//! resume at different times rather than together.
+
+use std::{
+    future::Future,
+    sync::{Arc, Mutex, atomic::Ordering},
+    time::{Duration, SystemTime},
+};
+
+use arc_swap::ArcSwap;
+use axum::{
+    body::{Body, Bytes},
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use futures_util::stream;
+use serde::Serialize;
+use tokio::{
+    sync::watch,
+    time::{Instant, MissedTickBehavior},
+};
+
+use super::error::ApiError;
+use crate::{
+    admission::reservations::Store,
+    host::PageSize,
+    kube::identifiers,
+    kubeletconfig::live::KubeletView,
+    memorymanager::live::MemoryManagerView,
+    numa::map::{MapReader, Snapshot, Source},
+    telemetry::watch::{EVENT_KINDS, WatchStats},
+};
+
+/// How often the hub looks again at what only time changes.
+const TICK: Duration = Duration::from_secs(1);
+/// The content type of a stream of events: one JSON document a line.
+pub const CONTENT_TYPE: &str = "application/x-ndjson";
+
+/// The watch's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchLimits {
+    /// Watchers at once (`--max-watchers`).
+    pub max_watchers: usize,
+    /// A `BOOKMARK` after this long without a change (`--watch-heartbeat`).
+    pub heartbeat: Duration,
+    /// A watch ends after this long, jittered up to twice it (`--watch-max-duration`).
+    pub max_duration: Duration,
+}
+
+impl WatchLimits {
+    pub const DEFAULT: WatchLimits = WatchLimits {
+        max_watchers: 32,
+        heartbeat: Duration::from_secs(5),
+        max_duration: Duration::from_secs(300),
+    };
+}
+
+/// One page size on one NUMA node, as a watcher sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SizeState {
+    pub page_size_bytes: u64,
+    pub total: u64,
+    pub free: u64,
+    /// Bytes the agent holds in reservations that may draw from this node.
+    pub reserved_by_agent: u64,
+    /// Free bytes not held by a reservation: what an admission here may take.
+    pub unreserved_bytes: u64,
+    /// The pool's files could not be read: these are the last good figures.
+    pub stale: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeState {
+    pub node: u32,
+    pub sizes: Vec<SizeState>,
+}
+
+/// What the extender decides on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchState {
+    pub source: Source,
+    pub nodes: Vec<NodeState>,
+    /// Counts the changes of the NUMA selection's inputs (the kubelet's settings, the Memory
+    /// Manager's state) since the agent started: a different value means they changed.
+    pub selection_inputs: u64,
+}
+
+/// The state of `snapshot` with the reservations of `store` in force at `now`.
+pub fn state(
+    snapshot: &Snapshot,
+    store: &Store,
+    selection_inputs: u64,
+    now: SystemTime,
+) -> WatchState {
+    let nodes = snapshot
+        .nodes
+        .iter()
+        .map(|node| NodeState {
+            node: node.info.node.0,
+            sizes: node
+                .sizes
+                .iter()
+                .map(|size| {
+                    let reserved =
+                        store.held(PageSize(size.page_size_bytes), &[node.info.node], "", now);
+                    let free_bytes = size.free.saturating_mul(size.page_size_bytes);
+                    SizeState {
+                        page_size_bytes: size.page_size_bytes,
+                        total: size.total,
+                        free: size.free,
+                        reserved_by_agent: reserved,
+                        unreserved_bytes: free_bytes.saturating_sub(reserved),
+                        stale: size.stale.is_some(),
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    WatchState {
+        source: snapshot.source,
+        nodes,
+        selection_inputs,
+    }
+}
+
+/// A state the hub published.
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub generation: u64,
+    pub state: Arc<WatchState>,
+}
+
+/// One event of the stream.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event<'a> {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub epoch: &'a str,
+    pub generation: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object: Option<&'a WatchState>,
+}
+
+/// A watch's query: `watch=true`, and where it resumes from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Resume {
+    pub watch: bool,
+    pub epoch: Option<String>,
+    pub generation: Option<u64>,
+}
+
+impl Resume {
+    /// `watch` (`true` or `false`), `epoch` and `generation` (a whole number) from a query;
+    /// anything else of theirs is refused naming the parameter, other parameters are ignored.
+    pub fn from_query(query: Option<&str>) -> Result<Resume, ApiError> {
+        let mut resume = Resume::default();
+        for pair in query.unwrap_or("").split('&') {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let shown = || identifiers::Shown::new(value);
+            match key {
+                "watch" => {
+                    resume.watch = match value {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => {
+                            return Err(ApiError::invalid(
+                                "watch",
+                                format!("{} is not true or false", shown()),
+                            ));
+                        }
+                    }
+                }
+                "epoch" => resume.epoch = Some(value.to_owned()),
+                "generation" => {
+                    let generation = value.parse().map_err(|_| {
+                        ApiError::invalid(
+                            "generation",
+                            format!("{} is not a generation (a whole number)", shown()),
+                        )
+                    })?;
+                    resume.generation = Some(generation);
+                }
+                _ => {}
+            }
+        }
+        Ok(resume)
+    }
+
+    /// Whether a watcher resuming so already has `published` from the hub of `epoch`.
+    pub fn is_current(&self, epoch: &str, published: &Published) -> bool {
+        self.epoch.as_deref() == Some(epoch) && self.generation == Some(published.generation)
+    }
+}
+
+/// The publisher of states, and what every watch shares.
+#[derive(Debug, Clone)]
+pub struct Hub {
+    epoch: Arc<str>,
+    published: watch::Receiver<Published>,
+    limits: WatchLimits,
+    pub stats: Arc<WatchStats>,
+}
+
+/// What the hub reads to make a state.
+pub struct Inputs {
+    pub map: MapReader,
+    pub reservations: Arc<Mutex<Store>>,
+    pub kubelet: Arc<ArcSwap<KubeletView>>,
+    pub memory_manager: Arc<ArcSwap<MemoryManagerView>>,
+}
+
+/// The selection inputs' identities: a view the run loop replaced is a new pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Views(usize, usize);
+
+impl Views {
+    fn of(inputs: &Inputs) -> Views {
+        Views(
+            Arc::as_ptr(&inputs.kubelet.load_full()) as usize,
+            Arc::as_ptr(&inputs.memory_manager.load_full()) as usize,
+        )
+    }
+}
+
+impl Hub {
+    /// The hub of `inputs` with its first state, and the task that publishes the next ones
+    /// (for the caller to spawn on its runtime; until then the first state stays).
+    pub fn new(
+        inputs: Inputs,
+        limits: WatchLimits,
+        stats: Arc<WatchStats>,
+    ) -> (Hub, impl Future<Output = ()> + Send + 'static) {
+        let epoch: Arc<str> = Arc::from(epoch_now().as_str());
+        let first = read(&inputs, 0);
+        let (tx, rx) = watch::channel(Published {
+            generation: 1,
+            state: Arc::new(first),
+        });
+        let hub = Hub {
+            epoch,
+            published: rx,
+            limits,
+            stats: Arc::clone(&stats),
+        };
+        (hub, publish(inputs, tx, stats))
+    }
+
+    /// The state published last.
+    pub fn current(&self) -> Published {
+        self.published.borrow().clone()
+    }
+
+    pub fn epoch(&self) -> &str {
+        &self.epoch
+    }
+}
+
+/// Publishes each new state of `inputs` until the hub and every watch are gone.
+async fn publish(inputs: Inputs, tx: watch::Sender<Published>, stats: Arc<WatchStats>) {
+    let map_published = inputs.map.published();
+    let reservations_changed = match inputs.reservations.lock() {
+        Ok(store) => store.changed(),
+        Err(poisoned) => poisoned.into_inner().changed(),
+    };
+    let mut views = Views::of(&inputs);
+    let mut selection_inputs = 0;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = map_published.notified() => {}
+            () = reservations_changed.notified() => {}
+            _ = tick.tick() => {}
+            () = tx.closed() => return,
+        }
+        let now = Views::of(&inputs);
+        if now != views {
+            views = now;
+            selection_inputs += 1;
+        }
+        let next = read(&inputs, selection_inputs);
+        tx.send_if_modified(|current| {
+            if *current.state == next {
+                return false;
+            }
+            *current = Published {
+                generation: current.generation + 1,
+                state: Arc::new(next),
+            };
+            stats.published.fetch_add(1, Ordering::Relaxed);
+            true
+        });
+    }
+}
+
+/// The state now, from the inputs.
+fn read(inputs: &Inputs, selection_inputs: u64) -> WatchState {
+    let snapshot = inputs.map.load();
+    let store = match inputs.reservations.lock() {
+        Ok(store) => store,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    state(&snapshot, &store, selection_inputs, SystemTime::now())
+}
+
+/// A new epoch: the start's wall-clock time in microseconds, in hex.
+fn epoch_now() -> String {
+    let micros = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    format!("{micros:x}")
+}
+
+/// One event as a line of the stream.
+fn line(kind: &'static str, epoch: &str, published: &Published, with_state: bool) -> Bytes {
+    let event = Event {
+        kind,
+        epoch,
+        generation: published.generation,
+        object: with_state.then_some(&*published.state),
+    };
+    let mut text = serde_json::to_vec(&event).unwrap_or_default();
+    text.push(b'\n');
+    Bytes::from(text)
+}
+
+/// Counts a watcher while it lives.
+struct Slot(Arc<WatchStats>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.watchers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a watch's stream carries between events.
+struct Watching {
+    hub: Hub,
+    sent: Option<u64>,
+    first: bool,
+    ends: Instant,
+    _slot: Slot,
+}
+
+/// A jittered end for a watch starting now: between `max` and twice `max`.
+fn jittered_end(max: Duration) -> Instant {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    let extra = max.mul_f64(f64::from(nanos % 1000) / 1000.0);
+    Instant::now() + max + extra
+}
+
+/// The response to a watch resuming as `resume`: the stream, or 503 when the watchers are many.
+pub fn serve(hub: &Hub, resume: &Resume) -> Response {
+    let stats = Arc::clone(&hub.stats);
+    let taken = stats.watchers.fetch_add(1, Ordering::Relaxed);
+    let slot = Slot(Arc::clone(&stats));
+    if taken >= hub.limits.max_watchers {
+        stats.refused.fetch_add(1, Ordering::Relaxed);
+        drop(slot);
+        let mut e = ApiError::unavailable(format!(
+            "{} watchers already (--max-watchers): try again later",
+            hub.limits.max_watchers
+        ));
+        e.retry_after = Some(1);
+        return e.into_response();
+    }
+    let current = hub.current();
+    let sent = resume
+        .is_current(hub.epoch(), &current)
+        .then_some(current.generation);
+    let watching = Watching {
+        hub: hub.clone(),
+        sent,
+        first: sent.is_none(),
+        ends: jittered_end(hub.limits.max_duration),
+        _slot: slot,
+    };
+    let events = stream::unfold(watching, next_event);
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, CONTENT_TYPE),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Body::from_stream(events),
+    )
+        .into_response()
+}
+
+/// The next line of a watch, or its end.
+async fn next_event(
+    mut w: Watching,
+) -> Option<(Result<Bytes, std::convert::Infallible>, Watching)> {
+    let epoch = Arc::clone(&w.hub.epoch);
+    if w.first {
+        w.first = false;
+        let current = w.hub.current();
+        w.sent = Some(current.generation);
+        return Some((Ok(emit(&w.hub, 0, &epoch, &current, true)), w));
+    }
+    loop {
+        if Instant::now() >= w.ends {
+            return None;
+        }
+        let deadline = (Instant::now() + w.hub.limits.heartbeat).min(w.ends);
+        let waited = tokio::time::timeout_at(deadline, w.hub.published.changed()).await;
+        match waited {
+            Ok(Err(_)) => return None,
+            Ok(Ok(())) => {
+                let current = w.hub.published.borrow_and_update().clone();
+                if w.sent == Some(current.generation) {
+                    continue;
+                }
+                w.sent = Some(current.generation);
+                return Some((Ok(emit(&w.hub, 1, &epoch, &current, true)), w));
+            }
+            Err(_) if Instant::now() >= w.ends => return None,
+            Err(_) => {
+                let current = w.hub.current();
+                return Some((Ok(emit(&w.hub, 2, &epoch, &current, false)), w));
+            }
+        }
+    }
+}
+
+/// Counts and writes event `kind` (an index of [`EVENT_KINDS`]).
+fn emit(hub: &Hub, kind: usize, epoch: &str, published: &Published, with_state: bool) -> Bytes {
+    hub.stats.events[kind].fetch_add(1, Ordering::Relaxed);
+    line(EVENT_KINDS[kind], epoch, published, with_state)
+}
