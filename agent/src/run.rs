@@ -100,12 +100,8 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
     };
     let readiness = Readiness::default();
     let faults = FaultBook::default();
-    let (store, set_aside) = Store::open(&config.state_dir, config.reservation_ttl)
+    let store = Store::restore(&config.state_dir, config.reservation_ttl)
         .map_err(|e| RunError::State(format!("--state-dir: {e}")))?;
-    if let Some(warning) = set_aside {
-        warn!("{warning}");
-    }
-    info!(restored = store.list().len(), dir = %config.state_dir.display(), "reservations loaded");
     let reservations = Arc::new(Mutex::new(store));
     let (mut psi_monitor, psi_reader) = Monitor::new(config.host.clone(), config.psi);
     psi_monitor.evaluate(std::time::SystemTime::now());
@@ -162,10 +158,7 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
         let plain = Serving::new(api::metrics_router(state), None, config.limits, stats);
         server = server.and(Server::start(bound, 1, plain, stopped)?);
     }
-    let pods = PodCgroups::scan(&config.host).unwrap_or_else(|err| {
-        warn!("finding pod cgroups: {err}; reservations end by expiry until the next reconcile");
-        PodCgroups::default()
-    });
+    let pods = PodCgroups::at_start(&config.host);
     let mut agent = RunLoop {
         host: config.host.clone(),
         refresher,
@@ -187,12 +180,7 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
         Err(why) => (mpsc::channel(1).1, why),
     };
     readiness.release(probes_state);
-    if config.api_open_to_anyone() {
-        warn!(
-            "the API on {} accepts requests from any client (--allow-unauthenticated-clients): anyone who reaches it can reserve hugepages",
-            config.listen
-        );
-    }
+    config.warn_if_open();
     info!(
         source = %agent.refresher.current().source,
         listen = %config.listen,

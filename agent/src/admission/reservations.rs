@@ -147,6 +147,17 @@ fn checksum(bytes: &[u8]) -> String {
 }
 
 impl Store {
+    /// [`Store::open`] as the agent starts: a file set aside is warned about, and what was
+    /// restored is logged.
+    pub fn restore(dir: &Path, ttl: Duration) -> Result<Store, ReservationError> {
+        let (store, set_aside) = Store::open(dir, ttl)?;
+        if let Some(warning) = set_aside {
+            tracing::warn!("{warning}");
+        }
+        tracing::info!(restored = store.entries.len(), dir = %dir.display(), "reservations loaded");
+        Ok(store)
+    }
+
     /// Loads `<dir>/reservations.json` (creating `dir`); a corrupt file is set aside and named in
     /// the returned warning.
     pub fn open(dir: &Path, ttl: Duration) -> Result<(Store, Option<String>), ReservationError> {

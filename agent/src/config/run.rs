@@ -102,6 +102,16 @@ impl RunConfig {
     pub fn api_open_to_anyone(&self) -> bool {
         exposure(self.listen, self.tls.as_ref(), false).is_err()
     }
+
+    /// Warns, as the agent starts, when [`RunConfig::api_open_to_anyone`].
+    pub fn warn_if_open(&self) {
+        if self.api_open_to_anyone() {
+            tracing::warn!(
+                "the API on {} accepts requests from any client (--allow-unauthenticated-clients): anyone who reaches it can reserve hugepages",
+                self.listen
+            );
+        }
+    }
 }
 
 impl RunConfig {

@@ -57,6 +57,17 @@ impl PodCgroups {
         Ok(pods)
     }
 
+    /// [`PodCgroups::scan`] as the agent starts: on an error, warned about, none (reservations
+    /// then end by expiry until the next reconcile finds the pods).
+    pub fn at_start(host: &HostFs) -> PodCgroups {
+        PodCgroups::scan(host).unwrap_or_else(|err| {
+            tracing::warn!(
+                "finding pod cgroups: {err}; reservations end by expiry until the next reconcile"
+            );
+            PodCgroups::default()
+        })
+    }
+
     /// Walks both hierarchies.
     pub fn scan(host: &HostFs) -> Result<PodCgroups, SysfsError> {
         let mut pods = PodCgroups::v1(host)?;
