@@ -29,6 +29,7 @@ mod pressure;
 pub mod rendered;
 pub mod rng;
 mod stats;
+pub mod watcher;
 pub use flags::BenchFlags;
 pub use host_tree::{QUIET_PRESSURE, numa_nodes, put, quiet_pressure, two_numa_nodes};
 pub use log::LogLines;
@@ -263,6 +264,8 @@ pub struct Toucher {
     pub pid: u32,
     /// CPU time the child spent touching its small pages, faults included.
     pub small_cpu_ns: u64,
+    /// CLOCK_MONOTONIC just before its first huge page's touch (0 when it touched none).
+    pub first_touch_ns: u64,
 }
 
 impl Toucher {
@@ -312,6 +315,7 @@ impl Toucher {
             stdin: Some(stdin),
             pid,
             small_cpu_ns: 0,
+            first_touch_ns: 0,
         }
     }
 
@@ -359,6 +363,11 @@ impl Toucher {
             .nth(3)
             .and_then(|n| n.parse().ok())
             .expect("toucher reports CPU time");
+        let first_touch_ns = line
+            .split_whitespace()
+            .nth(4)
+            .and_then(|n| n.parse().ok())
+            .expect("toucher reports its first touch's time");
         let stdin = child.stdin.take();
         let pid = child.id();
         Toucher {
@@ -366,6 +375,7 @@ impl Toucher {
             stdin,
             pid,
             small_cpu_ns,
+            first_touch_ns,
         }
     }
 }

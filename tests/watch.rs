@@ -7,14 +7,13 @@
 //! beyond `--max-watchers` are refused with 503 and `Retry-After`.
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
-    net::TcpStream,
     process::Command,
     time::{Duration, Instant},
 };
 
 use hugepage_agent_tests::{
     Agent, HugepagePool, TestCgroup, Toucher, agent_bin, host_lock, http, require_root,
+    watcher::Watch,
 };
 use serde_json::{Value, json};
 
@@ -38,91 +37,6 @@ fn agent(extra: &[&str]) -> Agent {
     let mut agent = Agent::start(cmd);
     agent.wait_for("agent running", Duration::from_secs(30), |_| true);
     agent
-}
-
-/// A watch's response read off the socket: its status, then its events.
-struct Watch {
-    status: u16,
-    headers: Vec<String>,
-    reader: BufReader<TcpStream>,
-    pending: Vec<u8>,
-}
-
-impl Watch {
-    fn open(port: u16, query: &str) -> Watch {
-        let mut tcp = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        write!(
-            tcp,
-            "GET /v1/hugepages?{query} HTTP/1.1\r\nHost: agent\r\nAccept: application/json\r\n\r\n"
-        )
-        .expect("send the request");
-        tcp.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("a read timeout");
-        let mut reader = BufReader::new(tcp);
-        let mut line = String::new();
-        reader.read_line(&mut line).expect("the status line");
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .expect("a status");
-        let mut headers = Vec::new();
-        loop {
-            let mut header = String::new();
-            reader.read_line(&mut header).expect("a header");
-            if header.trim().is_empty() {
-                break;
-            }
-            headers.push(header.trim().to_ascii_lowercase());
-        }
-        Watch {
-            status,
-            headers,
-            reader,
-            pending: Vec::new(),
-        }
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find_map(|h| h.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    }
-
-    /// The next event, within `within`; `None` when the stream ended.
-    fn next(&mut self, within: Duration) -> Option<Value> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(at) = self.pending.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.pending.drain(..=at).collect();
-                return Some(serde_json::from_slice(&line).expect("a JSON event"));
-            }
-            assert!(Instant::now() < deadline, "no event within {within:?}");
-            // One chunk: its size in hex, the data, CRLF; a size of 0 ends the body.
-            let mut size = String::new();
-            self.reader.read_line(&mut size).expect("a chunk size");
-            let size = usize::from_str_radix(size.trim(), 16).expect("a hex chunk size");
-            if size == 0 {
-                return None;
-            }
-            let mut data = vec![0; size + 2];
-            self.reader.read_exact(&mut data).expect("a chunk");
-            self.pending.extend_from_slice(&data[..size]);
-        }
-    }
-
-    /// The next event that is not a heartbeat.
-    fn next_state(&mut self, within: Duration) -> Value {
-        let deadline = Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let event = self.next(left).expect("the stream goes on");
-            if event["type"] != "BOOKMARK" {
-                return event;
-            }
-        }
-    }
 }
 
 /// The 2 MiB size on node 0 of a state event.

@@ -30,7 +30,10 @@ use crate::{
     },
     kubeletconfig::live::LiveKubelet,
     memorymanager::live::LiveState,
-    numa::refresh::{Refreshed, Refresher},
+    numa::{
+        refresh::{Refreshed, Refresher},
+        timer::Timer,
+    },
     probes::{
         events::{CgroupChange, CgroupEventInfo, ProbeEvent},
         live::LiveProbes,
@@ -71,11 +74,16 @@ impl RunLoop {
         let mut reconcile = tokio::time::interval(reconcile);
         let mut checkpoint_poll = tokio::time::interval(CHECKPOINT_POLL);
         let mut loss_poll = tokio::time::interval(LOSS_POLL);
+        let timer = Timer::new()
+            .inspect_err(|e| {
+                warn!("no timerfd ({e}): the map's re-reads wait on whole milliseconds");
+            })
+            .ok();
         loop {
             tokio::select! {
                 signal = &mut shutdown => return signal,
                 Some(event) = events.recv() => self.handle(event),
-                () = sleep_until(self.refresher.due()), if self.refresher.due().is_some() => self.refresh(),
+                () = sleep_until(timer.as_ref(), self.refresher.due()), if self.refresher.due().is_some() => self.refresh(),
                 _ = reconcile.tick() => self.reconcile(),
                 _ = checkpoint_poll.tick() => self.checkpoint_tick(),
                 _ = loss_poll.tick() => self.loss_tick(),
@@ -259,8 +267,19 @@ impl RunLoop {
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    if let Some(at) = at {
+/// Until `at` (at once when it has come), on `timer` when there is one: tokio's own timers round
+/// a deadline up to the next whole millisecond.
+async fn sleep_until(timer: Option<&Timer>, at: Option<Instant>) {
+    let Some(at) = at else { return };
+    let waited = match timer {
+        Some(timer) => timer.sleep_until(at).await,
+        None => {
+            tokio::time::sleep_until(at).await;
+            Ok(())
+        }
+    };
+    if let Err(e) = waited {
+        warn!("waiting on the timerfd: {e}; waiting on tokio's timer");
         tokio::time::sleep_until(at).await;
     }
 }

@@ -3,8 +3,9 @@
 //! `toucher [--cgroup DIR] [--cpu C] [--huge K] [--small N] [--hold]`: writes its pid to
 //! `DIR/cgroup.procs`, pins itself to CPU C, maps K 2 MiB pages with `MAP_HUGETLB` and N 4 KiB
 //! pages (transparent hugepages refused, so each is its own fault), writes one byte in each, prints
-//! `touched <pid> <first huge address> <ns of CPU time spent touching the small pages>` and, with
-//! `--hold`, keeps the memory until stdin closes.
+//! `touched <pid> <first huge address> <ns of CPU time spent touching the small pages> <CLOCK_MONOTONIC
+//! ns just before the first huge page's touch, or 0>` and, with `--hold`, keeps the memory until
+//! stdin closes.
 //!
 //! `--reserve R`: also map R 2 MiB hugetlb pages without touching them (reserved, still free).
 //!
@@ -58,12 +59,16 @@ fn run() -> Result<(), String> {
     }
     let huge_flags =
         libc::MAP_HUGETLB | ((huge_size.trailing_zeros() as i32) << libc::MAP_HUGE_SHIFT);
-    let huge_addr = touch(huge, huge_size, huge_flags, node)?;
+    let (huge_addr, first_touch) = touch(huge, huge_size, huge_flags, node)?;
     map_only(reserve)?;
     let start = cpu_time_ns();
     touch(small, 4096, 0, None)?;
     let small_ns = cpu_time_ns() - start;
-    println!("touched {} {:#x} {small_ns}", std::process::id(), huge_addr);
+    println!(
+        "touched {} {:#x} {small_ns} {first_touch}",
+        std::process::id(),
+        huge_addr
+    );
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     if hold {
         let _ = std::io::stdin().lock().lines().count();
@@ -78,10 +83,15 @@ fn number(arg: Option<String>) -> Result<usize, String> {
 }
 
 /// Maps `count` pages of `page` bytes (bound to `node` if given) and writes one byte in each;
-/// returns the mapping address.
-fn touch(count: usize, page: usize, flags: i32, node: Option<usize>) -> Result<usize, String> {
+/// returns the mapping address and the CLOCK_MONOTONIC time just before the first write.
+fn touch(
+    count: usize,
+    page: usize,
+    flags: i32,
+    node: Option<usize>,
+) -> Result<(usize, u64), String> {
     if count == 0 {
-        return Ok(0);
+        return Ok((0, 0));
     }
     let len = count * page;
     // SAFETY: anonymous private mapping; no file, no fixed address.
@@ -109,11 +119,23 @@ fn touch(count: usize, page: usize, flags: i32, node: Option<usize>) -> Result<u
         hugepage_agent_tests::mbind::bind(addr as usize, len, node)?;
     }
     let base = addr.cast::<u8>();
+    let first = monotonic_ns();
     for i in 0..count {
         // SAFETY: inside the mapping just created.
         unsafe { base.add(i * page).write_volatile(1) };
     }
-    Ok(addr as usize)
+    Ok((addr as usize, first))
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock the probes stamp their events with.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// CPU time of this thread (user and system, faults included) in nanoseconds.
@@ -147,7 +169,7 @@ fn pin(cpu: usize) -> Result<(), String> {
 /// Faults 4 KiB pages without pause until stdin has a line.
 fn spin_until_stdin() -> Result<(), String> {
     const PAGES: usize = 4096;
-    let addr = touch(PAGES, 4096, 0, None)?;
+    let (addr, _) = touch(PAGES, 4096, 0, None)?;
     println!("spinning");
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     let mut stdin = libc::pollfd {

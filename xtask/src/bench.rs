@@ -40,6 +40,9 @@ pub enum Bench {
     /// The webhook's and an agent's peak memory and their callers' p99 while request bodies
     /// flood them: at each endpoint's limit, declared or chunked past it, a byte a second.
     BodyFlood,
+    /// From a hugetlb fault on this host's kernel to the agent's map, and to a watcher of the
+    /// map (`GET /v1/hugepages?watch=true`): p50, p99.
+    Freshness,
     /// The agent with eBPF on under admissions in bursts, cgroup churn, hugetlb faults, PSI
     /// triggers, scrapes and reservation expiries for 10 minutes (`--minutes M`): its RSS,
     /// descriptors, threads, ring-buffer losses and admission p99 every 10 s, and their slopes.
@@ -58,6 +61,7 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
         | Bench::Extender
         | Bench::Abuse
         | Bench::BodyFlood
+        | Bench::Freshness
         | Bench::Soak => {
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
             let agent = release.join("hugepage-agent");
@@ -67,6 +71,7 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
                 Bench::Abuse => "abuse-load",
                 Bench::BodyFlood => "body-flood",
                 Bench::Soak => "soak",
+                Bench::Freshness => "freshness",
                 _ => "inventory-load",
             };
             (

@@ -1,7 +1,8 @@
 //! The per-NUMA hugepage map ([`map`]: one writer, lock-free readers) and how it is kept fresh
-//! ([`refresh`]: fault-prompted re-reads, the reconcile). The words it is written in (NUMA node
+//! ([`refresh`]: fault-prompted re-reads, the reconcile, their microsecond [`timer`]). The words it is written in (NUMA node
 //! numbers, page sizes, pools) are the host's vocabulary, in [`crate::host`].
 
 pub mod flags;
 pub mod map;
 pub mod refresh;
+pub mod timer;

@@ -1,8 +1,12 @@
 //! Keeping the map fresh: the owner of the map's one writer. A hugetlb fault is a prompt, never
-//! the accounting: it schedules a re-read of its page size, shared by every fault within
-//! [`COALESCE`]; a re-read that saw no change (the fault had not taken its page yet: a 1 GiB fault
-//! zeroes its page first) is repeated after twice the delay, up to [`FOLLOW_UPS`] times. The
-//! periodic reconcile re-reads everything. Each re-read is logged as the pools' changes, and a
+//! the accounting: it makes a re-read of its page size due at once, shared by every fault the
+//! run loop takes in before it gets to it. The probe sees a fault as it starts, but the kernel
+//! takes the page from the pool (`alloc_hugetlb_folio`, which lowers `free_hugepages`) before it
+//! zeroes it, microseconds later, and the probe's event takes longer than that to wake the agent:
+//! the first re-read nearly always sees the page gone. One that saw no change (the fault had not
+//! taken its page yet) is repeated after [`FIRST_FOLLOW_UP`], then after twice the delay each
+//! time, up to [`FOLLOW_UPS`] times (1.6 s in all, for a 1 GiB page's slowest fault).
+//! The periodic reconcile re-reads everything. Each re-read is logged as the pools' changes, and a
 //! prompted one carries a `map refresh` span with the fault's time. A pool that turns unreadable
 //! is logged once with the file (the map keeps its last figures, marked stale), and once more
 //! when it reads again.
@@ -18,12 +22,12 @@ use tracing::{info, warn};
 use super::map::{Change, MapWriter, Reread, Snapshot, Source, monotonic_now};
 use crate::{host::PageSize, sysfs::SysfsError};
 
-/// Faults arriving within this delay share one sysfs re-read. The tracepoint fires when a fault
-/// starts, before its page is taken; a 2 MiB fault has finished by then.
-pub const COALESCE: Duration = Duration::from_millis(2);
-/// A prompted re-read that saw no change is repeated, each time after twice the delay: 4, 8, …
-/// 512 ms.
-pub const FOLLOW_UPS: u32 = 8;
+/// The wait before the first repeat of a prompted re-read that saw no change: a 2 MiB page is
+/// taken within it (the run loop waits with [`super::timer`], of microsecond resolution).
+pub const FIRST_FOLLOW_UP: Duration = Duration::from_micros(100);
+/// A prompted re-read that saw no change is repeated, each time after twice the delay: 0.1, 0.2,
+/// 0.4 … 819 ms (1.6 s in all).
+pub const FOLLOW_UPS: u32 = 14;
 
 /// Page sizes that faults touched since the last re-read, and when that re-read is due.
 #[derive(Debug, Default)]
@@ -91,7 +95,7 @@ impl Refresher {
             None => p.all = true,
         }
         p.first_fault = Some(p.first_fault.map_or(fault_at, |t| t.min(fault_at)));
-        p.due.get_or_insert_with(|| Instant::now() + COALESCE);
+        p.due.get_or_insert_with(Instant::now);
     }
 
     /// The coalesced re-read the faults asked for.
@@ -107,7 +111,7 @@ impl Refresher {
                 span.record("hugepage_agent.pools_changed", changes.len() as i64);
                 if changes.is_empty() && pending.follow_ups < FOLLOW_UPS {
                     self.pending = Pending {
-                        due: Some(Instant::now() + COALESCE * 2u32.pow(pending.follow_ups + 1)),
+                        due: Some(Instant::now() + FIRST_FOLLOW_UP * 2u32.pow(pending.follow_ups)),
                         follow_ups: pending.follow_ups + 1,
                         ..pending
                     };
@@ -117,7 +121,7 @@ impl Refresher {
                 if let Some(delay) = fault_to_map {
                     span.record("hugepage_agent.event_to_map_us", delay.as_micros() as i64);
                 }
-                log_changes(&changes, fault_to_map);
+                log_changes(&changes, fault_to_map, Some(pending.follow_ups));
                 Refreshed::Changed {
                     changes,
                     fault_to_map,
@@ -134,7 +138,7 @@ impl Refresher {
     pub fn reconcile(&mut self) -> Result<Vec<Change>, SysfsError> {
         let reread = self.writer.reconcile()?;
         log_transitions(&reread);
-        log_changes(&reread.changes, None);
+        log_changes(&reread.changes, None, None);
         Ok(reread.changes)
     }
 }
@@ -171,7 +175,9 @@ fn refresh_span(pending: &Pending) -> tracing::Span {
     )
 }
 
-fn log_changes(changes: &[Change], fault_to_map: Option<Duration>) {
+/// Each change; for one a fault prompted, how long after the fault and after how many re-reads
+/// that saw no change yet (`repeats`).
+fn log_changes(changes: &[Change], fault_to_map: Option<Duration>, repeats: Option<u32>) {
     for c in changes {
         info!(
             node = c.now.node.0,
@@ -181,6 +187,7 @@ fn log_changes(changes: &[Change], fault_to_map: Option<Duration>) {
             free_before = c.before.as_ref().map(|b| b.free),
             surplus = c.now.surplus,
             fault_to_map_us = fault_to_map.map(|d| d.as_micros() as u64),
+            repeats,
             "hugepage pool changed"
         );
     }
@@ -239,19 +246,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn faults_within_the_coalescing_delay_share_one_reread() {
+    async fn a_fault_makes_a_reread_due_at_once_and_faults_before_it_share_it() {
         let (_d, _host, mut r) = refresher();
         assert_eq!(r.due(), None);
         let before = Instant::now();
         r.schedule(Some(PageSize(2 << 20)), Duration::from_secs(5));
         let due = r.due().expect("a re-read is due");
+        assert!(
+            due >= before && due <= Instant::now(),
+            "due at once, not after a delay"
+        );
         r.schedule(Some(PageSize(2 << 20)), Duration::from_secs(4));
         assert_eq!(
             r.due(),
             Some(due),
             "the second fault waits for the same re-read"
         );
-        assert!(due >= before + COALESCE);
+        assert_eq!(r.pending.first_fault, Some(Duration::from_secs(4)));
     }
 
     #[tokio::test]
@@ -262,9 +273,9 @@ mod tests {
             let before = Instant::now();
             assert!(matches!(r.refresh(), Refreshed::Again));
             let due = r.due().expect("a follow-up is due");
-            // Never sooner than twice the last wait: 4, 8, … ms after the re-read.
+            // 0.1, 0.2, 0.4, … ms after the re-read.
             assert!(
-                due >= before + COALESCE * 2u32.pow(k + 1),
+                due >= before + FIRST_FOLLOW_UP * 2u32.pow(k),
                 "follow-up {k} due after {:?}",
                 due - before
             );

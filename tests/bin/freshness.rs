@@ -1,0 +1,163 @@
+//! `cargo xtask bench freshness`: how soon a hugetlb fault on this host's real kernel is known,
+//! to the agent's map and to a watcher of the map (`GET /v1/hugepages?watch=true`).
+//!
+//! A real agent with its probes (the reconcile hourly, so that every change comes from a fault),
+//! a real 2 MiB pool, and `--touchers` `toucher` processes one after the other, each faulting one
+//! page and holding it (a toucher that let go would give its page back unseen until the
+//! reconcile). One page each: the kernel zeroes a page after it takes it from the pool, and on a
+//! VM the first touch of memory new to the guest makes that take milliseconds, so a second page's
+//! fault would come late and be timed as the agent's delay. Two delays:
+//!
+//! * **fault → map**: the `fault_to_map_us` of every `hugepage pool changed` line a fault
+//!   prompted, from the probe's event (stamped by the kernel, CLOCK_MONOTONIC) to the map's
+//!   snapshot that shows the page taken;
+//! * **fault → watcher**: from the toucher's CLOCK_MONOTONIC just before its first touch to the
+//!   moment a thread reading the watch (over loopback TCP, as the webhook reads it) has the state
+//!   that shows its page taken.
+//!
+//! `freshness --agent PATH [--touchers N]` (default 500).
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use hugepage_agent_tests::{
+    Agent, BenchFlags, HugepagePool, Percentiles, Toucher, host_lock, require_root, watcher::Watch,
+};
+use serde_json::Value;
+
+const USAGE: &str = "freshness --agent PATH [--touchers N]";
+const MI2: u64 = 2 << 20;
+/// Pages each toucher faults.
+const PAGES: u64 = 1;
+
+fn main() {
+    require_root();
+    let flags = BenchFlags::parse(USAGE, &["--agent", "--touchers"]);
+    let agent_path = flags.path("--agent");
+    let touchers = flags.number("--touchers", 500);
+    let toucher = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("toucher")))
+        .filter(|path| path.exists())
+        .unwrap_or_else(|| panic!("the toucher binary is not beside this one"));
+
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, touchers * PAGES + 4);
+    let mut agent = start(&agent_path);
+    let (seen, first_free) = follow(agent.port);
+
+    let mut held = Vec::new();
+    let mut to_watcher = Vec::new();
+    for i in 1..=touchers {
+        let t = Toucher::run(&toucher.display().to_string(), None, PAGES as usize, 0);
+        let want = first_free - i * PAGES;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let at = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (at, free) = seen
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("the watcher never saw free {want} (toucher {i})"));
+            if free <= want {
+                break at;
+            }
+        };
+        to_watcher.push(Duration::from_nanos(at.saturating_sub(t.first_touch_ns)));
+        held.push(t);
+    }
+    let changed = agent.lines_with("hugepage pool changed");
+    let prompted: Vec<(u64, u64)> = changed
+        .iter()
+        .filter_map(|l| Some((l["fault_to_map_us"].as_u64()?, l["repeats"].as_u64()?)))
+        .collect();
+    let mut to_map: Vec<Duration> = prompted
+        .iter()
+        .map(|&(us, _)| Duration::from_micros(us))
+        .collect();
+    let repeated = prompted.iter().filter(|&&(_, r)| r > 0).count();
+    let late: Vec<(u64, u64)> = prompted
+        .iter()
+        .copied()
+        .filter(|&(us, _)| us > 1000)
+        .collect();
+    println!(
+        "{touchers} touchers of {PAGES} 2 MiB page each, one after the other, on this host's kernel"
+    );
+    println!(
+        "fault -> agent's map      {}  ({} prompted re-reads that saw a change)",
+        Percentiles::of(&mut to_map),
+        to_map.len()
+    );
+    println!(
+        "fault -> watcher's state  {}  (first touch to the state that shows it)",
+        Percentiles::of(&mut to_watcher)
+    );
+    println!(
+        "re-reads repeated before the page was seen taken: {repeated} of {}; over 1 ms (µs, repeats): {late:?}",
+        prompted.len()
+    );
+    drop(held);
+}
+
+/// The agent with its probes, the reconcile hourly, heartbeats every second.
+fn start(path: &PathBuf) -> Agent {
+    let mut cmd = Command::new(path);
+    cmd.args([
+        "run",
+        "--ebpf",
+        "on",
+        "--reconcile-interval",
+        "1h",
+        "--watch-heartbeat",
+        "1s",
+    ]);
+    let mut agent = Agent::start(cmd);
+    agent.wait_for("agent running", Duration::from_secs(30), |l| {
+        l["source"] == "ebpf+sysfs"
+    });
+    agent
+}
+
+/// A thread that reads the watch and sends each state's CLOCK_MONOTONIC arrival time and node
+/// 0's free 2 MiB pages; and the free pages of the first state.
+fn follow(port: u16) -> (mpsc::Receiver<(u64, u64)>, u64) {
+    let mut watch = Watch::open(port, "watch=true");
+    assert_eq!(watch.status, 200, "the watch was refused");
+    let first = watch.next_state(Duration::from_secs(5));
+    let first_free = free(&first);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        while let Some(event) = watch.next(Duration::from_secs(30)) {
+            if event["type"] == "BOOKMARK" {
+                continue;
+            }
+            if tx.send((monotonic_ns(), free(&event))).is_err() {
+                return;
+            }
+        }
+    });
+    (rx, first_free)
+}
+
+/// Node 0's free 2 MiB pages in a state event.
+fn free(event: &Value) -> u64 {
+    event["object"]["nodes"][0]["sizes"]
+        .as_array()
+        .and_then(|sizes| sizes.iter().find(|s| s["pageSizeBytes"] == MI2))
+        .and_then(|s| s["free"].as_u64())
+        .unwrap_or_else(|| panic!("no 2 MiB size on node 0 in {event}"))
+}
+
+/// CLOCK_MONOTONIC in nanoseconds, the clock of the toucher's stamp.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
