@@ -281,11 +281,19 @@ fn run_logs_each_hugetlb_fault_and_cgroup_event_rereads_sysfs_and_detaches() {
     agent.wait_for("hugepage pool changed", Duration::from_secs(2), |l| {
         l["size"] == "2Mi"
     });
-    let faults: Vec<_> = agent
-        .lines_with("hugetlb fault")
-        .into_iter()
-        .filter(|l| l["tgid"] == pid)
-        .collect();
+    // The map is re-read at the first fault's event, which may come before the others'.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let faults = loop {
+        let faults: Vec<_> = agent
+            .lines_with("hugetlb fault")
+            .into_iter()
+            .filter(|l| l["tgid"] == pid)
+            .collect();
+        if faults.len() >= K || std::time::Instant::now() > deadline {
+            break faults;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert_eq!(faults.len(), K, "{faults:#?}");
     for f in &faults {
         assert_eq!(
