@@ -127,6 +127,27 @@ pub fn agent_command(bin: &Path, pki: &Pki, topology: &str, env: &[(&str, &str)]
     cmd
 }
 
+/// `bin run` on this host with its probes, TLS requiring client certificates of `pki`, the
+/// kubelet's Memory Manager policy `None` (a pod's pages are verified on every NUMA node, so its
+/// streamed state alone decides), no reconcile while it runs, and `extra`.
+pub fn host_agent_command(bin: &Path, pki: &Pki, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("run")
+        .args(["--ebpf", "on", "--reconcile-interval", "1h"])
+        .args([
+            "--memory-manager-policy",
+            "None",
+            "--topology-policy",
+            "none",
+        ])
+        .args(pki.serving("agent"))
+        .arg("--client-ca-file")
+        .arg(pki.path("agents-ca.crt"))
+        .args(extra);
+    otel(&mut cmd, &[]);
+    cmd
+}
+
 /// Starts `cmd` on `ip`:`port` and waits for its "agent running" line that `running` accepts.
 pub fn start_agent(
     cmd: Command,
@@ -162,6 +183,19 @@ pub fn webhook(
     timeout: &str,
     env: &[(&str, &str)],
 ) -> Agent {
+    webhook_with(bin, pki, api, agent_port, [policy, timeout], env, &[])
+}
+
+/// [`webhook`] under `[policy, timeout]` with the flags `extra` too.
+pub fn webhook_with(
+    bin: &Path,
+    pki: &Pki,
+    api: &StandInApiServer,
+    agent_port: u16,
+    [policy, timeout]: [&str; 2],
+    env: &[(&str, &str)],
+    extra: &[&str],
+) -> Agent {
     let mut cmd = Command::new(bin);
     cmd.arg("webhook")
         .arg("--kubeconfig")
@@ -174,7 +208,8 @@ pub fn webhook(
         .arg(pki.path("client.crt"))
         .arg("--agent-client-key-file")
         .arg(pki.path("client.key"))
-        .args(["--failure-policy", policy, "--agent-timeout", timeout]);
+        .args(["--failure-policy", policy, "--agent-timeout", timeout])
+        .args(extra);
     otel(&mut cmd, env);
     let mut webhook = Agent::start(cmd);
     webhook.wait_for("webhook running", Duration::from_secs(20), |_| true);
@@ -295,4 +330,76 @@ pub fn creation_review(pod: &Value, uid: &str, dry_run: bool) -> Value {
             "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
         }
     })
+}
+
+/// `POST path` with `body` to the webhook over HTTPS, verifying it by its CA and name.
+pub fn call(pki: &Pki, webhook: &Agent, path: &str, body: &Value) -> (u16, Value) {
+    let answer = connection(pki, webhook.port)
+        .request("POST", path, Some("application/json"), &body.to_string())
+        .expect("an answer");
+    let value = serde_json::from_str(&answer.body)
+        .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {:?}", answer.body));
+    (answer.status, value)
+}
+
+/// The webhook's `GET /metrics`, over HTTPS.
+pub fn metrics(pki: &Pki, webhook: &Agent) -> String {
+    let answer = connection(pki, webhook.port)
+        .request("GET", "/metrics", None, "")
+        .expect("an answer");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+/// The value of `series` (name and labels as written) in an exposition.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// An `AdmissionReview` as kube-apiserver sends it for the binding kube-scheduler creates
+/// (`DefaultBinder`: a `v1.Binding` named and namespaced as the pod, with its UID, targeting the
+/// Node): `pods/binding` CREATE, `admission.k8s.io/v1` (`types.go` of `k8s.io/api/admission/v1`).
+pub fn binding_review(pod: &Value, node: &str, dry_run: bool) -> Value {
+    let meta = &pod["metadata"];
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("review-{}-{node}-{dry_run}", meta["name"].as_str().unwrap_or("")),
+            "kind": {"group": "", "version": "v1", "kind": "Binding"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding",
+            "requestKind": {"group": "", "version": "v1", "kind": "Binding"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestSubResource": "binding",
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "operation": "CREATE",
+            "userInfo": {"username": "system:kube-scheduler", "groups": ["system:authenticated"]},
+            "object": {
+                "kind": "Binding",
+                "apiVersion": "v1",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"], "creationTimestamp": null},
+                "target": {"kind": "Node", "name": node}
+            },
+            "oldObject": null,
+            "dryRun": dry_run,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    })
+}
+
+/// `POST /admission/validate` with `review`: the answer's `response`, after checking that it is
+/// an `AdmissionReview` answering this request's `uid`.
+pub fn validate(pki: &Pki, webhook: &Agent, review: &Value) -> Value {
+    let (status, answer) = call(pki, webhook, "/admission/validate?timeout=5s", review);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1", "{answer}");
+    assert_eq!(answer["kind"], "AdmissionReview", "{answer}");
+    assert_eq!(
+        answer["response"]["uid"], review["request"]["uid"],
+        "{answer}"
+    );
+    answer["response"].clone()
 }

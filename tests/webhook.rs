@@ -36,8 +36,9 @@ use hugepage_agent_tests::{
     Agent, HugepagePool, HugetlbController, TestCgroup, Toucher, agent_bin,
     apiserver::StandInApiServer,
     cluster::{
-        self, Pki, WEBHOOK_NAME, agent_command, args, connection, get, host_tree, host_tree_of,
-        node, pod, pod_as, start_agent, tree_agent_command,
+        self, Pki, WEBHOOK_NAME, agent_command, args, binding_review, call, connection, get,
+        host_tree, host_tree_of, metrics, node, pod, pod_as, sample, start_agent,
+        tree_agent_command, validate,
     },
     free_port, fresh_state_dir, host_lock,
     https::Https,
@@ -68,31 +69,6 @@ fn webhook(pki: &Pki, api: &StandInApiServer, port: u16, policy: &str, timeout: 
 /// Waits until the webhook's Node cache has synced.
 fn wait_ready(pki: &Pki, webhook: &Agent) {
     cluster::wait_ready(pki, webhook, Duration::from_secs(20));
-}
-
-/// `POST path` with `body` to the webhook over HTTPS, verifying it by its CA and name.
-fn call(pki: &Pki, webhook: &Agent, path: &str, body: &Value) -> (u16, Value) {
-    let answer = connection(pki, webhook.port)
-        .request("POST", path, Some("application/json"), &body.to_string())
-        .expect("an answer");
-    let value = serde_json::from_str(&answer.body)
-        .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {:?}", answer.body));
-    (answer.status, value)
-}
-
-/// The webhook's `GET /metrics`, over HTTPS.
-fn metrics(pki: &Pki, webhook: &Agent) -> String {
-    let answer = connection(pki, webhook.port)
-        .request("GET", "/metrics", None, "")
-        .expect("an answer");
-    assert_eq!(answer.status, 200, "{}", answer.body);
-    answer.body
-}
-
-/// The value of `series` (name and labels as written) in an exposition.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// `hugepage_agent_webhook_admissions_total{verdict}` in `text` is each `(verdict, count)`.
@@ -691,53 +667,6 @@ fn readyz_waits_for_the_node_cache_and_until_then_names_are_failed_as_not_synced
         filter_names(&c, &webhook, &["roomy"])["nodenames"],
         json!(["roomy"])
     );
-}
-
-/// An `AdmissionReview` as kube-apiserver sends it for the binding kube-scheduler creates
-/// (`DefaultBinder`: a `v1.Binding` named and namespaced as the pod, with its UID, targeting the
-/// Node): `pods/binding` CREATE, `admission.k8s.io/v1` (`types.go` of `k8s.io/api/admission/v1`).
-fn binding_review(pod: &Value, node: &str, dry_run: bool) -> Value {
-    let meta = &pod["metadata"];
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": format!("review-{}-{node}-{dry_run}", meta["name"].as_str().unwrap_or("")),
-            "kind": {"group": "", "version": "v1", "kind": "Binding"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "subResource": "binding",
-            "requestKind": {"group": "", "version": "v1", "kind": "Binding"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestSubResource": "binding",
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "operation": "CREATE",
-            "userInfo": {"username": "system:kube-scheduler", "groups": ["system:authenticated"]},
-            "object": {
-                "kind": "Binding",
-                "apiVersion": "v1",
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"], "creationTimestamp": null},
-                "target": {"kind": "Node", "name": node}
-            },
-            "oldObject": null,
-            "dryRun": dry_run,
-            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
-        }
-    })
-}
-
-/// `POST /admission/validate` with `review`: the answer's `response`, after checking that it is
-/// an `AdmissionReview` answering this request's `uid`.
-fn validate(pki: &Pki, webhook: &Agent, review: &Value) -> Value {
-    let (status, answer) = call(pki, webhook, "/admission/validate?timeout=5s", review);
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1", "{answer}");
-    assert_eq!(answer["kind"], "AdmissionReview", "{answer}");
-    assert_eq!(
-        answer["response"]["uid"], review["request"]["uid"],
-        "{answer}"
-    );
-    answer["response"].clone()
 }
 
 /// KEP-5759's Story 2 across three nodes, end to end: the extender, then the binding.

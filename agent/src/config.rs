@@ -259,6 +259,7 @@ fn webhook_config(args: WebhookCommandArgs) -> Result<webhook::Settings, ConfigE
         extender_body_limit: read.extender_body_limit,
         kubeconfig: args.webhook.kubeconfig,
         scheduler_name: read.scheduler_name,
+        streams: read.streams,
     })
 }
 

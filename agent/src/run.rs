@@ -15,10 +15,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::{
-    signal::unix::{Signal, SignalKind, signal},
-    sync::{mpsc, watch},
-};
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::{
@@ -45,7 +42,7 @@ use crate::{
         live::{LiveError, LiveProbes},
     },
     psi::monitor::Monitor,
-    runloop::RunLoop,
+    runloop::{RunLoop, Shutdown},
     sysfs::{self, SysfsError, topology},
     telemetry::{export::ExportStats, metrics::Metrics},
     tls::{self, TlsError},
@@ -124,6 +121,9 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
             reservations: reservations.clone(),
             kubelet: kubelet.reader(),
             memory_manager: memory.reader(),
+            mode: config.verification.mode,
+            psi: psi_reader.clone(),
+            reject_under_pressure: config.reject_under_pressure,
         },
         config.watch,
         metrics.watch.clone(),
@@ -223,28 +223,5 @@ fn start_probes(config: &RunConfig) -> Result<Result<(Probes, EventStreams), Str
             }
             Err(err) => Err(RunError::ProbesRequired(err.explain())),
         },
-    }
-}
-
-/// SIGINT and SIGTERM, caught from the moment [`Shutdown::install`] returns.
-struct Shutdown {
-    interrupt: Signal,
-    terminate: Signal,
-}
-
-impl Shutdown {
-    fn install() -> std::io::Result<Shutdown> {
-        Ok(Shutdown {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-        })
-    }
-
-    /// The name of the first signal received.
-    async fn wait(mut self) -> &'static str {
-        tokio::select! {
-            _ = self.interrupt.recv() => "SIGINT",
-            _ = self.terminate.recv() => "SIGTERM",
-        }
     }
 }

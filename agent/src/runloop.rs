@@ -9,7 +9,8 @@
 //!
 //! The owners: [`Refresher`] (the map), [`LiveProbes`] (the loaded probes), [`Releaser`]
 //! (reservations and pod cgroups), [`LiveState`] (the Memory Manager's state and the
-//! discrepancy), [`LiveKubelet`] (the kubelet's settings).
+//! discrepancy), [`LiveKubelet`] (the kubelet's settings). The loop ends on the first SIGINT or
+//! SIGTERM ([`Shutdown`]).
 
 use std::{
     collections::HashSet,
@@ -17,7 +18,11 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use tokio::{sync::mpsc, time::Instant};
+use tokio::{
+    signal::unix::{Signal, SignalKind, signal},
+    sync::mpsc,
+    time::Instant,
+};
 use tracing::{info, warn};
 
 use crate::{
@@ -306,6 +311,29 @@ fn log_cgroup(c: &CgroupEventInfo, owner: Owner) {
         Owner::System => (None, None, None),
     };
     info!(change, cgroup_id = c.cgroup_id, hierarchy = c.hierarchy, cgroup_level = c.level, path = %c.path, pid, truncated = c.truncated, pod_uid, qos = qos.map(tracing::field::display), container_id, "cgroup event");
+}
+
+/// SIGINT and SIGTERM, caught from the moment [`Shutdown::install`] returns.
+pub struct Shutdown {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Shutdown {
+    pub fn install() -> std::io::Result<Shutdown> {
+        Ok(Shutdown {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// The name of the first signal received.
+    pub async fn wait(mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -246,12 +246,17 @@ impl Store {
     /// reservations still in force at `now` (an expired one holds nothing even before the run
     /// loop removes it, so admission never has to write the file to expire one).
     pub fn held(&self, size: PageSize, nodes: &[NumaNode], pod_uid: &str, now: SystemTime) -> u64 {
-        self.entries
-            .values()
-            .filter(|r| r.expires_at > now)
-            .filter(|r| r.pod_uid != pod_uid && r.numa_nodes.iter().any(|n| nodes.contains(n)))
-            .filter_map(|r| r.bytes.get(&size))
-            .sum()
+        held_by(
+            self.entries.values().filter(|r| r.expires_at > now),
+            size,
+            nodes,
+            pod_uid,
+        )
+    }
+
+    /// The reservations in force at `now`.
+    pub fn in_force(&self, now: SystemTime) -> impl Iterator<Item = &Reservation> {
+        self.entries.values().filter(move |r| r.expires_at > now)
     }
 
     /// Reserves what `verdict` admitted for `pod_uid`, replacing that pod's earlier reservation;
@@ -465,11 +470,33 @@ pub fn parse(text: &[u8]) -> Result<Vec<Reservation>, String> {
     Ok(checkpoint.reservations)
 }
 
+/// Bytes of `size` that `reservations` hold for pods other than `pod_uid` on nodes that meet
+/// `nodes`: a reservation may draw from any of its nodes, so one that meets them counts whole,
+/// once. The agent's store and the webhook's streamed copy of it count the same way.
+pub fn held_by<'a>(
+    reservations: impl IntoIterator<Item = &'a Reservation>,
+    size: PageSize,
+    nodes: &[NumaNode],
+    pod_uid: &str,
+) -> u64 {
+    reservations
+        .into_iter()
+        .filter(|r| r.pod_uid != pod_uid && r.numa_nodes.iter().any(|n| nodes.contains(n)))
+        .filter_map(|r| r.bytes.get(&size))
+        .sum()
+}
+
 /// Subtracts other pods' reservations in force at `now` from each verified check of `verdict`
 /// (admission of `pod_uid`), rejecting with the KEP's message on what is left.
 pub fn apply(verdict: &mut Verdict, store: &Store, pod_uid: &str, now: SystemTime) {
+    subtract(verdict, |size, nodes| store.held(size, nodes, pod_uid, now));
+}
+
+/// Subtracts what `held` says other pods' reservations hold of each size on each verified
+/// check's nodes, rejecting with the KEP's message on what is left.
+pub fn subtract(verdict: &mut Verdict, held: impl Fn(PageSize, &[NumaNode]) -> u64) {
     for check in verdict.checks.iter_mut().filter(|c| c.unverified.is_none()) {
-        let held = store.held(check.page_size, &check.numa_nodes, pod_uid, now);
+        let held = held(check.page_size, &check.numa_nodes);
         if held == 0 {
             continue;
         }

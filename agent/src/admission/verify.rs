@@ -27,11 +27,12 @@ use std::{
 };
 
 use clap::ValueEnum;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::kube::pod::Hugepages;
 use crate::{
     host::{NumaNode, PageSize},
+    psi::condition::NodeCondition,
     quantity::format_binary,
     sysfs::{HostFs, SysfsError, hugepages::numa_nodes},
 };
@@ -41,7 +42,7 @@ pub const REASON: &str = "FailedHugepagesVerification";
 /// The reason when sysfs could not be read and `--on-sysfs-error reject` is set.
 pub const REASON_UNREADABLE: &str = "HugepagesVerificationUnavailable";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// KEP-5759: available = free_hugepages.
@@ -57,7 +58,8 @@ pub enum OnSysfsError {
 }
 
 /// The `MemoryManagerHugepagesVerification` gate: the kubelet's, or `--verification`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Gate {
     On,
     /// Requests are admitted without reading sysfs, and the answer says so.
@@ -168,11 +170,6 @@ impl Verifier {
         nodes: &[NumaNode],
         settings: Settings,
     ) -> Result<Verdict, VerifyError> {
-        let Settings {
-            gate,
-            mode,
-            on_sysfs_error: on_error,
-        } = settings;
         let mut nodes = nodes.to_vec();
         nodes.sort();
         nodes.dedup();
@@ -186,71 +183,12 @@ impl Verifier {
                 known: known.iter().map(|n| n.0).collect(),
             });
         }
-        let mut verdict = Verdict {
-            allowed: true,
-            reason: None,
-            message: None,
-            numa_nodes: nodes.clone(),
-            mode,
-            checks: Vec::new(),
-            reservation: None,
-        };
-        if gate == Gate::Off {
-            verdict.message = Some(GATE_OFF.to_owned());
-            return Ok(verdict);
-        }
-        for (&size, &requested) in request {
-            let check = match self.available(size, &nodes) {
-                Ok((free, unreserved)) => {
-                    let available = if mode == Mode::Kep { free } else { unreserved };
-                    Check {
-                        resource: size.resource_name(),
-                        page_size: size,
-                        numa_nodes: nodes.clone(),
-                        requested_bytes: requested,
-                        available_bytes: available,
-                        free_bytes: free,
-                        unreserved_bytes: unreserved,
-                        reserved_by_agent_bytes: 0,
-                        ok: available >= requested,
-                        unverified: None,
-                    }
-                }
-                Err(err) => {
-                    self.sysfs_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(resource = %size.resource_name(), "hugepages not verified: {err}");
-                    let ok = on_error == OnSysfsError::Admit;
-                    if !ok && verdict.allowed {
-                        verdict.allowed = false;
-                        verdict.reason = Some(REASON_UNREADABLE);
-                        verdict.message = Some(format!(
-                            "cannot verify {} on NUMA node(s) {}: {err}",
-                            size.resource_name(),
-                            list(&nodes)
-                        ));
-                    }
-                    Check {
-                        resource: size.resource_name(),
-                        page_size: size,
-                        numa_nodes: nodes.clone(),
-                        requested_bytes: requested,
-                        available_bytes: 0,
-                        free_bytes: 0,
-                        unreserved_bytes: 0,
-                        reserved_by_agent_bytes: 0,
-                        ok,
-                        unverified: Some(err.to_string()),
-                    }
-                }
-            };
-            if !check.ok && verdict.allowed {
-                verdict.allowed = false;
-                verdict.reason = Some(REASON);
-                verdict.message = Some(message(&check));
-            }
-            verdict.checks.push(check);
-        }
-        Ok(verdict)
+        Ok(judge(request, nodes, settings, |size, nodes| {
+            self.available(size, nodes).inspect_err(|err| {
+                self.sysfs_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(resource = %size.resource_name(), "hugepages not verified: {err}");
+            })
+        }))
     }
 
     /// (free, free minus reservations) in bytes over `nodes`.
@@ -260,11 +198,7 @@ impl Verifier {
             free_pages += self.read(Counter::Free(node, size))?;
         }
         let reserved = self.read(Counter::Reserved(size))?;
-        let unreserved = free_pages - reserved.min(free_pages);
-        Ok((
-            free_pages.saturating_mul(size.0),
-            unreserved.saturating_mul(size.0),
-        ))
+        Ok(free_and_unreserved(size, free_pages, reserved))
     }
 
     /// Reads a counter with `pread` on a kept descriptor (opened on first use, dropped on error).
@@ -312,6 +246,96 @@ impl Verifier {
             }
         })
     }
+}
+
+/// KEP-5759's comparison for `request` on `nodes` (sorted, deduplicated and known), with what
+/// `available` gives for each page size over them: (free, free minus the pages reserved but not
+/// faulted) in bytes, or why it cannot say. The agent gives fresh sysfs reads ([`Verifier`]); the
+/// webhook, the state an agent streamed: one comparison, one message, for both.
+pub fn judge<E: std::fmt::Display>(
+    request: &Hugepages,
+    nodes: Vec<NumaNode>,
+    settings: Settings,
+    mut available: impl FnMut(PageSize, &[NumaNode]) -> Result<(u64, u64), E>,
+) -> Verdict {
+    let Settings {
+        gate,
+        mode,
+        on_sysfs_error: on_error,
+    } = settings;
+    let mut verdict = Verdict {
+        allowed: true,
+        reason: None,
+        message: None,
+        numa_nodes: nodes.clone(),
+        mode,
+        checks: Vec::new(),
+        reservation: None,
+    };
+    if gate == Gate::Off {
+        verdict.message = Some(GATE_OFF.to_owned());
+        return verdict;
+    }
+    for (&size, &requested) in request {
+        let check = match available(size, &nodes) {
+            Ok((free, unreserved)) => {
+                let available = if mode == Mode::Kep { free } else { unreserved };
+                Check {
+                    resource: size.resource_name(),
+                    page_size: size,
+                    numa_nodes: nodes.clone(),
+                    requested_bytes: requested,
+                    available_bytes: available,
+                    free_bytes: free,
+                    unreserved_bytes: unreserved,
+                    reserved_by_agent_bytes: 0,
+                    ok: available >= requested,
+                    unverified: None,
+                }
+            }
+            Err(err) => {
+                let ok = on_error == OnSysfsError::Admit;
+                if !ok && verdict.allowed {
+                    verdict.allowed = false;
+                    verdict.reason = Some(REASON_UNREADABLE);
+                    verdict.message = Some(format!(
+                        "cannot verify {} on NUMA node(s) {}: {err}",
+                        size.resource_name(),
+                        list(&nodes)
+                    ));
+                }
+                Check {
+                    resource: size.resource_name(),
+                    page_size: size,
+                    numa_nodes: nodes.clone(),
+                    requested_bytes: requested,
+                    available_bytes: 0,
+                    free_bytes: 0,
+                    unreserved_bytes: 0,
+                    reserved_by_agent_bytes: 0,
+                    ok,
+                    unverified: Some(err.to_string()),
+                }
+            }
+        };
+        if !check.ok && verdict.allowed {
+            verdict.allowed = false;
+            verdict.reason = Some(REASON);
+            verdict.message = Some(message(&check));
+        }
+        verdict.checks.push(check);
+    }
+    verdict
+}
+
+/// (free, free minus `reserved` system-wide pages) in bytes of `free_pages` pages of `size`: the
+/// kernel keeps the reservation as one count, so strict subtracts all of it.
+pub fn free_and_unreserved(size: PageSize, free_pages: u64, reserved: u64) -> (u64, u64) {
+    let unreserved = free_pages - reserved.min(free_pages);
+    (
+        free_pages.saturating_mul(size.0),
+        unreserved.saturating_mul(size.0),
+    )
 }
 
 /// A sysfs counter the verification reads.
@@ -395,3 +419,22 @@ fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error
 
 /// The reason of a refusal under memory contention pressure.
 pub const REASON_PRESSURE: &str = "NodeUnderMemoryContentionPressure";
+
+/// Why admissions are refused while `condition` is True (`--reject-under-pressure`).
+pub fn pressure_message(condition: &NodeCondition) -> String {
+    format!(
+        "node under memory contention pressure (--reject-under-pressure): {} is True: {}",
+        condition.kind, condition.message
+    )
+}
+
+/// Refuses `verdict` for memory contention pressure, with `message` ([`pressure_message`]),
+/// when there is one.
+pub fn refuse_under_pressure(verdict: &mut Verdict, message: Option<&str>) {
+    let Some(message) = message else {
+        return;
+    };
+    verdict.allowed = false;
+    verdict.reason = Some(REASON_PRESSURE);
+    verdict.message = Some(message.to_owned());
+}

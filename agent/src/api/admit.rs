@@ -25,7 +25,7 @@ use crate::{
     admission::{
         plan::{self, Plan, PlanError},
         reservations,
-        verify::{Gate, REASON_PRESSURE, Settings, Verdict, VerifyError},
+        verify::{Gate, Settings, Verdict, VerifyError, pressure_message, refuse_under_pressure},
     },
     host::NumaNode,
     kube::{
@@ -40,7 +40,6 @@ use crate::{
         hints::{HintError, Scope},
         selection::{Basis, Selection},
     },
-    psi::condition::NodeCondition,
     topologymanager::Policy,
 };
 
@@ -384,7 +383,8 @@ pub fn admit(state: &AppState, parsed: &Parsed, run: Run) -> Result<Decided, Api
         state.metrics.verification(&verdict, took);
     }
     if state.reject_under_pressure && !parsed.pages.is_empty() {
-        refuse_under_pressure(&mut verdict, state.psi.load().memory_pressure());
+        let message = state.psi.load().memory_pressure().map(pressure_message);
+        refuse_under_pressure(&mut verdict, message.as_deref());
     }
     let pod = parsed.pod_ref.clone();
     let mut pending = None;
@@ -476,20 +476,6 @@ fn record_verdict(span: &tracing::Span, verdict: &Verdict) {
 fn node_list(nodes: &[NumaNode]) -> String {
     let names: Vec<String> = nodes.iter().map(|n| n.0.to_string()).collect();
     names.join(",")
-}
-
-/// `--reject-under-pressure`: a hugepage request is refused while a memory condition is True;
-/// the checks still show what the kernel had.
-fn refuse_under_pressure(verdict: &mut Verdict, true_condition: Option<&NodeCondition>) {
-    let Some(c) = true_condition else {
-        return;
-    };
-    verdict.allowed = false;
-    verdict.reason = Some(REASON_PRESSURE);
-    verdict.message = Some(format!(
-        "node under memory contention pressure (--reject-under-pressure): {} is True: {}",
-        c.kind, c.message
-    ));
 }
 
 /// Which form a body is: a `v1.Pod` has a `spec` (even `"spec": null`, which is then refused as

@@ -57,6 +57,15 @@ fn watch_event_schema() -> Value {
         "object": {"type": "object", "description": "the state (absent on BOOKMARK)", "properties": {
             "source": {"enum": ["ebpf+sysfs", "sysfs"]},
             "selectionInputs": {"type": "integer", "description": "changes of the kubelet's settings and the Memory Manager's state seen since the agent started"},
+            "gate": {"enum": ["on", "off"], "description": "the verification's gate (the kubelet's MemoryManagerHugepagesVerification, or --verification)"},
+            "mode": {"enum": ["kep", "strict"]},
+            "numaSelection": {"enum": ["nodeWide", "kubelet"], "description": "nodeWide: the Memory Manager policy is None and a pod's hugepages are verified on every node; kubelet: its hints and the Topology Manager policy select the nodes"},
+            "pressureRefusal": {"type": "string", "description": "while every hugepage admission is refused under memory contention pressure (--reject-under-pressure), the message"},
+            "system": {"type": "array", "items": {"type": "object", "properties": {
+                "pageSizeBytes": {"type": "integer"},
+                "reserved": {"type": "integer", "description": "resv_hugepages: promised to mappings, not faulted yet"}
+            }}},
+            "reservations": {"type": "array", "description": "the agent's reservations in force", "items": {"$ref": "#/components/schemas/Reservation"}},
             "nodes": {"type": "array", "items": {"type": "object", "properties": {
                 "node": {"type": "integer"},
                 "sizes": {"type": "array", "items": {"type": "object", "properties": {

@@ -32,7 +32,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use futures_util::stream;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::{
     sync::watch,
     time::{Instant, MissedTickBehavior},
@@ -40,12 +40,16 @@ use tokio::{
 
 use super::error::ApiError;
 use crate::{
-    admission::reservations::Store,
+    admission::{
+        reservations::{Reservation, Store},
+        verify::{Gate, Mode, pressure_message},
+    },
     host::PageSize,
     kube::identifiers,
     kubeletconfig::live::KubeletView,
     memorymanager::live::MemoryManagerView,
     numa::map::{MapReader, Snapshot, Source},
+    psi::monitor::PsiReader,
     telemetry::watch::{EVENT_KINDS, WatchStats},
 };
 
@@ -74,7 +78,7 @@ impl WatchLimits {
 }
 
 /// One page size on one NUMA node, as a watcher sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SizeState {
     pub page_size_bytes: u64,
@@ -88,20 +92,63 @@ pub struct SizeState {
     pub stale: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeState {
     pub node: u32,
     pub sizes: Vec<SizeState>,
 }
 
+/// One page size system-wide.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SystemSize {
+    pub page_size_bytes: u64,
+    /// `resv_hugepages`: pages promised to mappings and not faulted yet (what strict mode
+    /// subtracts from the free pages of the selected nodes).
+    pub reserved: u64,
+}
+
+/// How the agent picks the NUMA nodes a pod's hugepages are verified on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NumaSelection {
+    /// The kubelet's Memory Manager policy is `None`: every node of the machine, whatever the
+    /// pod (what a watcher can decide from the state alone).
+    NodeWide,
+    /// The policy is `Static`: the kubelet's hints and Topology Manager policy select the nodes
+    /// (a watcher asks the agent).
+    Kubelet,
+}
+
 /// What the extender decides on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WatchState {
     pub source: Source,
     pub nodes: Vec<NodeState>,
+    pub system: Vec<SystemSize>,
+    /// The reservations in force, which admissions subtract where they meet the selected nodes.
+    pub reservations: Vec<Reservation>,
+    /// The verification's gate (the kubelet's or `--verification`) and mode (`--mode`).
+    pub gate: Gate,
+    pub mode: Mode,
+    pub numa_selection: NumaSelection,
+    /// While the agent refuses every hugepage admission under memory contention pressure
+    /// (`--reject-under-pressure`), what it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure_refusal: Option<String>,
     /// Counts the changes of the NUMA selection's inputs (the kubelet's settings, the Memory
     /// Manager's state) since the agent started: a different value means they changed.
+    pub selection_inputs: u64,
+}
+
+/// What a state says besides the map and the reservations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub gate: Gate,
+    pub mode: Mode,
+    pub numa_selection: NumaSelection,
+    pub pressure_refusal: Option<String>,
     pub selection_inputs: u64,
 }
 
@@ -109,7 +156,7 @@ pub struct WatchState {
 pub fn state(
     snapshot: &Snapshot,
     store: &Store,
-    selection_inputs: u64,
+    settings: Settings,
     now: SystemTime,
 ) -> WatchState {
     let nodes = snapshot
@@ -139,7 +186,20 @@ pub fn state(
     WatchState {
         source: snapshot.source,
         nodes,
-        selection_inputs,
+        system: snapshot
+            .global
+            .iter()
+            .map(|g| SystemSize {
+                page_size_bytes: g.pool.size.0,
+                reserved: g.pool.reserved,
+            })
+            .collect(),
+        reservations: store.in_force(now).cloned().collect(),
+        gate: settings.gate,
+        mode: settings.mode,
+        numa_selection: settings.numa_selection,
+        pressure_refusal: settings.pressure_refusal,
+        selection_inputs: settings.selection_inputs,
     }
 }
 
@@ -228,6 +288,36 @@ pub struct Inputs {
     pub reservations: Arc<Mutex<Store>>,
     pub kubelet: Arc<ArcSwap<KubeletView>>,
     pub memory_manager: Arc<ArcSwap<MemoryManagerView>>,
+    /// `--mode` (the gate is the kubelet's, or `--verification`).
+    pub mode: Mode,
+    pub psi: PsiReader,
+    /// `--reject-under-pressure`.
+    pub reject_under_pressure: bool,
+}
+
+impl Inputs {
+    /// The settings a state carries now, with the selection inputs' counter.
+    fn settings(&self, selection_inputs: u64) -> Settings {
+        let kubelet = self.kubelet.load();
+        Settings {
+            gate: if kubelet.settings.verification() {
+                Gate::On
+            } else {
+                Gate::Off
+            },
+            mode: self.mode,
+            numa_selection: if kubelet.pins_memory() {
+                NumaSelection::Kubelet
+            } else {
+                NumaSelection::NodeWide
+            },
+            pressure_refusal: self
+                .reject_under_pressure
+                .then(|| self.psi.load().memory_pressure().map(pressure_message))
+                .flatten(),
+            selection_inputs,
+        }
+    }
 }
 
 /// The selection inputs' identities: a view the run loop replaced is a new pointer.
@@ -321,7 +411,12 @@ fn read(inputs: &Inputs, selection_inputs: u64) -> WatchState {
         Ok(store) => store,
         Err(poisoned) => poisoned.into_inner(),
     };
-    state(&snapshot, &store, selection_inputs, SystemTime::now())
+    state(
+        &snapshot,
+        &store,
+        inputs.settings(selection_inputs),
+        SystemTime::now(),
+    )
 }
 
 /// A new epoch: the start's wall-clock time in microseconds, in hex.

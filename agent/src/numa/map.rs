@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// What keeps the map fresh between reconciles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum Source {
     /// Hugetlb faults seen by the probes prompt re-reads of sysfs.
     #[serde(rename = "ebpf+sysfs")]

@@ -14,7 +14,10 @@
 //! message (code 403). When the agent cannot be asked or does not answer within
 //! `--agent-timeout` (or the pod cannot be read), `--failure-policy` decides: `ignore` allows
 //! with an admission warning saying why, `fail` denies saying why. A request the webhook cannot
-//! read is denied with code 400 naming what is wrong.
+//! read is denied with code 400 naming what is wrong. A refusal of a node whose streamed state
+//! ([`super::table`]) fits the pod is counted: the table was behind the kernel.
+
+use std::{net::SocketAddr, time::SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -26,9 +29,11 @@ use super::{
     FailurePolicy,
     ask::{Ask, Heard, ask_all},
     context::Context,
+    decide::Judged,
     metrics::Verdict,
-    pod,
+    pod::{self, PodRequest},
     review::{AdmissionRequest, AdmissionResponse, Status},
+    table,
 };
 use crate::kube::json::text_or_none;
 
@@ -240,6 +245,10 @@ pub async fn validate(
         info!(pod = %pod.name, node, dry_run, numa_nodes = ?reply.numa_nodes, "binding admitted by the node's agent");
         return allowed(uid, Verdict::Allowed);
     }
+    if table_fits(context, &node, target[0].as_ref().ok(), &pod) {
+        context.metrics.table_disagreement();
+        info!(pod = %pod.name, node, "the node's agent refused a binding that its streamed state fits: the state was behind the kernel");
+    }
     let reason = reply
         .reason
         .unwrap_or_else(|| "FailedHugepagesVerification".to_owned());
@@ -253,6 +262,19 @@ pub async fn validate(
         message,
     };
     denied(uid, status, Verdict::Denied)
+}
+
+/// Whether the table has a fresh state of `node` (its agent at `addr`) that `pod` fits.
+fn table_fits(context: &Context, node: &str, addr: Option<&SocketAddr>, pod: &PodRequest) -> bool {
+    let (Some(table), Some(addr)) = (context.table.as_ref(), addr) else {
+        return false;
+    };
+    table.fresh(node, *addr).is_some_and(|state| {
+        matches!(
+            table::judge(&state, &pod.need, &pod.uid, SystemTime::now()),
+            Some(Judged::Fits(_))
+        )
+    })
 }
 
 /// The pod `namespace/name`, read through the API, as JSON text.

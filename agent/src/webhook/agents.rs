@@ -128,6 +128,11 @@ impl Client {
         Ok((Client { config, pool, port }, reloader))
     }
 
+    /// The client config in use (the files' latest good reading).
+    pub fn tls_config(&self) -> Arc<ClientConfig> {
+        self.config.load_full()
+    }
+
     /// The port agents listen on (`--agent-port`).
     pub fn port(&self) -> u16 {
         self.port

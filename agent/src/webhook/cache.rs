@@ -125,6 +125,21 @@ impl NodeCache {
     }
 }
 
+impl NodeCache {
+    /// Every node whose agent's address is known, with it.
+    pub fn agents(&self) -> Vec<(String, std::net::SocketAddr)> {
+        self.store
+            .state()
+            .iter()
+            .filter_map(|node| {
+                let name = node.metadata.name.clone()?;
+                let agent = node::of_node(name.clone(), node, self.port).agent.ok()?;
+                Some((name, agent))
+            })
+            .collect()
+    }
+}
+
 /// Logs the end of a list and keeps the cache's size in the metrics.
 fn seen(event: &Event<Node>, store: &Store<Node>, synced: &AtomicBool, metrics: &Metrics) {
     match event {

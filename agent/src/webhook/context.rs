@@ -1,11 +1,11 @@
 //! What every call of the webhook needs besides its arguments: the agents' client, the failure
 //! policy and deadline, the metrics, the Node cache, the Kubernetes API client (for the pod of a
-//! binding), what request bodies may take (the budget, the extender's limit), and the scheduler
-//! pods are given.
+//! binding), what request bodies may take (the budget, the extender's limit), the scheduler
+//! pods are given, and the table the agents' streams keep.
 
 use std::{sync::Arc, time::Duration};
 
-use super::{FailurePolicy, agents::Client, cache::NodeCache, metrics::Metrics};
+use super::{FailurePolicy, agents::Client, cache::NodeCache, metrics::Metrics, table::Table};
 use crate::api::budget::BodyBudget;
 
 #[derive(Clone)]
@@ -23,6 +23,8 @@ pub struct Context {
     pub extender_body_limit: usize,
     /// The scheduler `/admission/mutate` gives pods (`--scheduler-name`).
     pub scheduler_name: std::sync::Arc<str>,
+    /// The agents' streamed states (`--agent-streams`).
+    pub table: Option<Arc<Table>>,
 }
 
 impl std::fmt::Debug for Context {

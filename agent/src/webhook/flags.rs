@@ -2,7 +2,8 @@
 //! (`--agent-port`, the client side of mTLS), what it tells the scheduler and the API server when
 //! an agent does not answer (`--failure-policy`, `--agent-timeout`), the largest scheduler call
 //! it reads (`--extender-body-limit`), the scheduler pods with hugepages are given
-//! (`--scheduler-name`), and the Kubernetes API (`--kubeconfig`).
+//! (`--scheduler-name`), the agents' streams (`--agent-streams`, `--stream-fresh-within`), and the
+//! Kubernetes API (`--kubeconfig`).
 
 use std::{net::SocketAddr, path::PathBuf};
 
@@ -68,6 +69,20 @@ pub struct WebhookArgs {
         value_name = "NAME"
     )]
     pub scheduler_name: String,
+    /// Keep a stream of every node agent's map (GET /v1/hugepages?watch=true) and answer the
+    /// extender from it where a node's state alone decides; false: ask every candidate's agent.
+    #[arg(long, env = "HUGEPAGE_AGENT_AGENT_STREAMS", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub agent_streams: bool,
+    /// A node's streamed state is used while its stream was heard (an event or a heartbeat)
+    /// within this bound; after it the node is asked directly. Above the agents'
+    /// --watch-heartbeat (5s by default).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_STREAM_FRESH_WITHIN",
+        default_value = "10s",
+        value_name = "DURATION"
+    )]
+    pub stream_fresh_within: String,
     /// kubeconfig of the Kubernetes API (its current context); without it, the in-cluster
     /// configuration of the pod the webhook runs in.
     #[arg(long, env = "HUGEPAGE_AGENT_KUBECONFIG", value_name = "PATH")]
@@ -82,6 +97,8 @@ pub struct Read {
     pub agent_timeout: std::time::Duration,
     pub extender_body_limit: usize,
     pub scheduler_name: String,
+    /// `--stream-fresh-within`, when `--agent-streams` is true.
+    pub streams: Option<std::time::Duration>,
 }
 
 impl WebhookArgs {
@@ -101,6 +118,16 @@ impl WebhookArgs {
                 budget::MAX_BYTES,
             )?,
             scheduler_name: scheduler_name(&self.scheduler_name)?,
+            streams: self
+                .agent_streams
+                .then(|| {
+                    duration(
+                        "--stream-fresh-within",
+                        &self.stream_fresh_within,
+                        above_zero,
+                    )
+                })
+                .transpose()?,
         })
     }
 }

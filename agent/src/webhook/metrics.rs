@@ -3,8 +3,9 @@
 //! scheduler or not, candidate nodes by how they were
 //! judged, the Node cache's size and watch errors, the nodes kept (fail-open) or filtered out (fail-closed) because their agent did not answer, and the
 //! latency of the agent calls that completed (a call abandoned at the deadline is counted as a
-//! node without an answer, not timed); the reloads of its TLS files, served and agent client
-//! ones; its listener's connections and what its limits cut; and the trace exporter's spans
+//! node without an answer, not timed); the agents' streams (fresh and stale, ended), the
+//! candidates judged from their table and the bindings that table had wrong; the reloads of its
+//! TLS files, served and agent client ones; its listener's connections and what its limits cut; and the trace exporter's spans
 //! exported and dropped. Every series exists from the start
 //! at zero; no label carries a pod or a node.
 
@@ -103,6 +104,13 @@ pub struct Metrics {
     cached_nodes: AtomicU64,
     /// Failed list or watch calls of the Node cache.
     watch_errors: AtomicU64,
+    /// The agents' streams: fresh and stale now, ended so far.
+    streams: [AtomicU64; 2],
+    stream_ends: AtomicU64,
+    /// Candidates judged from the table, without an agent call.
+    table_answers: AtomicU64,
+    /// Bindings the agent refused while the table had the node fit.
+    table_disagreements: AtomicU64,
     /// The served files' reloads (`--tls-cert-file`, `--tls-private-key-file`).
     pub tls: Arc<TlsStats>,
     /// The agent client files' reloads (`--agent-ca-file`, `--agent-client-*-file`).
@@ -131,6 +139,10 @@ impl Metrics {
             agent_calls: Histogram::new(&AGENT_CALL_BUCKETS),
             cached_nodes: AtomicU64::new(0),
             watch_errors: AtomicU64::new(0),
+            streams: Default::default(),
+            stream_ends: AtomicU64::new(0),
+            table_answers: AtomicU64::new(0),
+            table_disagreements: AtomicU64::new(0),
             tls: Arc::default(),
             agent_tls: Arc::default(),
             connections: Arc::default(),
@@ -186,6 +198,28 @@ impl Metrics {
     /// A list or watch call of the Node cache failed (it is retried).
     pub fn node_watch_error(&self) {
         self.watch_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many of the agents' streams are `fresh` and `stale` now.
+    pub fn streams(&self, fresh: usize, stale: usize) {
+        self.streams[0].store(fresh as u64, Ordering::Relaxed);
+        self.streams[1].store(stale as u64, Ordering::Relaxed);
+    }
+
+    /// An agent's stream ended (it is connected again after a back-off).
+    pub fn stream_ended(&self) {
+        self.stream_ends.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `count` candidates of one call judged from the table.
+    pub fn table_answers(&self, count: usize) {
+        self.table_answers
+            .fetch_add(count as u64, Ordering::Relaxed);
+    }
+
+    /// A binding the agent refused while the table had its node fit.
+    pub fn table_disagreement(&self) {
+        self.table_disagreements.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The exposition.
@@ -261,6 +295,32 @@ impl Metrics {
             "Failed list or watch calls of the Node cache, each retried with backoff (a 410 Gone is one, followed by a new list).",
         );
         e.sample(WATCH, &[], self.watch_errors.load(Ordering::Relaxed) as f64);
+        const STREAMS: &str = "hugepage_agent_webhook_streams";
+        e.family(STREAMS, Kind::Gauge, "The agents' map streams (GET /v1/hugepages?watch=true), one per node with a known address: fresh (heard within --stream-fresh-within) or stale (not heard within it, ended, or not connected yet).");
+        for (state, n) in ["fresh", "stale"].iter().zip(&self.streams) {
+            e.sample(
+                STREAMS,
+                &[("state", state)],
+                n.load(Ordering::Relaxed) as f64,
+            );
+        }
+        const ENDS: &str = "hugepage_agent_webhook_stream_ends_total";
+        e.family(ENDS, Kind::Counter, "Agents' streams that ended (the agent restarted, the connection broke or fell silent, the agent refused the watch) and were connected again after a back-off.");
+        e.sample(ENDS, &[], self.stream_ends.load(Ordering::Relaxed) as f64);
+        const TABLE: &str = "hugepage_agent_webhook_table_answers_total";
+        e.family(TABLE, Kind::Counter, "Candidate nodes of filter and prioritize judged from the streamed table, without an agent call (also counted in hugepage_agent_webhook_nodes_total).");
+        e.sample(
+            TABLE,
+            &[],
+            self.table_answers.load(Ordering::Relaxed) as f64,
+        );
+        const DISAGREE: &str = "hugepage_agent_webhook_table_disagreements_total";
+        e.family(DISAGREE, Kind::Counter, "Bindings the node's agent refused on its fresh sysfs reads while the streamed table had the node fit: the table was behind the kernel.");
+        e.sample(
+            DISAGREE,
+            &[],
+            self.table_disagreements.load(Ordering::Relaxed) as f64,
+        );
         const RELOADS: &str = "hugepage_agent_webhook_tls_reloads_total";
         e.family(RELOADS, Kind::Counter, "Changed TLS files, served or the agent client's: loaded (reloaded), or refused and the previous material kept (rejected).");
         for (files, stats) in [("serving", &self.tls), ("agent_client", &self.agent_tls)] {

@@ -15,7 +15,8 @@
 //! gives a pod with hugepages the second scheduler; [`decide`]
 //! turns the agents' answers into the filter's and prioritize's answers, plain functions with no
 //! I/O; [`scheduler`] runs those steps for one call;
-//! [`metrics`] counts them.
+//! [`stream`] keeps a watch of every agent's map and [`table`] their states, from which the
+//! extender answers where a state alone decides; [`metrics`] counts them.
 //! The Kubernetes API is reached through [`kubeapi`] (`--kubeconfig`, else in-cluster); the Node
 //! cache ([`cache`]) starts with the command and `/readyz` answers 200 once it has synced.
 
@@ -39,6 +40,8 @@ pub mod pool;
 pub mod review;
 pub mod routes;
 pub mod scheduler;
+pub mod stream;
+pub mod table;
 pub mod trace;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
@@ -97,6 +100,9 @@ pub struct Settings {
     pub kubeconfig: Option<PathBuf>,
     /// The scheduler `/admission/mutate` gives pods with hugepages (`--scheduler-name`).
     pub scheduler_name: String,
+    /// The bound of a streamed state's freshness (`--stream-fresh-within`); `None`: no streams
+    /// (`--agent-streams false`).
+    pub streams: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -145,8 +151,22 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
         Arc::clone(&metrics),
         stopped.clone(),
     );
+    let table = settings
+        .streams
+        .map(|fresh| Arc::new(table::Table::new(fresh)));
+    let streams = table.as_ref().map(|table| {
+        let run = stream::run(
+            nodes.clone(),
+            table.clone(),
+            client.clone(),
+            metrics.clone(),
+            stopped.clone(),
+        );
+        tokio::spawn(run)
+    });
     let connections = Arc::clone(&metrics.connections);
     let context = routes::Context {
+        table,
         client,
         policy: settings.failure_policy,
         timeout: settings.agent_timeout,
@@ -186,6 +206,11 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
     }
     if let Err(err) = node_watch.await {
         warn!("the Node watch failed: {err}");
+    }
+    if let Some(streams) = streams
+        && let Err(err) = streams.await
+    {
+        warn!("the agents' streams failed: {err}");
     }
     server.drain(DRAIN).await;
     Ok(())

@@ -24,6 +24,8 @@ pub enum PodError {
 pub struct PodRequest {
     /// `namespace/name`, for the log.
     pub name: String,
+    /// Its UID (its own reservation is not counted against it).
+    pub uid: String,
     /// The pod's hugepages need per page size; empty when it asks for none.
     pub need: Hugepages,
     /// The `POST /v1/admit?dryRun=true` body.
@@ -42,6 +44,7 @@ pub fn read(pod: Option<&RawValue>) -> Result<PodRequest, PodError> {
     let body = serde_json::to_vec(&for_agent).map_err(unreadable)?;
     Ok(PodRequest {
         name: format!("{}/{}", parsed.metadata.namespace, parsed.metadata.name),
+        uid: parsed.metadata.uid,
         need,
         body: Bytes::from(body),
     })

@@ -7,6 +7,8 @@
 //! `nodenames` (`nodeCacheCapable: true`, the shipped configuration) looked up in the
 //! [`NodeCache`]; a name the cache does not hold is failed with a message saying so.
 
+use std::time::SystemTime;
+
 use tracing::{debug, warn};
 
 use super::{
@@ -17,6 +19,7 @@ use super::{
     extender::{ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList},
     node::{self, Candidate},
     pod::{self, PodRequest},
+    table,
 };
 
 const NO_NODES: &str = "the ExtenderArgs have neither nodes nor nodenames";
@@ -155,17 +158,30 @@ fn from_cache(cache: &NodeCache, names: Vec<String>) -> Vec<Looked> {
         .collect()
 }
 
-/// Each candidate judged: by its allocatable hugepages first, then by its agent.
+/// Each candidate judged: by its allocatable hugepages first, then by its agent's streamed state
+/// where that is fresh and decides alone ([`table`]), else by its agent, asked.
 async fn judge_all(context: &Context, pod: &PodRequest, looked: &[Looked]) -> Vec<Judged> {
+    let now = SystemTime::now();
+    let streamed = |c: &Candidate| -> Option<Judged> {
+        let table = context.table.as_ref()?;
+        let state = table.fresh(&c.name, *c.agent.as_ref().ok()?)?;
+        table::judge(&state, &pod.need, &pod.uid, now)
+    };
+    let mut from_table = 0;
     let settled: Vec<Option<Judged>> = looked
         .iter()
         .map(|(_, found)| match found {
-            Ok(c) => {
-                decide::unresolvable(&pod.need, c.allocatable.as_ref()).map(Judged::Unresolvable)
-            }
+            Ok(c) => decide::unresolvable(&pod.need, c.allocatable.as_ref())
+                .map(Judged::Unresolvable)
+                .or_else(|| {
+                    let judged = streamed(c);
+                    from_table += usize::from(judged.is_some());
+                    judged
+                }),
             Err(why) => Some(Judged::Unknown(why.clone())),
         })
         .collect();
+    context.metrics.table_answers(from_table);
     let targets: Vec<_> = looked
         .iter()
         .zip(&settled)
