@@ -64,6 +64,18 @@ impl BenchFlags {
         self.get(name).map(|_| self.number(name, 0))
     }
 
+    /// One of `choices`, or the first of them when the flag is absent.
+    pub fn choice(&self, name: &str, choices: &[&'static str]) -> &'static str {
+        match self.get(name) {
+            None => choices[0],
+            Some(v) => choices
+                .iter()
+                .find(|c| **c == v)
+                .copied()
+                .unwrap_or_else(|| BenchFlags::fail(self.usage)),
+        }
+    }
+
     /// A comma-separated list of positive numbers, or `default` when the flag is absent.
     pub fn numbers(&self, name: &str, default: &[u64]) -> Vec<u64> {
         match self.get(name) {

@@ -74,12 +74,13 @@ pub struct ApiArgs {
 #[command(next_help_heading = "Map watch")]
 pub struct WatchArgs {
     /// Watches of the map (`GET /v1/hugepages?watch=true`) open at once; one more is refused
-    /// with 503. Each webhook replica keeps one per agent.
+    /// with 503. Each webhook replica keeps one per agent. Each watch is also a connection
+    /// (--max-connections).
     #[arg(
         long,
         env = "HUGEPAGE_AGENT_MAX_WATCHERS",
         default_value_t = WatchLimits::DEFAULT.max_watchers as u32,
-        value_parser = clap::value_parser!(u32).range(1..=4096)
+        value_parser = clap::value_parser!(u32).range(1..=65536)
     )]
     pub max_watchers: u32,
     /// A watch is sent a BOOKMARK after this long without a change, so that its client knows

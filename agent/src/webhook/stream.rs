@@ -11,8 +11,8 @@
 //! The exchange is HTTP/1.1 on its own mTLS connection ([`super::dial`]), read here as the
 //! agent writes it: the head (`httparse`), then the chunked body split into its events, one JSON
 //! document a line, at most [`MAX_EVENT`] bytes each. What one stream holds while it waits is its
-//! TLS state and a read buffer of a few KiB: thousands of them fit the webhook's memory, which
-//! hyper's client connection (about 34 KiB idle) would not.
+//! TLS state and no buffer (they are freed after each event): thousands of them fit the webhook's
+//! memory, which hyper's client connection (about 34 KiB idle) would not.
 
 use std::{
     collections::HashMap,
@@ -47,8 +47,8 @@ pub const RETRY_FIRST: Duration = Duration::from_millis(500);
 pub const RETRY_MOST: Duration = Duration::from_secs(30);
 /// The largest event read (a state with thousands of reservations is well under it).
 pub const MAX_EVENT: usize = 4 << 20;
-/// A read buffer that grew past this for a large event is given back after it.
-const KEEP_BUFFER: usize = 16 << 10;
+/// What one read asks for at most, a state's event and its chunk framing in most cases.
+const READ: usize = 2048;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
@@ -234,7 +234,7 @@ impl<S: AsyncRead + Unpin> Reader<S> {
     fn new(io: S, within: Duration) -> Reader<S> {
         Reader {
             io,
-            buf: Vec::with_capacity(2048),
+            buf: Vec::new(),
             left: 0,
             line: Vec::new(),
             scanned: 0,
@@ -245,7 +245,7 @@ impl<S: AsyncRead + Unpin> Reader<S> {
     /// More bytes into the buffer, within the freshness bound.
     async fn fill(&mut self) -> Result<(), StreamError> {
         if self.buf.len() == self.buf.capacity() {
-            self.buf.reserve(2048);
+            self.buf.reserve(READ);
         }
         match tokio::time::timeout(self.within, self.io.read_buf(&mut self.buf)).await {
             Err(_) => Err(StreamError::Silent(self.within)),
@@ -292,8 +292,12 @@ impl<S: AsyncRead + Unpin> Reader<S> {
                 let mut line: Vec<u8> = self.line.drain(..=self.scanned + at).collect();
                 self.scanned = 0;
                 line.pop();
-                if self.line.capacity() > KEEP_BUFFER {
-                    self.line.shrink_to(KEEP_BUFFER);
+                // Between events a stream holds no buffer: thousands of them wait at once.
+                if self.line.is_empty() {
+                    self.line = Vec::new();
+                }
+                if self.buf.is_empty() {
+                    self.buf = Vec::new();
                 }
                 return Ok(line);
             }
@@ -336,9 +340,6 @@ impl<S: AsyncRead + Unpin> Reader<S> {
         self.line.extend_from_slice(&self.buf[..data]);
         self.buf.drain(..take);
         self.left -= take;
-        if self.buf.capacity() > KEEP_BUFFER && self.buf.len() < KEEP_BUFFER {
-            self.buf.shrink_to(KEEP_BUFFER);
-        }
         Ok(())
     }
 }
