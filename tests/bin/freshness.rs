@@ -13,32 +13,46 @@
 //!   snapshot that shows the page taken;
 //! * **fault → watcher**: from the toucher's CLOCK_MONOTONIC just before its first touch to the
 //!   moment a thread reading the watch (over loopback TCP, as the webhook reads it) has the state
-//!   that shows its page taken.
+//!   that shows its page taken;
+//! * **fault → the webhook's filter**: then, with a new agent behind mTLS, the real webhook
+//!   keeping its stream (the API server is the stand-in of `apiserver.rs`), and `--filters`
+//!   touchers one after the other: a client polls `POST /scheduler/filter` back to back over one
+//!   kept-alive HTTPS connection for a pod that asks every free page of the node, and the delay
+//!   runs from the toucher's first touch to the first answer that drops the node.
 //!
-//! `freshness --agent PATH [--touchers N]` (default 500).
+//! `freshness --agent PATH [--touchers N] [--filters N]` (defaults 500, 200).
 
 use std::{
-    path::PathBuf,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
     process::Command,
-    sync::mpsc,
+    sync::{Barrier, mpsc},
     time::{Duration, Instant},
 };
 
+use hugepage_agent::quantity::format_binary;
 use hugepage_agent_tests::{
-    Agent, BenchFlags, HugepagePool, Percentiles, Toucher, host_lock, require_root, watcher::Watch,
+    Agent, BenchFlags, HostLock, HugepagePool, Percentiles, Toucher,
+    apiserver::StandInApiServer,
+    cluster::{self, Pki},
+    free_port, host_lock, read_u64, require_root,
+    watcher::Watch,
 };
 use serde_json::Value;
 
-const USAGE: &str = "freshness --agent PATH [--touchers N]";
+const USAGE: &str = "freshness --agent PATH [--touchers N] [--filters N]";
 const MI2: u64 = 2 << 20;
+const FREE: &str = "/sys/devices/system/node/node0/hugepages/hugepages-2048kB/free_hugepages";
+const FRESH: &str = "hugepage_agent_webhook_streams{state=\"fresh\"}";
 /// Pages each toucher faults.
 const PAGES: u64 = 1;
 
 fn main() {
     require_root();
-    let flags = BenchFlags::parse(USAGE, &["--agent", "--touchers"]);
+    let flags = BenchFlags::parse(USAGE, &["--agent", "--touchers", "--filters"]);
     let agent_path = flags.path("--agent");
     let touchers = flags.number("--touchers", 500);
+    let filters = flags.number("--filters", 200);
     let toucher = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join("toucher")))
@@ -46,7 +60,7 @@ fn main() {
         .unwrap_or_else(|| panic!("the toucher binary is not beside this one"));
 
     let lock = host_lock();
-    let _pool = HugepagePool::reserve(&lock, touchers * PAGES + 4);
+    let pool = HugepagePool::reserve(&lock, touchers * PAGES + 4);
     let mut agent = start(&agent_path);
     let (seen, first_free) = follow(agent.port);
 
@@ -100,6 +114,78 @@ fn main() {
         prompted.len()
     );
     drop(held);
+    drop(agent);
+    drop(pool);
+
+    let mut to_filter = through_webhook(&agent_path, &toucher, &lock, filters);
+    println!(
+        "fault -> webhook's filter {}  (first touch to the first filter that drops the node)",
+        Percentiles::of(&mut to_filter)
+    );
+}
+
+/// The delays from each of `filters` touchers' first touch to the webhook's first filter answer
+/// that drops the node.
+fn through_webhook(agent: &Path, toucher: &Path, lock: &HostLock, filters: u64) -> Vec<Duration> {
+    let _pool = HugepagePool::reserve(lock, filters * PAGES + 4);
+    let pki = Pki::new();
+    let port = free_port();
+    let ip = Ipv4Addr::new(127, 0, 0, 2);
+    let cmd = cluster::host_agent_command(agent, &pki, &["--watch-heartbeat", "1s"]);
+    let _agent = cluster::start_agent(cmd, ip, port, |l| l["source"] == "ebpf+sysfs");
+    let api = StandInApiServer::start();
+    let node = cluster::node("real", ip, "64Gi");
+    api.put_node(node.clone());
+    let webhook = cluster::webhook_with(agent, &pki, &api, port, ["ignore", "2s"], &[], &[]);
+    cluster::wait_ready(&pki, &webhook, Duration::from_secs(20));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster::sample(&cluster::metrics(&pki, &webhook), FRESH) != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the agent's stream never turned fresh"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut held = Vec::new();
+    let mut delays = Vec::new();
+    for _ in 0..filters {
+        let free = read_u64(FREE);
+        let pod = cluster::pod(Some(&format_binary(free * MI2)));
+        let body = cluster::args(pod, std::slice::from_ref(&node)).to_string();
+        let ready = Barrier::new(2);
+        let dropped = std::thread::scope(|scope| {
+            let poller = scope.spawn(|| {
+                let mut connection = cluster::connection(&pki, webhook.port);
+                let mut kept = || {
+                    let answer = connection
+                        .request("POST", "/scheduler/filter", Some("application/json"), &body)
+                        .expect("an answer to the filter");
+                    let answer: Value = serde_json::from_str(&answer.body).expect("JSON");
+                    answer["nodes"]["items"]
+                        .as_array()
+                        .is_some_and(|i| !i.is_empty())
+                };
+                assert!(kept(), "the node fits before the toucher");
+                ready.wait();
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while kept() {
+                    assert!(Instant::now() < deadline, "the node was never dropped");
+                }
+                monotonic_ns()
+            });
+            ready.wait();
+            held.push(Toucher::run(
+                &toucher.display().to_string(),
+                None,
+                PAGES as usize,
+                0,
+            ));
+            poller.join().expect("the poller")
+        });
+        let touched = held.last().map_or(0, |t| t.first_touch_ns);
+        delays.push(Duration::from_nanos(dropped.saturating_sub(touched)));
+    }
+    delays
 }
 
 /// The agent with its probes, the reconcile hourly, heartbeats every second.

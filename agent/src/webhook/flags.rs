@@ -74,8 +74,8 @@ pub struct WebhookArgs {
     #[arg(long, env = "HUGEPAGE_AGENT_AGENT_STREAMS", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub agent_streams: bool,
     /// A node's streamed state is used while its stream was heard (an event or a heartbeat)
-    /// within this bound; after it the node is asked directly. Above the agents'
-    /// --watch-heartbeat (5s by default).
+    /// within this bound; after it the node is asked directly. Above the agents' heartbeat
+    /// interval (the agent's watch-heartbeat flag, 5s by default).
     #[arg(
         long,
         env = "HUGEPAGE_AGENT_STREAM_FRESH_WITHIN",
