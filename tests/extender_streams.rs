@@ -39,6 +39,37 @@ fn real_agent(pki: &Pki, ip: Ipv4Addr, port: u16, extra: &[&str]) -> Agent {
     start_agent(cmd, ip, port, |l| l["source"] == "ebpf+sysfs")
 }
 
+/// This host's agent, the stand-in API server holding its Node `real`, and the webhook keeping
+/// the agent's stream, fresh.
+struct Streamed {
+    pki: Pki,
+    api: StandInApiServer,
+    agent: Agent,
+    webhook: Agent,
+    nodes: Vec<Value>,
+}
+
+/// [`Streamed`] with the agent on 127.0.0.`last` sending heartbeats every `heartbeat`, and the
+/// webhook's flags `extra`.
+fn streamed(last: u8, heartbeat: &str, extra: &[&str]) -> Streamed {
+    let pki = Pki::new();
+    let port = free_port();
+    let ip = Ipv4Addr::new(127, 0, 0, last);
+    let agent = real_agent(&pki, ip, port, &["--watch-heartbeat", heartbeat]);
+    let api = StandInApiServer::start();
+    let nodes = vec![node("real", ip, "32Mi")];
+    api.put_node(nodes[0].clone());
+    let webhook = webhook(&pki, &api, port, extra);
+    until(&pki, &webhook, FRESH, 1.0, Duration::from_secs(10));
+    Streamed {
+        pki,
+        api,
+        agent,
+        webhook,
+        nodes,
+    }
+}
+
 /// One node `real` (this host) in the stand-in API server, the webhook with `extra`, ready.
 fn webhook(pki: &Pki, api: &StandInApiServer, port: u16, extra: &[&str]) -> Agent {
     let w = webhook_with(&agent_bin(), pki, api, port, ["ignore", "2s"], &[], extra);
@@ -85,15 +116,13 @@ fn pages_a_real_process_takes_drop_the_node_from_the_next_filter_without_an_agen
     require_root();
     let lock = host_lock();
     let _pool = HugepagePool::reserve(&lock, 16);
-    let pki = Pki::new();
-    let port = free_port();
-    let ip = Ipv4Addr::new(127, 0, 0, 2);
-    let _agent = real_agent(&pki, ip, port, &["--watch-heartbeat", "1s"]);
-    let api = StandInApiServer::start();
-    let nodes = vec![node("real", ip, "32Mi")];
-    api.put_node(nodes[0].clone());
-    let webhook = webhook(&pki, &api, port, &[]);
-    until(&pki, &webhook, FRESH, 1.0, Duration::from_secs(10));
+    let Streamed {
+        pki,
+        api: _api,
+        agent: _agent,
+        webhook,
+        nodes,
+    } = streamed(2, "1s", &[]);
 
     let free = read_u64(&format!("{NODE0_2M}/free_hugepages"));
     let (calls, table) = (value(&pki, &webhook, CALLS), value(&pki, &webhook, TABLE));
@@ -144,15 +173,13 @@ fn a_stream_cut_off_makes_its_node_stale_within_the_bound_and_the_next_filter_as
     require_root();
     let lock = host_lock();
     let _pool = HugepagePool::reserve(&lock, 8);
-    let pki = Pki::new();
-    let port = free_port();
-    let ip = Ipv4Addr::new(127, 0, 0, 3);
-    let agent = real_agent(&pki, ip, port, &["--watch-heartbeat", "200ms"]);
-    let api = StandInApiServer::start();
-    let nodes = vec![node("real", ip, "32Mi")];
-    api.put_node(nodes[0].clone());
-    let webhook = webhook(&pki, &api, port, &["--stream-fresh-within", "1s"]);
-    until(&pki, &webhook, FRESH, 1.0, Duration::from_secs(10));
+    let Streamed {
+        pki,
+        api: _api,
+        agent,
+        webhook,
+        nodes,
+    } = streamed(3, "200ms", &["--stream-fresh-within", "1s"]);
     let calls = value(&pki, &webhook, CALLS);
     filter(&pki, &webhook, &nodes, 1);
     assert_eq!(
@@ -190,15 +217,13 @@ fn a_binding_the_agent_refuses_while_the_table_has_the_node_fit_is_counted() {
     require_root();
     let lock = host_lock();
     let pool = HugepagePool::reserve(&lock, 16);
-    let pki = Pki::new();
-    let port = free_port();
-    let ip = Ipv4Addr::new(127, 0, 0, 4);
-    let _agent = real_agent(&pki, ip, port, &["--watch-heartbeat", "1s"]);
-    let api = StandInApiServer::start();
-    let nodes = vec![node("real", ip, "32Mi")];
-    api.put_node(nodes[0].clone());
-    let webhook = webhook(&pki, &api, port, &[]);
-    until(&pki, &webhook, FRESH, 1.0, Duration::from_secs(10));
+    let Streamed {
+        pki,
+        api,
+        agent: _agent,
+        webhook,
+        nodes,
+    } = streamed(4, "1s", &[]);
     let free = read_u64(&format!("{NODE0_2M}/free_hugepages"));
     let need = pod(Some(&format_binary(free * MI2)));
     api.put_pod(need.clone());

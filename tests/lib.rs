@@ -645,6 +645,32 @@ pub fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / hz)
 }
 
+/// `clock` (`CLOCK_MONOTONIC`, the clock the probes stamp their events with;
+/// `CLOCK_THREAD_CPUTIME_ID`, this thread's CPU time) in nanoseconds.
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `bin run` on this host with its probes (faults prompt the map), no reconcile while it runs
+/// (a change must come from the faults), plain HTTP, and `extra`; returned once its probes are
+/// attached.
+pub fn probed_agent(bin: &Path, extra: &[&str]) -> Agent {
+    let mut cmd = Command::new(bin);
+    cmd.args(["run", "--ebpf", "on", "--reconcile-interval", "1h"])
+        .args(extra);
+    let mut agent = Agent::start(cmd);
+    agent.wait_for("agent running", Duration::from_secs(30), |l| {
+        l["source"] == "ebpf+sysfs"
+    });
+    agent
+}
+
 /// CPU time the process `pid` has run, all its threads that are alive (`schedstat`, in
 /// nanoseconds: finer than [`cpu_time`]'s clock ticks).
 pub fn cpu_ns(pid: u32) -> u64 {

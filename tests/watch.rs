@@ -6,37 +6,23 @@
 //! as it is made, heartbeats between; a resume that is up to date gets no snapshot; watchers
 //! beyond `--max-watchers` are refused with 503 and `Retry-After`.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use hugepage_agent_tests::{
-    Agent, HugepagePool, TestCgroup, Toucher, agent_bin, host_lock, http, require_root,
-    watcher::Watch,
+    Agent, HugepagePool, TestCgroup, Toucher, agent_bin, host_lock, http, probed_agent,
+    require_root, watcher::Watch,
 };
 use serde_json::{Value, json};
 
 const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
 const MI2: u64 = 2 << 20;
 
-/// The agent on this host with its probes (faults prompt the map), no reconcile while a test
-/// runs (a change must come from the faults), and `extra`.
+/// This host's agent with its probes ([`probed_agent`]), reservations held an hour, and
+/// `extra`.
 fn agent(extra: &[&str]) -> Agent {
-    let mut cmd = Command::new(agent_bin());
-    cmd.args([
-        "run",
-        "--ebpf",
-        "on",
-        "--reconcile-interval",
-        "1h",
-        "--reservation-ttl",
-        "1h",
-    ]);
-    cmd.args(extra);
-    let mut agent = Agent::start(cmd);
-    agent.wait_for("agent running", Duration::from_secs(30), |_| true);
-    agent
+    let mut flags = vec!["--reservation-ttl", "1h"];
+    flags.extend_from_slice(extra);
+    probed_agent(&agent_bin(), &flags)
 }
 
 /// The 2 MiB size on node 0 of a state event.

@@ -51,6 +51,8 @@ use crate::{
 const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
 /// How often the probes' loss counters are read (a handful of map reads).
 pub const LOSS_POLL: Duration = Duration::from_secs(1);
+/// Events taken in at once before a due re-read or a tick gets its turn.
+const BATCH: usize = 256;
 
 /// The owners of every running concern, and the metrics their outcomes update.
 pub struct RunLoop {
@@ -87,11 +89,24 @@ impl RunLoop {
         loop {
             tokio::select! {
                 signal = &mut shutdown => return signal,
-                Some(event) = events.recv() => self.handle(event),
+                Some(event) = events.recv() => self.handle_batch(event, events),
                 () = sleep_until(timer.as_ref(), self.refresher.due()), if self.refresher.due().is_some() => self.refresh(),
                 _ = reconcile.tick() => self.reconcile(),
                 _ = checkpoint_poll.tick() => self.checkpoint_tick(),
                 _ = loss_poll.tick() => self.loss_tick(),
+            }
+        }
+    }
+
+    /// `first` and the events already waiting behind it, up to [`BATCH`]: a re-read that a
+    /// fault made due waits for the faults that came with it (a burst of them shares one
+    /// re-read), never for later ones.
+    fn handle_batch(&mut self, first: ProbeEvent, events: &mut mpsc::Receiver<ProbeEvent>) {
+        self.handle(first);
+        for _ in 1..BATCH {
+            match events.try_recv() {
+                Ok(event) => self.handle(event),
+                Err(_) => break,
             }
         }
     }

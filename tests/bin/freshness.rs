@@ -24,18 +24,18 @@
 
 use std::{
     net::Ipv4Addr,
-    path::{Path, PathBuf},
-    process::Command,
+    path::Path,
     sync::{Barrier, mpsc},
     time::{Duration, Instant},
 };
 
 use hugepage_agent::quantity::format_binary;
 use hugepage_agent_tests::{
-    Agent, BenchFlags, HostLock, HugepagePool, Percentiles, Toucher,
+    BenchFlags, HostLock, HugepagePool, Percentiles, Toucher,
     apiserver::StandInApiServer,
+    clock_ns,
     cluster::{self, Pki},
-    free_port, host_lock, read_u64, require_root,
+    free_port, host_lock, probed_agent, read_u64, require_root,
     watcher::Watch,
 };
 use serde_json::Value;
@@ -61,7 +61,7 @@ fn main() {
 
     let lock = host_lock();
     let pool = HugepagePool::reserve(&lock, touchers * PAGES + 4);
-    let mut agent = start(&agent_path);
+    let mut agent = probed_agent(&agent_path, &["--watch-heartbeat", "1s"]);
     let (seen, first_free) = follow(agent.port);
 
     let mut held = Vec::new();
@@ -171,7 +171,7 @@ fn through_webhook(agent: &Path, toucher: &Path, lock: &HostLock, filters: u64) 
                 while kept() {
                     assert!(Instant::now() < deadline, "the node was never dropped");
                 }
-                monotonic_ns()
+                clock_ns(libc::CLOCK_MONOTONIC)
             });
             ready.wait();
             held.push(Toucher::run(
@@ -188,25 +188,6 @@ fn through_webhook(agent: &Path, toucher: &Path, lock: &HostLock, filters: u64) 
     delays
 }
 
-/// The agent with its probes, the reconcile hourly, heartbeats every second.
-fn start(path: &PathBuf) -> Agent {
-    let mut cmd = Command::new(path);
-    cmd.args([
-        "run",
-        "--ebpf",
-        "on",
-        "--reconcile-interval",
-        "1h",
-        "--watch-heartbeat",
-        "1s",
-    ]);
-    let mut agent = Agent::start(cmd);
-    agent.wait_for("agent running", Duration::from_secs(30), |l| {
-        l["source"] == "ebpf+sysfs"
-    });
-    agent
-}
-
 /// A thread that reads the watch and sends each state's CLOCK_MONOTONIC arrival time and node
 /// 0's free 2 MiB pages; and the free pages of the first state.
 fn follow(port: u16) -> (mpsc::Receiver<(u64, u64)>, u64) {
@@ -220,7 +201,10 @@ fn follow(port: u16) -> (mpsc::Receiver<(u64, u64)>, u64) {
             if event["type"] == "BOOKMARK" {
                 continue;
             }
-            if tx.send((monotonic_ns(), free(&event))).is_err() {
+            if tx
+                .send((clock_ns(libc::CLOCK_MONOTONIC), free(&event)))
+                .is_err()
+            {
                 return;
             }
         }
@@ -235,15 +219,4 @@ fn free(event: &Value) -> u64 {
         .and_then(|sizes| sizes.iter().find(|s| s["pageSizeBytes"] == MI2))
         .and_then(|s| s["free"].as_u64())
         .unwrap_or_else(|| panic!("no 2 MiB size on node 0 in {event}"))
-}
-
-/// CLOCK_MONOTONIC in nanoseconds, the clock of the toucher's stamp.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

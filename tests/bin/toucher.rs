@@ -61,9 +61,9 @@ fn run() -> Result<(), String> {
         libc::MAP_HUGETLB | ((huge_size.trailing_zeros() as i32) << libc::MAP_HUGE_SHIFT);
     let (huge_addr, first_touch) = touch(huge, huge_size, huge_flags, node)?;
     map_only(reserve)?;
-    let start = cpu_time_ns();
+    let start = hugepage_agent_tests::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
     touch(small, 4096, 0, None)?;
-    let small_ns = cpu_time_ns() - start;
+    let small_ns = hugepage_agent_tests::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID) - start;
     println!(
         "touched {} {:#x} {small_ns} {first_touch}",
         std::process::id(),
@@ -119,34 +119,12 @@ fn touch(
         hugepage_agent_tests::mbind::bind(addr as usize, len, node)?;
     }
     let base = addr.cast::<u8>();
-    let first = monotonic_ns();
+    let first = hugepage_agent_tests::clock_ns(libc::CLOCK_MONOTONIC);
     for i in 0..count {
         // SAFETY: inside the mapping just created.
         unsafe { base.add(i * page).write_volatile(1) };
     }
     Ok((addr as usize, first))
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock the probes stamp their events with.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// CPU time of this thread (user and system, faults included) in nanoseconds.
-fn cpu_time_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Runs this process on `cpu` only.

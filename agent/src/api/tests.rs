@@ -184,13 +184,14 @@ fn with_memory_pressure(dir: &tempfile::TempDir, state: &mut AppState, memory: &
     state.psi = psi;
 }
 
-async fn send(
+/// The router's answer to one request: its status, content type and body, unread.
+async fn respond(
     state: &AppState,
     method: &str,
     uri: &str,
     content_type: Option<&str>,
     body: impl Into<Body>,
-) -> (StatusCode, String, Value) {
+) -> (StatusCode, String, Body) {
     let mut req = Request::builder().method(method).uri(uri);
     if let Some(t) = content_type {
         req = req.header("content-type", t);
@@ -206,12 +207,18 @@ async fn send(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    (status, ctype, response.into_body())
+}
+
+async fn send(
+    state: &AppState,
+    method: &str,
+    uri: &str,
+    content_type: Option<&str>,
+    body: impl Into<Body>,
+) -> (StatusCode, String, Value) {
+    let (status, ctype, body) = respond(state, method, uri, content_type, body).await;
+    let bytes = body.collect().await.expect("body").to_bytes();
     (
         status,
         ctype,

@@ -1,6 +1,7 @@
 //! Keeping the map fresh: the owner of the map's one writer. A hugetlb fault is a prompt, never
 //! the accounting: it makes a re-read of its page size due at once, shared by every fault the
-//! run loop takes in before it gets to it. The probe sees a fault as it starts, but the kernel
+//! run loop takes in before it gets to it (it takes in the events waiting, a batch at a time,
+//! before a due re-read: a burst of faults shares one). The probe sees a fault as it starts, but the kernel
 //! takes the page from the pool (`alloc_hugetlb_folio`, which lowers `free_hugepages`) before it
 //! zeroes it, microseconds later, and the probe's event takes longer than that to wake the agent:
 //! the first re-read nearly always sees the page gone. One that saw no change (the fault had not

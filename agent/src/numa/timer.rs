@@ -2,12 +2,15 @@
 //! `timerfd` on CLOCK_MONOTONIC, waited for through tokio's reactor. tokio's own timers count
 //! whole milliseconds and round every deadline up to the next one, so a re-read repeated "after
 //! 100 µs" would wait one to two milliseconds, which alone is over the fault-to-map target. One
-//! timer serves one waiter at a time: each wait arms it anew (which clears an expiry not read
-//! yet), so a wait that was dropped before its deadline leaves nothing behind.
+//! timer serves one waiter at a time: each wait for a new deadline arms it anew (which clears an
+//! expiry not read yet), so a wait that was dropped before its deadline leaves nothing behind;
+//! a wait for the deadline it is armed for (the run loop waits again after every event it takes
+//! in) makes no system call.
 
 use std::{
     io,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    sync::Mutex,
 };
 
 use tokio::{
@@ -18,6 +21,9 @@ use tokio::{
 #[derive(Debug)]
 pub struct Timer {
     fd: AsyncFd<OwnedFd>,
+    /// The deadline it is armed for: a wait for the same one (the run loop waits again after
+    /// every event it takes in) does not arm it again.
+    armed: Mutex<Option<Instant>>,
 }
 
 impl Timer {
@@ -39,7 +45,10 @@ impl Timer {
         // SAFETY: the timer owns `fd`: it stays open, the same descriptor, for the AsyncFd's
         // life.
         let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }?;
-        Ok(Timer { fd })
+        Ok(Timer {
+            fd,
+            armed: Mutex::new(None),
+        })
     }
 
     /// Returns at `at` (at once when it has come).
@@ -60,11 +69,16 @@ impl Timer {
                 tv_nsec: libc::c_long::from(left.subsec_nanos() as i32),
             },
         };
-        // SAFETY: a valid descriptor and itimerspec; the old value is not asked for.
-        let armed =
-            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
-        if armed < 0 {
-            return Err(io::Error::last_os_error());
+        {
+            let mut armed = self.armed.lock().unwrap_or_else(|p| p.into_inner());
+            if *armed != Some(at) {
+                let fd = self.fd.as_raw_fd();
+                // SAFETY: a valid descriptor and itimerspec; the old value is not asked for.
+                if unsafe { libc::timerfd_settime(fd, 0, &spec, std::ptr::null_mut()) } < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                *armed = Some(at);
+            }
         }
         loop {
             let mut ready = self.fd.readable().await?;
@@ -79,7 +93,10 @@ impl Timer {
                 }
             });
             match read {
-                Ok(result) => return result,
+                Ok(result) => {
+                    *self.armed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    return result;
+                }
                 // Readiness from an earlier expiry, read since: wait for this one.
                 Err(_would_block) => continue,
             }
@@ -104,6 +121,22 @@ mod tests {
         }
         let past = Instant::now() - Duration::from_millis(1);
         timer.sleep_until(past).await.expect("no wait");
+    }
+
+    #[tokio::test]
+    async fn a_wait_dropped_and_taken_up_again_for_the_same_deadline_ends_at_it() {
+        let timer = Timer::new().expect("a timerfd");
+        let at = Instant::now() + Duration::from_millis(3);
+        let cut = tokio::time::timeout(Duration::from_micros(1), timer.sleep_until(at)).await;
+        assert!(cut.is_err(), "cut before its deadline");
+        timer.sleep_until(at).await.expect("the wait");
+        assert!(Instant::now() >= at);
+        let again = Instant::now() + Duration::from_millis(2);
+        timer.sleep_until(again).await.expect("a new deadline");
+        assert!(
+            Instant::now() >= again,
+            "armed again after the expiry was read"
+        );
     }
 
     #[tokio::test]

@@ -85,24 +85,10 @@ impl Lines {
 }
 
 async fn watch(state: &AppState, query: &str) -> (StatusCode, String, Lines) {
-    let request = Request::builder()
-        .method("GET")
-        .uri(format!("/v1/hugepages?{query}"))
-        .body(Body::empty())
-        .expect("request");
-    let response = router(state.clone())
-        .oneshot(request)
-        .await
-        .expect("response");
-    let status = response.status();
-    let ctype = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let uri = format!("/v1/hugepages?{query}");
+    let (status, ctype, body) = respond(state, "GET", &uri, None, Body::empty()).await;
     let lines = Lines {
-        body: response.into_body(),
+        body,
         pending: String::new(),
     };
     (status, ctype, lines)
