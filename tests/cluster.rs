@@ -131,15 +131,22 @@ pub fn agent_command(bin: &Path, pki: &Pki, topology: &str, env: &[(&str, &str)]
 /// kubelet's Memory Manager policy `None` (a pod's pages are verified on every NUMA node, so its
 /// streamed state alone decides), no reconcile while it runs, and `extra`.
 pub fn host_agent_command(bin: &Path, pki: &Pki, extra: &[&str]) -> Command {
+    pinned_host_agent_command(bin, pki, ["None", "none"], extra)
+}
+
+/// [`host_agent_command`] with the kubelet's Memory Manager and Topology Manager policies
+/// `policies`.
+pub fn pinned_host_agent_command(
+    bin: &Path,
+    pki: &Pki,
+    [memory_manager, topology]: [&str; 2],
+    extra: &[&str],
+) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("run")
         .args(["--ebpf", "on", "--reconcile-interval", "1h"])
-        .args([
-            "--memory-manager-policy",
-            "None",
-            "--topology-policy",
-            "none",
-        ])
+        .args(["--memory-manager-policy", memory_manager])
+        .args(["--topology-policy", topology])
         .args(pki.serving("agent"))
         .arg("--client-ca-file")
         .arg(pki.path("agents-ca.crt"))

@@ -9,7 +9,8 @@
 //! off (the agent stopped) makes the node stale within `--stream-fresh-within` and the next filter
 //! asks the agent directly; a binding the agent refuses on its fresh sysfs reads while the
 //! table still has the node fit (pages gone with no fault to prompt the map: the pool shrunk) is
-//! counted.
+//! counted; under the Memory Manager's `Static` policy the webhook selects the node the kubelet
+//! would pick on the streamed `kubeletSelection` and answers as the agent does, without a call.
 
 use std::{
     net::Ipv4Addr,
@@ -33,9 +34,15 @@ const NODE0_2M: &str = "/sys/devices/system/node/node0/hugepages/hugepages-2048k
 const POOL: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
 const MI2: u64 = 2 << 20;
 
-/// This host's agent on `ip`:`port` (see [`cluster::host_agent_command`]) with `extra`.
-fn real_agent(pki: &Pki, ip: Ipv4Addr, port: u16, extra: &[&str]) -> Agent {
-    let cmd = cluster::host_agent_command(&agent_bin(), pki, extra);
+/// The kubelet's Memory Manager and Topology Manager policies of a node that does not pin
+/// memory, and of one that pins it to single NUMA nodes.
+const NODE_WIDE: [&str; 2] = ["None", "none"];
+const PINNED: [&str; 2] = ["Static", "single-numa-node"];
+
+/// This host's agent on `ip`:`port` (see [`cluster::pinned_host_agent_command`]) under the
+/// kubelet's `policies`, with `extra`.
+fn real_agent(pki: &Pki, ip: Ipv4Addr, port: u16, policies: [&str; 2], extra: &[&str]) -> Agent {
+    let cmd = cluster::pinned_host_agent_command(&agent_bin(), pki, policies, extra);
     start_agent(cmd, ip, port, |l| l["source"] == "ebpf+sysfs")
 }
 
@@ -52,12 +59,23 @@ struct Streamed {
 /// [`Streamed`] with the agent on 127.0.0.`last` sending heartbeats every `heartbeat`, and the
 /// webhook's flags `extra`.
 fn streamed(last: u8, heartbeat: &str, extra: &[&str]) -> Streamed {
+    streamed_under(last, heartbeat, (NODE_WIDE, "32Mi"), extra)
+}
+
+/// [`streamed`] with the kubelet's `policies` on the agent's node and its Node's allocatable
+/// 2 MiB hugepages `allocatable`.
+fn streamed_under(
+    last: u8,
+    heartbeat: &str,
+    (policies, allocatable): ([&str; 2], &str),
+    extra: &[&str],
+) -> Streamed {
     let pki = Pki::new();
     let port = free_port();
     let ip = Ipv4Addr::new(127, 0, 0, last);
-    let agent = real_agent(&pki, ip, port, &["--watch-heartbeat", heartbeat]);
+    let agent = real_agent(&pki, ip, port, policies, &["--watch-heartbeat", heartbeat]);
     let api = StandInApiServer::start();
-    let nodes = vec![node("real", ip, "32Mi")];
+    let nodes = vec![node("real", ip, allocatable)];
     api.put_node(nodes[0].clone());
     let webhook = webhook(&pki, &api, port, extra);
     until(&pki, &webhook, FRESH, 1.0, Duration::from_secs(10));
@@ -239,6 +257,78 @@ fn a_binding_the_agent_refuses_while_the_table_has_the_node_fit_is_counted() {
     assert_eq!(response["allowed"], false, "{response}");
     assert_eq!(value(&pki, &webhook, disagreements), before + 1.0);
     drop(pool);
+}
+
+#[test]
+fn under_the_static_policy_the_webhook_selects_as_the_kubelet_and_answers_as_the_agent_without_a_call()
+ {
+    require_root();
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 16);
+    let Streamed {
+        pki,
+        api,
+        agent,
+        webhook,
+        nodes,
+    } = streamed_under(5, "1s", (PINNED, "1Gi"), &[]);
+    // The same calls answered by the agent: a webhook without streams beside it.
+    let asking = self::webhook(&pki, &api, agent.port, &["--agent-streams", "false"]);
+    let total = read_u64(&format!("{NODE0_2M}/nr_hugepages"));
+    let free = read_u64(&format!("{NODE0_2M}/free_hugepages"));
+    let taken = Toucher::run(TOUCHER, None, 2, 0);
+    let started = Instant::now();
+    while kept(&filter(&pki, &webhook, &nodes, free)) == 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the table still fits every free page 2 s after two were taken"
+        );
+    }
+    // The Memory Manager counts only what it assigned: every page of the pool is free to it. The
+    // kernel has two fewer, which the stream shows.
+    let cases = [
+        (free - 2, "fits on node 0, the node single-numa-node picks"),
+        (
+            free,
+            "the Memory Manager has the pages, the kernel does not: KEP-5759's refusal",
+        ),
+        (
+            total + 1,
+            "no NUMA node has the pages: the Memory Manager's Allocate refuses",
+        ),
+    ];
+    let mut answers = Vec::new();
+    for (pages, what) in cases {
+        let (calls, table) = (value(&pki, &webhook, CALLS), value(&pki, &webhook, TABLE));
+        let streamed = filter(&pki, &webhook, &nodes, pages);
+        assert_eq!(
+            value(&pki, &webhook, TABLE),
+            table + 1.0,
+            "{what}: from the table"
+        );
+        assert_eq!(value(&pki, &webhook, CALLS), calls, "{what}: no agent call");
+        let asked = filter(&pki, &asking, &nodes, pages);
+        assert_eq!(
+            (kept(&streamed), &streamed["failedNodes"]),
+            (kept(&asked), &asked["failedNodes"]),
+            "{what}: the table's answer is the agent's"
+        );
+        answers.push(streamed);
+    }
+    assert_eq!(kept(&answers[0]), 1, "{}", answers[0]);
+    let expected = format!(
+        "insufficient hugepages-2Mi on NUMA node(s) [0]: requested {}, available {}",
+        format_binary(free * MI2),
+        format_binary((free - 2) * MI2)
+    );
+    assert_eq!(answers[1]["failedNodes"]["real"], expected.as_str());
+    // The kubelet's own words: on one NUMA node no hint fits, the merge keeps the default
+    // affinity, and the static policy's Allocate finds no node with the memory.
+    assert_eq!(
+        answers[2]["failedNodes"]["real"],
+        "Allocate failed due to [memorymanager] failed to get the default NUMA affinity, no NUMA nodes with enough memory is available, which is unexpected"
+    );
+    drop(taken);
 }
 
 /// An agent stopped (SIGSTOP) until dropped (SIGCONT).

@@ -41,11 +41,14 @@
 //! made (0 expected) and its table answers per request. What one agent process for all the Nodes
 //! does not show: thousands of agents' own connection state and their CPU are one process's
 //! here, and the loopback network has no latency. Targets: p99 ≤ 5 ms at 1,000 nodes and ≤ 20 ms
-//! at 5,000, the webhook's peak RSS ≤ 100 MB at 5,000.
+//! at 5,000, the webhook's peak RSS ≤ 100 MB at 5,000. In streamed mode, `--memory-manager
+//! static` runs the agent as on a node whose kubelet pins memory (`Static`, `single-numa-node`):
+//! every candidate is then selected in the webhook as the kubelet would, on the streamed
+//! `kubeletSelection`, before its hugepages are counted.
 //!
-//! `extender-load --agent PATH [--mode asked|streamed] [--nodes N,N,...] [--connections
-//! C,C,...] [--rounds R] [--seconds S | --requests N] [--api-threads T]` (defaults asked;
-//! 10,100,1000 asked, 100,1000,5000 streamed; 1,4; 3; 5 s; 2).
+//! `extender-load --agent PATH [--mode asked|streamed] [--memory-manager none|static] [--nodes
+//! N,N,...] [--connections C,C,...] [--rounds R] [--seconds S | --requests N] [--api-threads T]`
+//! (defaults asked; none; 10,100,1000 asked, 100,1000,5000 streamed; 1,4; 3; 5 s; 2).
 
 use std::{
     collections::HashMap,
@@ -69,7 +72,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::json;
 
-const USAGE: &str = "extender-load --agent PATH [--mode asked|streamed] [--nodes N,N,...] [--connections C,C,...] [--rounds R] [--seconds S | --requests N] [--api-threads T]";
+const USAGE: &str = "extender-load --agent PATH [--mode asked|streamed] [--memory-manager none|static] [--nodes N,N,...] [--connections C,C,...] [--rounds R] [--seconds S | --requests N] [--api-threads T]";
 
 /// The targets of one mode: p99 by number of candidate nodes, and the webhook's peak memory (KiB,
 /// [`Footprint`] prints MB) at a number of nodes.
@@ -105,6 +108,8 @@ const STREAMED_POOL: u64 = 1100;
 struct Args {
     agent: PathBuf,
     streamed: bool,
+    /// The streamed agent's kubelet policies (Memory Manager, Topology Manager).
+    policies: [&'static str; 2],
     nodes: Vec<usize>,
     connections: Vec<usize>,
     rounds: usize,
@@ -125,6 +130,7 @@ fn parse_args() -> Args {
         &[
             "--agent",
             "--mode",
+            "--memory-manager",
             "--nodes",
             "--connections",
             "--rounds",
@@ -150,9 +156,14 @@ fn parse_args() -> Args {
     } else {
         &[10, 100, 1000]
     };
+    let policies = match flags.choice("--memory-manager", &["none", "static"]) {
+        "static" => ["Static", "single-numa-node"],
+        _ => ["None", "none"],
+    };
     Args {
         agent: flags.path("--agent"),
         streamed,
+        policies,
         nodes: list("--nodes", nodes),
         connections: list("--connections", &[1, 4]),
         rounds: flags.number("--rounds", 3) as usize,
@@ -523,7 +534,7 @@ fn main() {
             "--max-connections",
             &connections,
         ];
-        cluster::host_agent_command(&args.agent, &pki, &extra)
+        cluster::pinned_host_agent_command(&args.agent, &pki, args.policies, &extra)
     } else {
         let mut cmd = cluster::tree_agent_command(&args.agent, &pki, tree.path(), &[]);
         cmd.args(["--api-threads", &threads]);

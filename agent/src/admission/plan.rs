@@ -8,13 +8,13 @@
 
 use std::collections::BTreeMap;
 
-use super::verify::Verdict;
+use super::verify::{Mode, Verdict};
 use crate::{
     host::NumaNode,
     kube::pod::{self, Hugepages, Pod, PodHugepages, RequestError},
     memorymanager::{
         hints::{HintError, Scope},
-        selection::{self, Selection, Topology},
+        selection::{self, Basis, Selection, Topology},
         state::MemoryManagerState,
     },
 };
@@ -24,6 +24,17 @@ use crate::{
 pub struct Plan {
     pub groups: BTreeMap<Vec<NumaNode>, Hugepages>,
     pub selection: Selection,
+}
+
+impl Plan {
+    /// Nothing selected: `pages` verified on `nodes`, the request's or, for
+    /// [`Basis::NodeWide`], every node of the machine.
+    pub fn unselected(nodes: &[NumaNode], pages: &Hugepages, basis: Basis) -> Plan {
+        Plan {
+            groups: BTreeMap::from([(nodes.to_vec(), pages.clone())]),
+            selection: Selection::unselected(basis),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +123,36 @@ thread_local! {
 fn counted() {
     #[cfg(test)]
     PLACEMENTS_EXAMINED.with(|n| n.set(n.get() + 1));
+}
+
+/// The verdict on `plan`: each group verified on its nodes by `verify`, the verdicts combined
+/// ([`combine`]), and a selection the kubelet would refuse refusing with its reason and message
+/// whatever the groups say. The agent verifies on fresh sysfs reads; the webhook on the state an
+/// agent streamed: one decision for both.
+pub fn verdict<E>(
+    plan: &Plan,
+    mode: Mode,
+    mut verify: impl FnMut(&Hugepages, &[NumaNode]) -> Result<Verdict, E>,
+) -> Result<Verdict, E> {
+    let mut verdicts = Vec::with_capacity(plan.groups.len());
+    for (nodes, pages) in &plan.groups {
+        verdicts.push(verify(pages, nodes)?);
+    }
+    let mut verdict = combine(verdicts).unwrap_or_else(|| Verdict {
+        allowed: true,
+        reason: None,
+        message: None,
+        numa_nodes: Vec::new(),
+        mode,
+        checks: Vec::new(),
+        reservation: None,
+    });
+    if !plan.selection.admit {
+        verdict.allowed = false;
+        verdict.reason = plan.selection.reason;
+        verdict.message = plan.selection.message.clone();
+    }
+    Ok(verdict)
 }
 
 /// One verdict from the verdicts of several groups: allowed only if all are, the first refusal's

@@ -11,10 +11,7 @@
 //! reason as attributes, and its steps as children: `hint` (choosing the NUMA nodes),
 //! `verification` (the fresh sysfs read) and `reservation`.
 
-use std::{
-    collections::BTreeMap,
-    time::{Instant, SystemTime},
-};
+use std::time::{Instant, SystemTime};
 
 use tracing::field::Empty;
 
@@ -290,9 +287,8 @@ fn select(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
     let all = state.verifier.nodes();
     let kubelet = state.kubelet.load();
     let unselected = |nodes: &[NumaNode], basis| {
-        let groups = BTreeMap::from([(nodes.to_vec(), parsed.pages.total.clone())]);
-        let selection = Selection::unselected(basis);
-        (Plan { groups, selection }, basis == Basis::NodeWide)
+        let plan = Plan::unselected(nodes, &parsed.pages.total, basis);
+        (plan, basis == Basis::NodeWide)
     };
     if let Some(nodes) = &parsed.nodes {
         return Ok(unselected(nodes, Basis::Request));
@@ -345,38 +341,20 @@ pub fn admit(state: &AppState, parsed: &Parsed, run: Run) -> Result<Decided, Api
     let now = SystemTime::now();
     let started = Instant::now();
     let verification = Step::Verification.span(sampled).entered();
-    let mut verdicts = Vec::with_capacity(plan.groups.len());
-    for (nodes, pages) in &plan.groups {
-        verdicts.push(
-            state
-                .verifier
-                .verify(pages, nodes, settings)
-                .map_err(|e| match e {
-                    VerifyError::UnknownNode { .. } => {
-                        ApiError::invalid("numaNodes", e.to_string())
-                    }
-                    VerifyError::NoNodes => {
-                        ApiError::invalid("numaNodes", "must name at least one NUMA node")
-                    }
-                })?,
-        );
-    }
+    let verdict = plan::verdict(&plan, settings.mode, |pages, nodes| {
+        state
+            .verifier
+            .verify(pages, nodes, settings)
+            .map_err(|e| match e {
+                VerifyError::UnknownNode { .. } => ApiError::invalid("numaNodes", e.to_string()),
+                VerifyError::NoNodes => {
+                    ApiError::invalid("numaNodes", "must name at least one NUMA node")
+                }
+            })
+    });
     drop(verification);
     let took = started.elapsed();
-    let mut verdict = plan::combine(verdicts).unwrap_or_else(|| Verdict {
-        allowed: true,
-        reason: None,
-        message: None,
-        numa_nodes: Vec::new(),
-        mode: settings.mode,
-        checks: Vec::new(),
-        reservation: None,
-    });
-    if !plan.selection.admit {
-        verdict.allowed = false;
-        verdict.reason = plan.selection.reason;
-        verdict.message = plan.selection.message.clone();
-    }
+    let mut verdict = verdict?;
     let reservation = Step::Reservation.span(sampled).entered();
     reservations::apply(&mut verdict, &store, &parsed.pod_ref.uid, now);
     if run == Run::Real {

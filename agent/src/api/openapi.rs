@@ -48,6 +48,30 @@ fn hugepages_path() -> Value {
     }})
 }
 
+/// A watch state's `kubeletSelection`.
+fn kubelet_selection_schema() -> Value {
+    json!({"type": "object", "description": "under numaSelection kubelet, what selects the nodes the kubelet would pick (absent when the agent cannot select either: then ask it)", "properties": {
+        "topologyManagerPolicy": {"enum": ["none", "best-effort", "restricted", "single-numa-node"]},
+        "topologyManagerScope": {"enum": ["container", "pod"]},
+        "preferClosestNumaNodes": {"type": "boolean"},
+        "maxAllowableNumaNodes": {"type": "integer"},
+        "podLevelResources": {"type": "boolean", "description": "the kubelet's PodLevelResources feature gate"},
+        "podLevelResourceManagers": {"type": "boolean", "description": "the kubelet's PodLevelResourceManagers feature gate"},
+        "numaDistances": {"type": "object", "description": "NUMA node id -> its distances to the nodes, indexed by node id", "additionalProperties": {"type": "array", "items": {"type": "integer"}}},
+        "machineState": {"type": "object", "description": "the Memory Manager's machine state as in its checkpoint (NUMA node id -> numberOfAssignments, memoryMap, cells); its assignments are not sent", "additionalProperties": {"type": "object", "properties": {
+            "numberOfAssignments": {"type": "integer"},
+            "memoryMap": {"type": "object", "additionalProperties": {"type": "object", "properties": {
+                "total": {"type": "integer"},
+                "systemReserved": {"type": "integer"},
+                "allocatable": {"type": "integer"},
+                "reserved": {"type": "integer"},
+                "free": {"type": "integer"}
+            }}},
+            "cells": {"type": "array", "items": {"type": "integer"}}
+        }}}
+    }})
+}
+
 /// One line of the map watch's stream.
 fn watch_event_schema() -> Value {
     json!({"type": "object", "required": ["type", "epoch", "generation"], "properties": {
@@ -59,8 +83,9 @@ fn watch_event_schema() -> Value {
             "selectionInputs": {"type": "integer", "description": "changes of the kubelet's settings and the Memory Manager's state seen since the agent started"},
             "gate": {"enum": ["on", "off"], "description": "the verification's gate (the kubelet's MemoryManagerHugepagesVerification, or --verification)"},
             "mode": {"enum": ["kep", "strict"]},
-            "numaSelection": {"enum": ["nodeWide", "kubelet"], "description": "nodeWide: the Memory Manager policy is None and a pod's hugepages are verified on every node; kubelet: its hints and the Topology Manager policy select the nodes"},
+            "numaSelection": {"enum": ["nodeWide", "kubelet"], "description": "nodeWide: the Memory Manager policy is None and a pod's hugepages are verified on every node; kubelet: its hints and the Topology Manager policy select the nodes (see kubeletSelection)"},
             "pressureRefusal": {"type": "string", "description": "while every hugepage admission is refused under memory contention pressure (--reject-under-pressure), the message"},
+            "kubeletSelection": kubelet_selection_schema(),
             "system": {"type": "array", "items": {"type": "object", "properties": {
                 "pageSizeBytes": {"type": "integer"},
                 "reserved": {"type": "integer", "description": "resv_hugepages: promised to mappings, not faulted yet"}

@@ -47,7 +47,7 @@ use crate::{
     host::PageSize,
     kube::identifiers,
     kubeletconfig::live::KubeletView,
-    memorymanager::live::MemoryManagerView,
+    memorymanager::{live::MemoryManagerView, streamed::KubeletSelection},
     numa::map::{MapReader, Snapshot, Source},
     psi::monitor::PsiReader,
     telemetry::watch::{EVENT_KINDS, WatchStats},
@@ -140,6 +140,11 @@ pub struct WatchState {
     /// Counts the changes of the NUMA selection's inputs (the kubelet's settings, the Memory
     /// Manager's state) since the agent started: a different value means they changed.
     pub selection_inputs: u64,
+    /// Under `kubelet` selection, the inputs themselves: what a watcher selects the nodes with as
+    /// the kubelet would. Absent when the agent cannot select either (the kubelet's settings or
+    /// the Memory Manager's state refused): then it is asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_selection: Option<KubeletSelection>,
 }
 
 /// What a state says besides the map and the reservations.
@@ -150,6 +155,7 @@ pub struct Settings {
     pub numa_selection: NumaSelection,
     pub pressure_refusal: Option<String>,
     pub selection_inputs: u64,
+    pub kubelet_selection: Option<KubeletSelection>,
 }
 
 /// The state of `snapshot` with the reservations of `store` in force at `now`.
@@ -200,6 +206,7 @@ pub fn state(
         numa_selection: settings.numa_selection,
         pressure_refusal: settings.pressure_refusal,
         selection_inputs: settings.selection_inputs,
+        kubelet_selection: settings.kubelet_selection,
     }
 }
 
@@ -311,6 +318,15 @@ impl Inputs {
             } else {
                 NumaSelection::NodeWide
             },
+            kubelet_selection: kubelet
+                .pins_memory()
+                .then(|| {
+                    let view = self.memory_manager.load();
+                    let config = kubelet.topology(None, None).ok()?;
+                    view.usable().ok()?;
+                    Some(KubeletSelection::of(&config, &view.state))
+                })
+                .flatten(),
             pressure_refusal: self
                 .reject_under_pressure
                 .then(|| self.psi.load().memory_pressure().map(pressure_message))

@@ -46,7 +46,8 @@ pub enum HintError {
 pub const MAX_HINT_NODES: usize = 16;
 
 /// Topology Manager scope.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Scope {
     Container,
     Pod,

@@ -10,6 +10,7 @@ pub mod machine;
 pub mod requests;
 pub mod selection;
 pub mod state;
+pub mod streamed;
 
 #[cfg(test)]
 pub(crate) mod testing;

@@ -29,6 +29,8 @@ pub struct NumaInfo {
     default_affinity: NumaMask,
     /// The first (from, to) without a distance.
     missing: Option<(usize, usize)>,
+    /// The rows as given to [`NumaInfo::new`], for whoever builds the same machine elsewhere.
+    rows: BTreeMap<usize, Vec<u64>>,
 }
 
 impl NumaInfo {
@@ -66,6 +68,7 @@ impl NumaInfo {
             width,
             default_affinity,
             missing,
+            rows: distances,
         })
     }
 
@@ -94,6 +97,11 @@ impl NumaInfo {
 
     pub fn nodes(&self) -> &[usize] {
         &self.nodes
+    }
+
+    /// The distance rows as given to [`NumaInfo::new`]: with the nodes, the same machine.
+    pub fn rows(&self) -> &BTreeMap<usize, Vec<u64>> {
+        &self.rows
     }
 
     /// Every node: the affinity of "anywhere".

@@ -269,9 +269,9 @@ fn table_fits(context: &Context, node: &str, addr: Option<&SocketAddr>, pod: &Po
     let (Some(table), Some(addr)) = (context.table.as_ref(), addr) else {
         return false;
     };
-    table.fresh(node, *addr).is_some_and(|state| {
+    table.fresh(node, *addr).is_some_and(|streamed| {
         matches!(
-            table::judge(&state, &pod.need, &pod.uid, SystemTime::now()),
+            table::judge(&streamed, pod, SystemTime::now()),
             Some(Judged::Fits(_))
         )
     })

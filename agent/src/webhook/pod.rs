@@ -9,7 +9,7 @@ use hyper::body::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::kube::pod::{Hugepages, Pod, pod_hugepages};
+use crate::kube::pod::{Hugepages, Pod, PodHugepages, pod_hugepages};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PodError {
@@ -28,6 +28,10 @@ pub struct PodRequest {
     pub uid: String,
     /// The pod's hugepages need per page size; empty when it asks for none.
     pub need: Hugepages,
+    /// The pod as the agent reads it, and its hugepages per container: what the kubelet's NUMA
+    /// selection takes when the webhook runs it on a streamed state.
+    pub pod: Pod,
+    pub pages: PodHugepages,
     /// The `POST /v1/admit?dryRun=true` body.
     pub body: Bytes,
 }
@@ -37,15 +41,15 @@ pub fn read(pod: Option<&RawValue>) -> Result<PodRequest, PodError> {
     let text = pod.ok_or(PodError::Missing)?.get();
     let unreadable = |e: serde_json::Error| PodError::Unreadable(e.to_string());
     let parsed: Pod = serde_json::from_str(text).map_err(unreadable)?;
-    let need = pod_hugepages(&parsed.spec)
-        .map_err(|e| PodError::Unreadable(e.to_string()))?
-        .total;
+    let pages = pod_hugepages(&parsed.spec).map_err(|e| PodError::Unreadable(e.to_string()))?;
     let for_agent: ForAgent<'_> = serde_json::from_str(text).map_err(unreadable)?;
     let body = serde_json::to_vec(&for_agent).map_err(unreadable)?;
     Ok(PodRequest {
         name: format!("{}/{}", parsed.metadata.namespace, parsed.metadata.name),
-        uid: parsed.metadata.uid,
-        need,
+        uid: parsed.metadata.uid.clone(),
+        need: pages.total.clone(),
+        pod: parsed,
+        pages,
         body: Bytes::from(body),
     })
 }

@@ -164,8 +164,8 @@ async fn judge_all(context: &Context, pod: &PodRequest, looked: &[Looked]) -> Ve
     let now = SystemTime::now();
     let streamed = |c: &Candidate| -> Option<Judged> {
         let table = context.table.as_ref()?;
-        let state = table.fresh(&c.name, *c.agent.as_ref().ok()?)?;
-        table::judge(&state, &pod.need, &pod.uid, now)
+        let streamed = table.fresh(&c.name, *c.agent.as_ref().ok()?)?;
+        table::judge(&streamed, pod, now)
     };
     let mut from_table = 0;
     let settled: Vec<Option<Judged>> = looked

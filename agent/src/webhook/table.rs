@@ -5,15 +5,17 @@
 //! judge alone; for any other node it asks the agent, as without streams.
 //!
 //! A state is judged alone ([`judge`]) when the agent's map follows hugetlb faults (`source`
-//! `ebpf+sysfs`: a map kept by the periodic reconcile only is as old as its interval), the
-//! kubelet's Memory Manager policy is `None` (`numaSelection` `nodeWide`: the pod's hugepages
-//! are verified on every NUMA node, whatever the pod), and no pool the pod needs is stale. The
-//! judgement is the agent's own code on the streamed figures: KEP-5759's comparison and message
-//! ([`verify::judge`]), the agent's reservations where they meet the nodes
+//! `ebpf+sysfs`: a map kept by the periodic reconcile only is as old as its interval), no pool the
+//! pod needs is stale, and the NUMA nodes to verify on can be selected from the state: every node
+//! when the kubelet's Memory Manager policy is `None` (`numaSelection` `nodeWide`), or, when it
+//! is `Static`, the nodes the kubelet would pick, selected on the streamed
+//! `kubeletSelection` (the Topology Manager's settings and the Memory Manager's machine state,
+//! rebuilt once per state received, [`Streamed`]). The judgement is the agent's own code on the
+//! streamed figures: the kubelet's selection and the grouping of the pod's hugepages by the nodes
+//! they come from ([`plan::plan`]), KEP-5759's comparison and message per group
+//! ([`verify::judge`], [`plan::verdict`]), the agent's reservations where they meet the nodes
 //! ([`reservations::held_by`], the pod's own not counted), and the refusal under memory
-//! contention pressure. Where the kubelet pins memory (`Static`), the selection needs the
-//! kubelet's hints on the Memory Manager's state, which the stream does not carry yet: such a
-//! node is asked.
+//! contention pressure.
 //!
 //! The table never decides a binding: the admission webhook asks the chosen node's agent, which
 //! verifies on fresh sysfs reads and reserves.
@@ -28,18 +30,20 @@ use std::{
 
 use tokio::time::Instant;
 
+use super::pod::PodRequest;
 use super::{
     agents::{CheckReply, Reply},
     decide::Judged,
 };
 use crate::{
     admission::{
+        plan::{self, Plan},
         reservations::{self, held_by},
         verify::{self, OnSysfsError, Settings, free_and_unreserved, refuse_under_pressure},
     },
     api::watch::{NumaSelection, WatchState},
     host::{NumaNode, PageSize},
-    kube::pod::Hugepages,
+    memorymanager::{selection::Basis, streamed::Selector},
     numa::map::Source,
 };
 
@@ -48,12 +52,32 @@ use crate::{
 struct Entry {
     /// Where its agent was dialled: a Node that moved is a new stream.
     addr: SocketAddr,
-    state: Option<Arc<WatchState>>,
+    state: Option<Arc<Streamed>>,
     /// The stream's epoch and generation of `state`, to resume from.
     epoch: Option<String>,
     generation: u64,
     /// The last event of any kind; `None` while no stream is open.
     heard: Option<Instant>,
+}
+
+/// A state as the table keeps it.
+#[derive(Debug)]
+pub struct Streamed {
+    /// The state, its `kubeletSelection` taken out into `selector`.
+    pub state: WatchState,
+    /// The kubelet's selection rebuilt from the state's `kubeletSelection`; `None` when it had
+    /// none or it does not describe a machine.
+    pub selector: Option<Selector>,
+}
+
+impl Streamed {
+    pub fn new(mut state: WatchState) -> Streamed {
+        let selector = state
+            .kubelet_selection
+            .take()
+            .and_then(|s| s.selector().ok());
+        Streamed { state, selector }
+    }
 }
 
 /// Where a stream resumes from.
@@ -115,7 +139,7 @@ impl Table {
     ) {
         let entry = Entry {
             addr,
-            state: Some(Arc::new(state)),
+            state: Some(Arc::new(Streamed::new(state))),
             epoch: Some(epoch.to_owned()),
             generation,
             heard: Some(Instant::now()),
@@ -143,7 +167,7 @@ impl Table {
     }
 
     /// `node`'s state, if its stream to `addr` was heard within the bound.
-    pub fn fresh(&self, node: &str, addr: SocketAddr) -> Option<Arc<WatchState>> {
+    pub fn fresh(&self, node: &str, addr: SocketAddr) -> Option<Arc<Streamed>> {
         let entries = self.read();
         let entry = entries.get(node).filter(|e| e.addr == addr)?;
         let heard = entry.heard?;
@@ -173,42 +197,53 @@ impl Table {
     }
 }
 
-/// The agent's answer to a dry run of a pod that needs `need` (its UID `pod_uid`), judged on
-/// `state` as the agent would judge it; `None` when the state alone cannot say (see the
-/// module's documentation): then the agent is asked.
-pub fn judge(
-    state: &WatchState,
-    need: &Hugepages,
-    pod_uid: &str,
-    now: SystemTime,
-) -> Option<Judged> {
-    if state.source != Source::EbpfSysfs || state.numa_selection != NumaSelection::NodeWide {
+/// The agent's answer to a dry run of `pod`, judged on `streamed` as the agent would judge it;
+/// `None` when the state alone cannot say (see the module's documentation): then the agent is
+/// asked.
+pub fn judge(streamed: &Streamed, pod: &PodRequest, now: SystemTime) -> Option<Judged> {
+    let state = &streamed.state;
+    if state.source != Source::EbpfSysfs {
         return None;
     }
     let stale = state
         .nodes
         .iter()
         .flat_map(|n| &n.sizes)
-        .any(|s| s.stale && need.contains_key(&PageSize(s.page_size_bytes)));
+        .any(|s| s.stale && pod.need.contains_key(&PageSize(s.page_size_bytes)));
     if stale || state.nodes.is_empty() {
         return None;
     }
-    let nodes: Vec<NumaNode> = state.nodes.iter().map(|n| NumaNode(n.node)).collect();
+    let all: Vec<NumaNode> = state.nodes.iter().map(|n| NumaNode(n.node)).collect();
+    let plan = match state.numa_selection {
+        NumaSelection::NodeWide => Plan::unselected(&all, &pod.need, Basis::NodeWide),
+        NumaSelection::Kubelet => {
+            let Selector { config, state } = streamed.selector.as_ref()?;
+            plan::plan(state, &pod.pod, &pod.pages, config.topology(), &all).ok()?
+        }
+    };
     let settings = Settings {
         gate: state.gate,
         mode: state.mode,
         on_sysfs_error: OnSysfsError::Admit,
     };
-    let mut verdict = verify::judge(need, nodes, settings, |size, nodes| {
-        Ok::<_, Infallible>(free_and_unreserved(
-            size,
-            free_pages(state, size, nodes),
-            reserved_pages(state, size),
+    let verdict = plan::verdict(&plan, state.mode, |pages, nodes| {
+        Ok::<_, Infallible>(verify::judge(
+            pages,
+            nodes.to_vec(),
+            settings,
+            |size, nodes| {
+                Ok::<_, Infallible>(free_and_unreserved(
+                    size,
+                    free_pages(state, size, nodes),
+                    reserved_pages(state, size),
+                ))
+            },
         ))
     });
+    let Ok(mut verdict) = verdict;
     reservations::subtract(&mut verdict, |size, nodes| {
         let in_force = state.reservations.iter().filter(|r| r.expires_at > now);
-        held_by(in_force, size, nodes, pod_uid)
+        held_by(in_force, size, nodes, &pod.uid)
     });
     refuse_under_pressure(&mut verdict, state.pressure_refusal.as_deref());
     let reply = Reply {

@@ -118,6 +118,18 @@ async fn a_watch_gets_the_state_then_each_new_one_and_heartbeats_between() {
     assert_eq!(node0["reservedByAgent"], 0);
     assert_eq!(node0["unreservedBytes"], 1024u64 * (2 << 20));
     assert_eq!(first["object"]["source"], "sysfs");
+    // The kubelet pins memory here (Static, single-numa-node): what selects the nodes travels.
+    assert_eq!(first["object"]["numaSelection"], "kubelet");
+    let selection = &first["object"]["kubeletSelection"];
+    assert_eq!(selection["topologyManagerPolicy"], "single-numa-node");
+    assert_eq!(selection["topologyManagerScope"], "container");
+    assert_eq!(
+        selection["numaDistances"],
+        json!({"0": [10, 20], "1": [20, 10]})
+    );
+    let table = &selection["machineState"]["1"]["memoryMap"]["hugepages-2Mi"];
+    assert_eq!(table["allocatable"], 2048u64 * (2 << 20), "{selection}");
+    assert_eq!(table["free"], 2048u64 * (2 << 20), "{selection}");
 
     // Nothing changes: a heartbeat, with the generation and no state.
     let beat = lines.next(SECOND).await.expect("a bookmark");

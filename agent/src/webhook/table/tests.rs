@@ -7,6 +7,14 @@ use crate::{
         verify::{Gate, Mode},
     },
     api::watch::{NodeState, SizeState, SystemSize},
+    memorymanager::{
+        hints::Scope,
+        selection::TopologyConfig,
+        streamed::KubeletSelection,
+        testing::{GI, node, state as mm_state},
+    },
+    topologymanager::{NumaInfo, Policy, PolicyOptions},
+    webhook::pod,
 };
 
 const MI2: u64 = 2 << 20;
@@ -41,11 +49,28 @@ fn state(free: [u64; 2]) -> WatchState {
         numa_selection: NumaSelection::NodeWide,
         pressure_refusal: None,
         selection_inputs: 0,
+        kubelet_selection: None,
     }
 }
 
-fn need(pages: u64) -> Hugepages {
-    Hugepages::from([(PageSize(MI2), pages * MI2)])
+/// The scheduler's pod `POD`, Guaranteed, one container asking for `resources` (requests and
+/// limits).
+fn request(resources: serde_json::Value) -> PodRequest {
+    let pod = serde_json::json!({
+        "metadata": {"uid": POD, "name": "p", "namespace": "telco"},
+        "spec": {"containers": [
+            {"name": "app", "resources": {"requests": resources, "limits": resources}}
+        ]},
+        "status": {"qosClass": "Guaranteed"}
+    });
+    let raw = serde_json::value::to_raw_value(&pod).expect("json");
+    pod::read(Some(&raw)).expect("a pod")
+}
+
+/// A Guaranteed pod asking for `pages` 2 MiB pages.
+fn need(pages: u64) -> PodRequest {
+    let bytes = pages * MI2;
+    request(serde_json::json!({"cpu": "1", "memory": "1Gi", "hugepages-2Mi": bytes.to_string()}))
 }
 
 fn reservation(pod: &str, nodes: &[u32], pages: u64, expires_in: Duration) -> Reservation {
@@ -63,7 +88,11 @@ fn reservation(pod: &str, nodes: &[u32], pages: u64, expires_in: Duration) -> Re
 }
 
 fn judged(state: &WatchState, pages: u64) -> Option<Judged> {
-    judge(state, &need(pages), POD, SystemTime::now())
+    judge(
+        &Streamed::new(state.clone()),
+        &need(pages),
+        SystemTime::now(),
+    )
 }
 
 #[test]
@@ -129,21 +158,95 @@ fn pressure_refuses_with_the_agents_message() {
 fn what_the_state_alone_cannot_decide_is_left_to_the_agent() {
     let mut kubelet = state([10, 6]);
     kubelet.numa_selection = NumaSelection::Kubelet;
-    assert_eq!(judged(&kubelet, 1), None, "the kubelet's hints select");
+    assert_eq!(
+        judged(&kubelet, 1),
+        None,
+        "the kubelet's hints select, and its inputs were not streamed"
+    );
     let mut polled = state([10, 6]);
     polled.source = Source::Sysfs;
     assert_eq!(judged(&polled, 1), None, "a map as old as the reconcile");
     let mut stale = state([10, 6]);
     stale.nodes[1].sizes[0].stale = true;
     assert_eq!(judged(&stale, 1), None, "a pool the pod needs is stale");
-    let other = Hugepages::from([(PageSize(1 << 30), 1 << 30)]);
+    let other = request(serde_json::json!({"cpu": "1", "memory": "1Gi", "hugepages-1Gi": "1Gi"}));
     assert!(
         matches!(
-            judge(&stale, &other, POD, SystemTime::now()),
+            judge(&Streamed::new(stale), &other, SystemTime::now()),
             Some(Judged::Misfit(_))
         ),
         "a stale pool the pod does not need does not matter (no 1 GiB pages: misfit)"
     );
+}
+
+/// `state` under the Memory Manager's `Static` policy with `single-numa-node`, container scope,
+/// and a Memory Manager that believes `mm_free` 2 MiB pages free on each node.
+fn pinned(mut state: WatchState, mm_free: [u64; 2]) -> WatchState {
+    let distances = [(0, vec![10, 21]), (1, vec![21, 10])].into();
+    let config = TopologyConfig {
+        info: Arc::new(NumaInfo::new(vec![0, 1], distances).expect("a machine")),
+        policy: Policy::SingleNumaNode,
+        options: PolicyOptions::default(),
+        scope: Scope::Container,
+        gates: Default::default(),
+    };
+    let mm = mm_state(
+        mm_free
+            .iter()
+            .enumerate()
+            .map(|(n, &free)| {
+                let resources = [
+                    ("memory", 64 * GI, 64 * GI),
+                    ("hugepages-2Mi", GI, free * MI2),
+                ];
+                (n, node(&resources, &[n], 0))
+            })
+            .collect(),
+    );
+    state.numa_selection = NumaSelection::Kubelet;
+    state.kubelet_selection = Some(KubeletSelection::of(&config, &mm));
+    state
+}
+
+#[test]
+fn under_the_static_policy_the_nodes_the_kubelet_would_pick_are_verified_from_the_stream() {
+    // The Memory Manager believes 10 pages free on node 0 and 6 on node 1; the kernel has 10 and 6.
+    let s = pinned(state([10, 6]), [10, 6]);
+    let Some(Judged::Fits(reply)) = judged(&s, 8) else {
+        panic!("8 pages fit on node 0 alone: {:?}", judged(&s, 8));
+    };
+    assert_eq!(reply.numa_nodes, vec![0], "single-numa-node picks node 0");
+    assert_eq!(
+        reply.checks[0].available_bytes,
+        10 * MI2,
+        "node 0's pages only"
+    );
+    // 12 pages fit on no single node: the kubelet refuses before any hugepage is counted.
+    assert_eq!(
+        judged(&s, 12),
+        Some(Judged::Misfit(
+            "Resources cannot be allocated with Topology locality".to_owned()
+        ))
+    );
+    // KEP-5759's case: the Memory Manager still believes node 0 has 10 pages; another process
+    // took 6 of them, which the stream shows.
+    let taken = pinned(state([4, 6]), [10, 6]);
+    assert_eq!(
+        judged(&taken, 8),
+        Some(Judged::Misfit(
+            "insufficient hugepages-2Mi on NUMA node(s) [0]: requested 16Mi, available 8Mi"
+                .to_owned()
+        ))
+    );
+}
+
+#[test]
+fn a_streamed_selection_that_describes_no_machine_is_left_to_the_agent() {
+    let mut s = pinned(state([10, 6]), [10, 6]);
+    if let Some(selection) = s.kubelet_selection.as_mut() {
+        selection.numa_distances.clear();
+    }
+    assert_eq!(judged(&s, 1), None);
 }
 
 #[tokio::test]
