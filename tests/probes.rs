@@ -105,23 +105,37 @@ fn each_touched_huge_page_in_a_watched_cgroup_is_one_event_with_pid_cgroup_and_s
 /// refusal; `cargo xtask vm-test` runs the fentry path on 6.1-rt and 6.12-rt.
 #[test]
 fn the_fentry_fault_program_sees_the_same_faults_or_its_refusal_names_it() {
+    same_faults_or_refusal(FaultAttach::Fentry, FaultPath::Fentry, "hugetlb_fault");
+}
+
+/// `--fault-attach fexit`: the same faults, each seen done (`vm_fault` 0: its page mapped), or
+/// the refusal naming the program where the kernel refuses fexit (this host; `cargo xtask
+/// vm-test` runs the fexit path on every kernel it boots).
+#[test]
+fn the_fexit_fault_program_sees_each_fault_done_or_its_refusal_names_it() {
+    same_faults_or_refusal(FaultAttach::Fexit, FaultPath::Fexit, "hugetlb_fault_done");
+}
+
+/// The fault program loaded where `attach` says sees one event per huge page a toucher in a
+/// watched cgroup touches; or the kernel refuses `program`, and the error says so.
+fn same_faults_or_refusal(attach: FaultAttach, path: FaultPath, program: &str) {
     const K: usize = 4;
     let lock = host_lock();
     let _pool = HugepagePool::reserve(&lock, 8);
-    let cgroup = TestCgroup::create(&lock, "fentry");
-    let (mut probes, streams) = match Probes::load(&HostFs::new("/"), FaultAttach::Fentry) {
+    let cgroup = TestCgroup::create(&lock, program);
+    let (mut probes, streams) = match Probes::load(&HostFs::new("/"), attach) {
         Ok(loaded) => loaded,
         Err(err) => {
             let why = err.explain();
             assert!(
-                why.contains("eBPF program hugetlb_fault refused by the kernel"),
+                why.contains(&format!("eBPF program {program} refused by the kernel")),
                 "{why}"
             );
-            eprintln!("this kernel refuses fentry programs, so only the refusal is checked: {why}");
+            eprintln!("this kernel refuses {program}, so only the refusal is checked: {why}");
             return;
         }
     };
-    assert_eq!(probes.fault_path, FaultPath::Fentry);
+    assert_eq!(probes.fault_path, path);
     runtime().block_on(async {
         let scan = v2().scan(&HostFs::new("/")).expect("scan cgroups");
         probes.sync_watched(&scan.watched).expect("watch");
@@ -141,8 +155,38 @@ fn the_fentry_fault_program_sees_the_same_faults_or_its_refusal_names_it() {
                 "{f:?}"
             );
             assert!(f.write);
+            let done = path == FaultPath::Fexit;
+            assert_eq!(f.done, done.then_some(0), "{f:?}");
+            assert_eq!(f.settled(), done, "{f:?}");
         }
     });
+}
+
+/// `--fault-attach auto`: fexit where the kernel runs it; where it refuses it (this host), the
+/// tracepoint, and the refusal is kept for the log.
+#[test]
+fn auto_takes_fexit_where_the_kernel_allows_it_and_else_the_tracepoint_saying_why() {
+    let lock = host_lock();
+    let realtime = std::fs::read_to_string("/sys/kernel/realtime").is_ok_and(|r| r.trim() == "1");
+    let (probes, _streams) = Probes::load(&HostFs::new("/"), FaultAttach::Auto).expect("probes");
+    match probes.fault_path {
+        FaultPath::Fexit => assert_eq!(probes.fault_fallback, None),
+        fallback => {
+            let expected = if realtime {
+                FaultPath::Fentry
+            } else {
+                FaultPath::Tracepoint
+            };
+            assert_eq!(fallback, expected);
+            let why = probes.fault_fallback.clone().unwrap_or_default();
+            assert!(
+                why.contains("eBPF program hugetlb_fault_done refused by the kernel"),
+                "{why}"
+            );
+            eprintln!("this kernel refuses fexit: the fault probe is {fallback:?} ({why})");
+        }
+    }
+    drop(lock);
 }
 
 #[test]

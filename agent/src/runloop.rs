@@ -118,7 +118,8 @@ impl RunLoop {
                 if self.probes.on_fault(&f) {
                     self.faults.record(f.cgroup_id, SystemTime::now());
                     self.metrics.fault(f.numa_node, f.page_size.map(PageSize));
-                    self.refresher.schedule(f.page_size.map(PageSize), f.at);
+                    self.refresher
+                        .schedule(f.page_size.map(PageSize), f.at, f.settled());
                 }
             }
             ProbeEvent::Cgroup(c) => self.on_cgroup(&c),

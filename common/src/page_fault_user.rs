@@ -49,6 +49,15 @@ pub struct CgroupVerdict {
     pub filtered: u64,
 }
 
+/// Values of [`HugetlbFault::phase`]: where in the fault the program ran.
+pub mod phase {
+    /// As the fault starts (the tracepoint, fentry): the page may not be taken from the pool yet.
+    pub const STARTED: u32 = 0;
+    /// As the kernel's hugetlb fault handler returns (fexit): the page is taken, unless
+    /// [`super::HugetlbFault::vm_fault`] says the fault failed.
+    pub const DONE: u32 = 1;
+}
+
 /// One fault in a hugetlb VMA, as the kernel program saw it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +79,10 @@ pub struct HugetlbFault {
     pub numa_node: u32,
     /// Task name, NUL-padded.
     pub comm: [u8; 16],
+    /// A value of [`phase`].
+    pub phase: u32,
+    /// At [`phase::DONE`], the handler's `vm_fault_t` (0: the page is mapped); else 0.
+    pub vm_fault: u32,
 }
 
 #[cfg(feature = "user")]

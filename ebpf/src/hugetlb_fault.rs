@@ -1,5 +1,11 @@
-//! `fentry/hugetlb_fault`: the same hugetlb fault records as `exceptions/page_fault_user`, taken
-//! at the entry of the kernel's hugetlb fault handler, which is handed the VMA.
+//! `fentry/hugetlb_fault` and `fexit/hugetlb_fault`: the same hugetlb fault records as
+//! `exceptions/page_fault_user`, taken at the entry of the kernel's hugetlb fault handler, which is
+//! handed the VMA, or as it returns.
+//!
+//! The fexit program's record is the fault done: the handler has taken its page from the pool
+//! (`free_hugepages` is already lower) or failed, and says which (`vm_fault_t`, 0 when the page
+//! is mapped). The agent reads the pools once on it, with no need to try again later; it attaches
+//! it wherever the kernel runs fexit programs, and the tracepoint program elsewhere.
 //!
 //! The agent attaches it instead of the tracepoint program where that one cannot work: on
 //! PREEMPT_RT kernels `bpf_find_vma` always gives up in the page-fault tracepoint (interrupts are
@@ -13,13 +19,18 @@
 //! `vm_fault_t hugetlb_fault(struct mm_struct *mm, struct vm_area_struct *vma,
 //! unsigned long address, unsigned int flags)`, as in Linux 6.1 to 6.12 (`mm/hugetlb.c`).
 
-use aya_ebpf::{macros::fentry, programs::FEntryContext};
+use aya_ebpf::{
+    macros::{fentry, fexit},
+    programs::{FEntryContext, FExitContext},
+};
 
 use crate::page_fault_user::{hugetlb_page_size, inspected, report};
 
 const ARG_VMA: usize = 1;
 const ARG_ADDRESS: usize = 2;
 const ARG_FLAGS: usize = 3;
+/// An fexit program's context holds the return value after the arguments.
+const ARG_RETURN: usize = 4;
 /// `FAULT_FLAG_WRITE` (`include/linux/mm_types.h`).
 const FAULT_FLAG_WRITE: u64 = 1;
 /// The x86 page-fault error code's write bit (`X86_PF_WRITE`).
@@ -38,6 +49,30 @@ pub fn hugetlb_fault(ctx: FEntryContext) -> u32 {
     } else {
         0
     };
-    report(cgroup_id, address, hugetlb_page_size(vma), error_code);
+    report(cgroup_id, address, hugetlb_page_size(vma), error_code, None);
+    0
+}
+
+#[fexit(function = "hugetlb_fault")]
+pub fn hugetlb_fault_done(ctx: FExitContext) -> u32 {
+    let Some(cgroup_id) = inspected() else {
+        return 0;
+    };
+    let vma: *const u8 = ctx.arg(ARG_VMA);
+    let address: u64 = ctx.arg(ARG_ADDRESS);
+    let flags: u64 = ctx.arg(ARG_FLAGS);
+    let vm_fault: u64 = ctx.arg(ARG_RETURN);
+    let error_code = if flags & FAULT_FLAG_WRITE != 0 {
+        X86_PF_WRITE
+    } else {
+        0
+    };
+    report(
+        cgroup_id,
+        address,
+        hugetlb_page_size(vma),
+        error_code,
+        Some(vm_fault as u32),
+    );
     0
 }

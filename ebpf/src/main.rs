@@ -1,8 +1,11 @@
-//! The kernel side of hugepage-agent: tracepoint and fentry programs built for `bpfel-unknown-none`.
+//! The kernel side of hugepage-agent: tracepoint, fentry and fexit programs built for
+//! `bpfel-unknown-none`.
 //!
 //! One program per attach point: `page_fault_user` reports faults in hugetlb VMAs of watched
-//! cgroups (`hugetlb_fault`, an fentry program, the same where that tracepoint cannot: PREEMPT_RT); `cgroup_mkdir`, `cgroup_rmdir`, `cgroup_attach_task` and `cgroup_release` report the
-//! cgroup lifecycle for the pod inventory. Records go to ring buffers; every program counts what it
+//! cgroups; `hugetlb_fault` (fentry) the same where that tracepoint cannot (PREEMPT_RT);
+//! `hugetlb_fault_done` (fexit) each such fault done, wherever the kernel runs fexit programs;
+//! `cgroup_mkdir`, `cgroup_rmdir`, `cgroup_attach_task` and `cgroup_release` report the cgroup
+//! lifecycle for the pod inventory. Records go to ring buffers; every program counts what it
 //! saw, skipped and lost in a per-CPU counter map. Layout that differs between kernels comes from
 //! [`shared::offsets`], filled in by the agent from BTF. On the host this crate only type-checks.
 #![cfg_attr(target_arch = "bpf", no_std)]

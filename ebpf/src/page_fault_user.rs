@@ -23,7 +23,8 @@ use aya_ebpf::{
 use hugepage_agent_common::{
     counters::Counter,
     page_fault_user::{
-        CgroupVerdict, EVENTS_BYTES, FaultSettings, HugetlbFault, WATCHED_CGROUPS_MAX, settings,
+        CgroupVerdict, EVENTS_BYTES, FaultSettings, HugetlbFault, WATCHED_CGROUPS_MAX, phase,
+        settings,
     },
 };
 
@@ -93,13 +94,20 @@ fn try_page_fault_user(ctx: &RawTracePointContext) -> Result<i32, i32> {
         return Ok(0);
     }
     let error_code: u64 = ctx.arg(ARG_ERROR_CODE);
-    report(cgroup_id, address, vma.page_size, error_code);
+    report(cgroup_id, address, vma.page_size, error_code, None);
     Ok(0)
 }
 
-/// Writes one hugetlb fault of the current task to the ring buffer (or counts it lost).
+/// Writes one hugetlb fault of the current task to the ring buffer (or counts it lost): as it
+/// starts, or `done` with the handler's `vm_fault_t`.
 #[inline(always)]
-pub(crate) fn report(cgroup_id: u64, address: u64, page_size: u64, error_code: u64) {
+pub(crate) fn report(
+    cgroup_id: u64,
+    address: u64,
+    page_size: u64,
+    error_code: u64,
+    done: Option<u32>,
+) {
     let Some(mut entry) = HUGETLB_FAULTS.reserve::<HugetlbFault>(0) else {
         count(Counter::HugetlbFaultsLost);
         return;
@@ -119,6 +127,12 @@ pub(crate) fn report(cgroup_id: u64, address: u64, page_size: u64, error_code: u
         // SAFETY: helper without preconditions.
         numa_node: unsafe { bpf_get_numa_node_id() } as u32,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        phase: if done.is_some() {
+            phase::DONE
+        } else {
+            phase::STARTED
+        },
+        vm_fault: done.unwrap_or(0),
     });
     entry.submit(0);
     count(Counter::HugetlbFaults);

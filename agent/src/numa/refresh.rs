@@ -6,7 +6,9 @@
 //! zeroes it, microseconds later, and the probe's event takes longer than that to wake the agent:
 //! the first re-read nearly always sees the page gone. One that saw no change (the fault had not
 //! taken its page yet) is repeated after [`FIRST_FOLLOW_UP`], then after twice the delay each
-//! time, up to [`FOLLOW_UPS`] times (1.6 s in all, for a 1 GiB page's slowest fault).
+//! time, up to [`FOLLOW_UPS`] times (1.6 s in all, for a 1 GiB page's slowest fault). A fault
+//! seen done (the fexit probe, where the kernel allows it) has its page taken already: the
+//! re-read it prompts is the only one, whatever it sees.
 //! The periodic reconcile re-reads everything. Each re-read is logged as the pools' changes, and a
 //! prompted one carries a `map refresh` span with the fault's time. A pool that turns unreadable
 //! is logged once with the file (the map keeps its last figures, marked stale), and once more
@@ -41,6 +43,9 @@ struct Pending {
     due: Option<Instant>,
     /// How many re-reads of these faults saw no change so far.
     follow_ups: u32,
+    /// A fault waiting was seen as it started (or will be taken again): its page may not be
+    /// taken yet.
+    started: bool,
 }
 
 /// What a prompted re-read found.
@@ -86,9 +91,11 @@ impl Refresher {
         self.pending.due
     }
 
-    /// A fault of `size` (unknown: every size) at CLOCK_MONOTONIC `fault_at`.
-    pub fn schedule(&mut self, size: Option<PageSize>, fault_at: Duration) {
+    /// A fault of `size` (unknown: every size) at CLOCK_MONOTONIC `fault_at`; `settled` when it
+    /// was seen done and will not be taken again (see [`crate::probes::events::FaultEvent`]).
+    pub fn schedule(&mut self, size: Option<PageSize>, fault_at: Duration, settled: bool) {
         let p = &mut self.pending;
+        p.started |= !settled;
         match size {
             Some(size) => {
                 p.sizes.insert(size);
@@ -110,7 +117,7 @@ impl Refresher {
                 log_transitions(&reread);
                 let changes = reread.changes;
                 span.record("hugepage_agent.pools_changed", changes.len() as i64);
-                if changes.is_empty() && pending.follow_ups < FOLLOW_UPS {
+                if changes.is_empty() && pending.started && pending.follow_ups < FOLLOW_UPS {
                     self.pending = Pending {
                         due: Some(Instant::now() + FIRST_FOLLOW_UP * 2u32.pow(pending.follow_ups)),
                         follow_ups: pending.follow_ups + 1,
@@ -251,13 +258,13 @@ mod tests {
         let (_d, _host, mut r) = refresher();
         assert_eq!(r.due(), None);
         let before = Instant::now();
-        r.schedule(Some(PageSize(2 << 20)), Duration::from_secs(5));
+        r.schedule(Some(PageSize(2 << 20)), Duration::from_secs(5), false);
         let due = r.due().expect("a re-read is due");
         assert!(
             due >= before && due <= Instant::now(),
             "due at once, not after a delay"
         );
-        r.schedule(Some(PageSize(2 << 20)), Duration::from_secs(4));
+        r.schedule(Some(PageSize(2 << 20)), Duration::from_secs(4), true);
         assert_eq!(
             r.due(),
             Some(due),
@@ -269,7 +276,7 @@ mod tests {
     #[tokio::test]
     async fn a_reread_that_sees_no_change_is_repeated_with_a_doubled_delay_then_settles() {
         let (_d, _host, mut r) = refresher();
-        r.schedule(Some(PageSize(2 << 20)), monotonic_now());
+        r.schedule(Some(PageSize(2 << 20)), monotonic_now(), false);
         for k in 0..FOLLOW_UPS {
             let before = Instant::now();
             assert!(matches!(r.refresh(), Refreshed::Again));
@@ -290,7 +297,7 @@ mod tests {
     #[tokio::test]
     async fn a_reread_that_sees_the_page_taken_reports_the_change_and_the_delay() {
         let (dir, _host, mut r) = refresher();
-        r.schedule(Some(PageSize(2 << 20)), monotonic_now());
+        r.schedule(Some(PageSize(2 << 20)), monotonic_now(), false);
         fake::write(dir.path(), &format!("{MI2}/free_hugepages"), "7\n");
         match r.refresh() {
             Refreshed::Changed {
@@ -305,5 +312,20 @@ mod tests {
         }
         assert_eq!(r.current().nodes[0].sizes[0].free, 7);
         assert_eq!(r.due(), None);
+    }
+
+    #[tokio::test]
+    async fn a_fault_seen_done_is_read_once_even_when_nothing_changed() {
+        let (_d, _host, mut r) = refresher();
+        r.schedule(Some(PageSize(2 << 20)), monotonic_now(), true);
+        assert!(
+            matches!(r.refresh(), Refreshed::Changed { ref changes, .. } if changes.is_empty()),
+            "no follow-up: its page was taken (or it failed) before the event"
+        );
+        assert_eq!(r.due(), None);
+        // One seen as it started among those waiting: followed up as before.
+        r.schedule(Some(PageSize(2 << 20)), monotonic_now(), true);
+        r.schedule(Some(PageSize(2 << 20)), monotonic_now(), false);
+        assert!(matches!(r.refresh(), Refreshed::Again));
     }
 }

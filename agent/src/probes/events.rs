@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hugepage_agent_common::{
     cgroup::{CgroupEvent, FLAG_TRUNCATED, PATH_LEN, kind},
-    page_fault_user::HugetlbFault,
+    page_fault_user::{HugetlbFault, phase},
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -22,13 +22,18 @@ pub enum DecodeError {
     Kind(u32),
     #[error("cgroup record with path length {0}, more than {PATH_LEN}")]
     PathLen(u32),
+    #[error("hugetlb fault record of unknown phase {0}")]
+    Phase(u32),
 }
 
 /// A fault in a hugetlb VMA.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FaultEvent {
-    /// CLOCK_MONOTONIC time of the fault.
+    /// CLOCK_MONOTONIC time of the fault: as it started, or when it was done.
     pub at: Duration,
+    /// Seen done (fexit), with the kernel's `vm_fault_t` (0: the page is mapped); `None` when
+    /// seen as it started, its page maybe not taken yet.
+    pub done: Option<u32>,
     pub cgroup_id: u64,
     pub tgid: u32,
     pub pid: u32,
@@ -42,7 +47,18 @@ pub struct FaultEvent {
     pub numa_node: u32,
 }
 
+/// `VM_FAULT_RETRY` (`include/linux/mm_types.h`): the handler gave up the mmap lock and the
+/// fault will be taken again, its page maybe not taken yet.
+const VM_FAULT_RETRY: u32 = 0x400;
+
 impl FaultEvent {
+    /// Seen done and not to be taken again: its page is taken from the pool, or the fault failed.
+    /// Either way nothing later is worth waiting for.
+    pub fn settled(&self) -> bool {
+        self.done
+            .is_some_and(|vm_fault| vm_fault & VM_FAULT_RETRY == 0)
+    }
+
     /// The first byte of the huge page the fault hit (2 MiB assumed when the size is unknown).
     pub fn page_address(&self) -> u64 {
         let size = self.page_size.unwrap_or(2 << 20);
@@ -108,8 +124,14 @@ fn c_string(bytes: &[u8]) -> String {
 /// Decodes one record of the `HUGETLB_FAULTS` ring buffer.
 pub fn decode_fault(bytes: &[u8]) -> Result<FaultEvent, DecodeError> {
     let raw: HugetlbFault = read_record(bytes, "hugetlb fault")?;
+    let done = match raw.phase {
+        phase::STARTED => None,
+        phase::DONE => Some(raw.vm_fault),
+        other => return Err(DecodeError::Phase(other)),
+    };
     Ok(FaultEvent {
         at: Duration::from_nanos(raw.timestamp_ns),
+        done,
         cgroup_id: raw.cgroup_id,
         tgid: raw.tgid,
         pid: raw.pid,

@@ -101,7 +101,13 @@ impl LiveProbes {
         streams: EventStreams,
         scope: FaultScope,
     ) -> Result<mpsc::Receiver<ProbeEvent>, LiveError> {
-        info!(attach = %probes.fault_path.describe(), "fault probe attached");
+        match &probes.fault_fallback {
+            None => info!(attach = %probes.fault_path.describe(), "fault probe attached"),
+            Some(why) => info!(
+                attach = %probes.fault_path.describe(),
+                "fault probe attached; fexit, which sees each fault done, was refused: {why}"
+            ),
+        }
         if let Some(why) = &probes.page_size_unavailable {
             warn!("hugetlb faults will carry no page size: the kernel's BTF lacks {why}");
         }
@@ -316,6 +322,7 @@ mod tests {
         let mut live = LiveProbes::new(host);
         let fault = FaultEvent {
             at: std::time::Duration::from_secs(1),
+            done: None,
             cgroup_id: 42,
             tgid: 7,
             pid: 7,

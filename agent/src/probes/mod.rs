@@ -1,7 +1,7 @@
 //! Sole owner of the loaded eBPF object: loads the embedded programs with kernel offsets from BTF,
-//! attaches each to its tracepoint (the fault program, or its fentry twin on `hugetlb_fault`
-//! where the tracepoint cannot work: [`FaultPath`]), hands out the ring buffers, and keeps the
-//! filter maps.
+//! attaches each to its tracepoint (the fault program where the kernel allows: its fexit twin on
+//! `hugetlb_fault`, which sees each fault done, else the tracepoint, or the fentry twin where the
+//! tracepoint cannot work: [`FaultPath`]), hands out the ring buffers, and keeps the filter maps.
 //!
 //! Dropping [`Probes`] detaches every program. What the agent does with events lives elsewhere
 //! ([`events`] decodes them; the run loop consumes them).
@@ -24,8 +24,8 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
-        FEntry, Program, ProgramError, RawTracePoint, TracePoint, fentry::FEntryLinkId,
-        raw_trace_point::RawTracePointLinkId,
+        FEntry, FExit, Program, ProgramError, RawTracePoint, TracePoint, fentry::FEntryLinkId,
+        fexit::FExitLinkId, raw_trace_point::RawTracePointLinkId,
     },
 };
 use hugepage_agent_common::{
@@ -50,6 +50,8 @@ const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 pub const FAULT_PROGRAM: (&str, &str, &str) = ("page_fault_user", "exceptions", "page_fault_user");
 /// The fault program's fentry twin: name in the object, and the kernel function it attaches to.
 pub const FAULT_FENTRY: (&str, &str) = ("hugetlb_fault", "hugetlb_fault");
+/// The fault program's fexit twin, which sees each fault done: name, kernel function.
+pub const FAULT_FEXIT: (&str, &str) = ("hugetlb_fault_done", "hugetlb_fault");
 /// `1` on PREEMPT_RT kernels, absent elsewhere.
 const REALTIME: &str = "/sys/kernel/realtime";
 /// The cgroup programs (classic tracepoints), in the same form.
@@ -86,14 +88,16 @@ pub enum ProbeError {
         #[source]
         source: Box<ProgramError>,
     },
-    #[error("attaching eBPF program {program} to kernel function {function} (fentry): {source}")]
+    #[error(
+        "attaching eBPF program {program} to kernel function {function} (fentry or fexit): {source}"
+    )]
     AttachFentry {
         program: &'static str,
         function: &'static str,
         #[source]
         source: Box<ProgramError>,
     },
-    #[error("reading the kernel's BTF for fentry: {0}")]
+    #[error("reading the kernel's BTF for fentry or fexit: {0}")]
     FentryBtf(#[source] Box<aya::BtfError>),
     #[error("detaching eBPF program {program}: {source}")]
     Detach {
@@ -190,26 +194,42 @@ pub enum FaultPath {
     Tracepoint,
     /// fentry on `hugetlb_fault` ([`FAULT_FENTRY`]).
     Fentry,
+    /// fexit on `hugetlb_fault` ([`FAULT_FEXIT`]): each fault seen done.
+    Fexit,
 }
 
 impl FaultPath {
-    /// What `attach` resolves to on this host: `auto` is fentry on a PREEMPT_RT kernel.
-    pub fn resolve(attach: FaultAttach, host: &HostFs) -> FaultPath {
+    /// What `attach` resolves to on this host: the path tried first, and the one taken when the
+    /// kernel refuses it. `auto` is fexit, else the tracepoint (fentry on a PREEMPT_RT kernel,
+    /// where the tracepoint sees no hugetlb fault).
+    pub fn resolve(attach: FaultAttach, host: &HostFs) -> (FaultPath, Option<FaultPath>) {
         match attach {
-            FaultAttach::Tracepoint => FaultPath::Tracepoint,
-            FaultAttach::Fentry => FaultPath::Fentry,
-            FaultAttach::Auto if realtime(host) => FaultPath::Fentry,
-            FaultAttach::Auto => FaultPath::Tracepoint,
+            FaultAttach::Tracepoint => (FaultPath::Tracepoint, None),
+            FaultAttach::Fentry => (FaultPath::Fentry, None),
+            FaultAttach::Fexit => (FaultPath::Fexit, None),
+            FaultAttach::Auto if realtime(host) => (FaultPath::Fexit, Some(FaultPath::Fentry)),
+            FaultAttach::Auto => (FaultPath::Fexit, Some(FaultPath::Tracepoint)),
         }
     }
 
-    /// `raw_tracepoint exceptions/page_fault_user` or `fentry hugetlb_fault`, for the log.
+    /// `raw_tracepoint exceptions/page_fault_user`, `fentry hugetlb_fault` or
+    /// `fexit hugetlb_fault`, for the log.
     pub fn describe(self) -> String {
         match self {
             FaultPath::Tracepoint => {
                 format!("raw_tracepoint {}/{}", FAULT_PROGRAM.1, FAULT_PROGRAM.2)
             }
             FaultPath::Fentry => format!("fentry {}", FAULT_FENTRY.1),
+            FaultPath::Fexit => format!("fexit {}", FAULT_FEXIT.1),
+        }
+    }
+
+    /// The program's name in the object.
+    fn program(self) -> &'static str {
+        match self {
+            FaultPath::Tracepoint => FAULT_PROGRAM.0,
+            FaultPath::Fentry => FAULT_FENTRY.0,
+            FaultPath::Fexit => FAULT_FEXIT.0,
         }
     }
 }
@@ -223,6 +243,7 @@ fn realtime(host: &HostFs) -> bool {
 enum FaultLink {
     Tracepoint(RawTracePointLinkId),
     Fentry(FEntryLinkId),
+    Fexit(FExitLinkId),
 }
 
 /// The loaded and attached programs and the maps the agent writes.
@@ -238,6 +259,8 @@ pub struct Probes {
     fault_link: Option<FaultLink>,
     /// Where the fault program runs.
     pub fault_path: FaultPath,
+    /// Why the path tried first was refused, when the fault program runs on the fallback.
+    pub fault_fallback: Option<String>,
     /// Why faults carry page size 0, when the kernel's BTF lacks the hugetlbfs layout.
     pub page_size_unavailable: Option<btf::BtfError>,
     /// Reads aya-log records of the programs; `None` when the object has no log map.
@@ -269,21 +292,8 @@ impl Probes {
             let loaded = self::program::<TracePoint>(&mut ebpf, program)?.load();
             loaded.map_err(load_err(program))?;
         }
-        let fault_path = FaultPath::resolve(attach, host);
-        match fault_path {
-            FaultPath::Tracepoint => {
-                let loaded = self::program::<RawTracePoint>(&mut ebpf, FAULT_PROGRAM.0)?.load();
-                loaded.map_err(load_err(FAULT_PROGRAM.0))?;
-            }
-            FaultPath::Fentry => {
-                // aya's own BTF reader, for the function's BTF id: parsed here only, and dropped.
-                let btf = aya::Btf::parse(&btf_bytes, aya::Endianness::default())
-                    .map_err(|e| ProbeError::FentryBtf(Box::new(e)))?;
-                let (program, function) = FAULT_FENTRY;
-                let loaded = self::program::<FEntry>(&mut ebpf, program)?.load(function, &btf);
-                loaded.map_err(load_err(program))?;
-            }
-        }
+        let (fault_path, fault_fallback) =
+            load_fault(&mut ebpf, &btf_bytes, FaultPath::resolve(attach, host))?;
         drop(btf_bytes);
         tracefs::ensure_mounted()?;
         for (program, category, tracepoint) in CGROUP_PROGRAMS {
@@ -318,6 +328,7 @@ impl Probes {
             current: FaultSettings::default(),
             fault_link,
             fault_path,
+            fault_fallback,
             page_size_unavailable: resolved.page_size_unavailable,
             logger,
         };
@@ -435,6 +446,12 @@ impl Probes {
                     .detach(link)
                     .map_err(detach_err(program))?;
             }
+            Some(FaultLink::Fexit(link)) => {
+                let program = FAULT_FEXIT.0;
+                self::program::<FExit>(&mut self.ebpf, program)?
+                    .detach(link)
+                    .map_err(detach_err(program))?;
+            }
             None => {}
         }
         Ok(())
@@ -483,6 +500,48 @@ where
         .map_err(load_err(name))
 }
 
+/// Loads the fault program where `first` says, or where `fallback` says when the kernel refuses
+/// it: the path loaded, and why the first was refused when it was. Nothing is attached yet.
+fn load_fault(
+    ebpf: &mut Ebpf,
+    btf_bytes: &[u8],
+    (first, fallback): (FaultPath, Option<FaultPath>),
+) -> Result<(FaultPath, Option<String>), ProbeError> {
+    // aya's own BTF reader, for the function's BTF id: parsed only for fentry and fexit, and
+    // dropped before the programs attach.
+    let mut btf = None;
+    let mut load = |path: FaultPath| -> Result<(), ProbeError> {
+        let program = path.program();
+        let loaded = match path {
+            FaultPath::Tracepoint => self::program::<RawTracePoint>(ebpf, program)?.load(),
+            FaultPath::Fentry | FaultPath::Fexit => {
+                let btf = match &mut btf {
+                    Some(parsed) => parsed,
+                    empty => empty.insert(
+                        aya::Btf::parse(btf_bytes, aya::Endianness::default())
+                            .map_err(|e| ProbeError::FentryBtf(Box::new(e)))?,
+                    ),
+                };
+                let function = FAULT_FENTRY.1;
+                if path == FaultPath::Fentry {
+                    self::program::<FEntry>(ebpf, program)?.load(function, btf)
+                } else {
+                    self::program::<FExit>(ebpf, program)?.load(function, btf)
+                }
+            }
+        };
+        loaded.map_err(load_err(program))
+    };
+    match (load(first), fallback) {
+        (Ok(()), _) => Ok((first, None)),
+        (Err(refused @ ProbeError::ProgramLoad { .. }), Some(fallback)) => {
+            load(fallback)?;
+            Ok((fallback, Some(refused.to_string())))
+        }
+        (Err(e), _) => Err(e),
+    }
+}
+
 fn attach_fault(ebpf: &mut Ebpf, path: FaultPath) -> Result<FaultLink, ProbeError> {
     match path {
         FaultPath::Tracepoint => {
@@ -497,6 +556,17 @@ fn attach_fault(ebpf: &mut Ebpf, path: FaultPath) -> Result<FaultLink, ProbeErro
             self::program::<FEntry>(ebpf, program)?
                 .attach()
                 .map(FaultLink::Fentry)
+                .map_err(|source| ProbeError::AttachFentry {
+                    program,
+                    function,
+                    source: Box::new(source),
+                })
+        }
+        FaultPath::Fexit => {
+            let (program, function) = FAULT_FEXIT;
+            self::program::<FExit>(ebpf, program)?
+                .attach()
+                .map(FaultLink::Fexit)
                 .map_err(|source| ProbeError::AttachFentry {
                     program,
                     function,

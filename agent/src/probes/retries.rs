@@ -72,6 +72,7 @@ mod tests {
     fn fault(tgid: u32, address: u64, error_code: u64, at_ms: u64) -> FaultEvent {
         FaultEvent {
             at: Duration::from_millis(at_ms),
+            done: None,
             cgroup_id: 1,
             tgid,
             pid: tgid,

@@ -5,8 +5,9 @@
 //!   tracepoint field checked against the tracepoint's own `format` in tracefs;
 //! * the attach path each of the running agent's programs took, as the kernel reports its BPF
 //!   links (`/proc/<agent>/fdinfo`: `raw_tracepoint` with its name, `perf` for a classic
-//!   tracepoint, `tracing` for fentry): the fault program's fentry twin on PREEMPT_RT, the raw
-//!   tracepoint elsewhere;
+//!   tracepoint, `tracing` with its attach type for fentry and fexit): the fault program's fexit
+//!   twin wherever this kernel runs fexit programs, else its fentry twin on PREEMPT_RT and the
+//!   raw tracepoint elsewhere;
 //! * whether fentry and fexit programs load and attach here: a minimal program (`r0 = 0; exit`)
 //!   on `hugetlb_fault`, loaded with the bpf syscall, its target's BTF id from the kernel's BTF,
 //!   attached, then closed.
@@ -75,22 +76,22 @@ pub fn probes(agent: &Agent) -> CheckResult {
         Some(why) => format!("no page size: {why}"),
     };
     let links = links(agent.pid())?;
-    // PREEMPT_RT: the fault program is the fentry on hugetlb_fault (a `tracing` link), since
-    // bpf_find_vma always gives up in the page-fault tracepoint there; elsewhere the raw
-    // tracepoint.
+    let fentry = trial(&btf, Attach::Fentry);
+    let fexit = trial(&btf, Attach::Fexit);
+    // Where this kernel runs fexit programs, the fault program is the fexit on hugetlb_fault,
+    // which sees each fault done; else the fentry on PREEMPT_RT (bpf_find_vma always gives up in
+    // the page-fault tracepoint there), the raw tracepoint elsewhere.
     let realtime = fs::read_to_string("/sys/kernel/realtime").is_ok_and(|r| r.trim() == "1");
-    let fault_link = if realtime {
-        "tracing"
-    } else {
-        "raw_tracepoint page_fault_user"
+    let fault_link = match (&fexit, realtime) {
+        (Ok(_), _) => "tracing fexit",
+        (Err(_), true) => "tracing fentry",
+        (Err(_), false) => "raw_tracepoint page_fault_user",
     };
     if !links.iter().any(|l| l == fault_link) {
         return Err(format!(
             "the fault program is not the {fault_link} link expected here: {links:?}"
         ));
     }
-    let fentry = trial(&btf, Attach::Fentry);
-    let fexit = trial(&btf, Attach::Fexit);
     Ok(format!(
         "BTF offsets: vm_flags {} (VM_HUGETLB {:#x}), cgroup record root {} id {} level {} path {}, migrate dst_root {} dst_id {} dst_level {} pid {} dst_path {}, {page_size}; the tracefs formats agree; the agent's links: {}; fentry on {FENTRY_TARGET}: {}; fexit: {}",
         o.vma_vm_flags,
@@ -155,7 +156,13 @@ fn links(pid: u32) -> Result<Vec<String>, String> {
                 .map(|v| v.trim().to_owned())
         };
         let kind = value("link_type").unwrap_or_else(|| "?".to_owned());
-        out.push(match value("tp_name") {
+        // A tracing link's attach type (BPF_TRACE_FENTRY 24, BPF_TRACE_FEXIT 25).
+        let traced = match value("attach_type").as_deref() {
+            Some("24") => Some("fentry".to_owned()),
+            Some("25") => Some("fexit".to_owned()),
+            _ => None,
+        };
+        out.push(match value("tp_name").or(traced) {
             Some(name) => format!("{kind} {name}"),
             None => kind,
         });

@@ -19,6 +19,8 @@ fn fault() -> HugetlbFault {
         cpu: 1,
         numa_node: 0,
         comm,
+        phase: phase::STARTED,
+        vm_fault: 0,
     }
 }
 
@@ -47,6 +49,30 @@ fn fault_record_decodes_every_field() {
     assert_eq!(event.page_size, Some(2 << 20));
     assert!(event.write);
     assert_eq!(event.page_address(), 0x7f00_0020_0000);
+    assert_eq!(event.done, None, "seen as it started");
+    assert!(!event.settled());
+}
+
+#[test]
+fn a_fault_seen_done_carries_the_kernels_answer_and_an_unknown_phase_is_an_error() {
+    let mut raw = fault();
+    raw.phase = phase::DONE;
+    raw.vm_fault = 0;
+    assert!(decode_fault(&bytes_of(&raw)).expect("decode").settled());
+    raw.vm_fault = 0x2;
+    let failed = decode_fault(&bytes_of(&raw)).expect("decode");
+    assert_eq!(failed.done, Some(2));
+    assert!(
+        failed.settled(),
+        "VM_FAULT_SIGBUS: it failed, nothing to wait for"
+    );
+    raw.vm_fault = 0x400;
+    assert!(
+        !decode_fault(&bytes_of(&raw)).expect("decode").settled(),
+        "VM_FAULT_RETRY: taken again, its page maybe not yet"
+    );
+    raw.phase = 7;
+    assert_eq!(decode_fault(&bytes_of(&raw)), Err(DecodeError::Phase(7)));
 }
 
 #[test]
