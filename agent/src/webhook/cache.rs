@@ -6,13 +6,20 @@
 //! watcher here: kube-rs would retry that watch from the same version for ever). Other errors
 //! are retried with backoff, logged and counted, and the cache keeps what it had meanwhile.
 //!
-//! Only what [`super::node`] reads is kept of each Node: managed fields, images and conditions
-//! are dropped as they arrive. The cache is *synced* once the first list is in; `/readyz` waits
-//! for it. A name that is not in the cache is answered as unknown, never guessed.
+//! Only what [`super::node`] reads is kept of each Node, read as it arrives: where its agent
+//! listens and its allocatable hugepages, a few hundred bytes a Node where the whole object would
+//! be kilobytes (five thousand Nodes are a large part of the webhook's memory). A list replaces
+//! the cache once it is complete, as kube-rs's reflector does. The cache is *synced* once the
+//! first list is in; `/readyz` waits for it. A name that is not in the cache is answered as
+//! unknown, never guessed.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use futures_util::StreamExt;
@@ -21,7 +28,6 @@ use kube::{
     Api, Client,
     runtime::{
         WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
         watcher::{self, Event},
     },
 };
@@ -32,19 +38,29 @@ use super::{
     metrics::Metrics,
     node::{self, Candidate},
 };
+use crate::kube::pod::Hugepages;
+
+/// What is kept of one Node (its name is the key).
+#[derive(Debug, Clone)]
+struct Kept {
+    agent: Result<SocketAddr, String>,
+    allocatable: Option<Hugepages>,
+}
+
+/// Node name → what is kept of it.
+type Entries = HashMap<String, Kept>;
 
 /// The Nodes the webhook knows, kept current by a watch.
 #[derive(Clone)]
 pub struct NodeCache {
-    store: Store<Node>,
+    entries: Arc<RwLock<Entries>>,
     synced: Arc<AtomicBool>,
-    port: u16,
 }
 
 impl std::fmt::Debug for NodeCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeCache")
-            .field("nodes", &self.store.len())
+            .field("nodes", &self.read().len())
             .field("synced", &self.is_synced())
             .finish_non_exhaustive()
     }
@@ -59,23 +75,22 @@ impl NodeCache {
         metrics: Arc<Metrics>,
         mut stop: watch::Receiver<bool>,
     ) -> (NodeCache, JoinHandle<()>) {
-        let (store, writer) = reflector::store::<Node>();
         let synced = Arc::new(AtomicBool::new(false));
         let cache = NodeCache {
-            store: store.clone(),
+            entries: Arc::default(),
             synced: synced.clone(),
-            port,
         };
+        let entries = cache.entries.clone();
         let api: Api<Node> = Api::all(client);
         let task = tokio::spawn(async move {
-            let mut writer = writer;
+            // The list being read, which replaces the entries once it is complete.
+            let mut listing: Option<Entries> = None;
             // Each turn is one watcher: it lists, then watches from the list's resourceVersion.
             // A new one is made only when the API server answers a watch's start with 410 Gone:
             // kube-rs would retry that watch from the same resourceVersion for ever.
             loop {
-                let events = watcher::watcher(api.clone(), watcher::Config::default())
-                    .default_backoff()
-                    .modify(keep_what_is_read);
+                let events =
+                    watcher::watcher(api.clone(), watcher::Config::default()).default_backoff();
                 let mut events = std::pin::pin!(events);
                 let relist = loop {
                     let item = tokio::select! {
@@ -84,8 +99,8 @@ impl NodeCache {
                     };
                     match item {
                         Some(Ok(event)) => {
-                            writer.apply_watcher_event(&event);
-                            seen(&event, &store, &synced, &metrics);
+                            let nodes = apply(&entries, &mut listing, event, port);
+                            seen(nodes, &synced, &metrics);
                         }
                         Some(Err(e)) => {
                             metrics.node_watch_error();
@@ -113,8 +128,12 @@ impl NodeCache {
 
     /// The candidate `name` is, or why there is none.
     pub fn candidate(&self, name: &str) -> Result<Candidate, String> {
-        match self.store.get(&ObjectRef::new(name)) {
-            Some(node) => Ok(node::of_node(name.to_owned(), &node, self.port)),
+        match self.read().get(name) {
+            Some(kept) => Ok(Candidate {
+                name: name.to_owned(),
+                agent: kept.agent.clone(),
+                allocatable: kept.allocatable.clone(),
+            }),
             None if self.is_synced() => Err(format!(
                 "node {name} is not in the webhook's Node cache (the API server's list and watch of Nodes has not shown it)"
             )),
@@ -123,28 +142,87 @@ impl NodeCache {
             )),
         }
     }
-}
 
-impl NodeCache {
     /// Every node whose agent's address is known, with it.
-    pub fn agents(&self) -> Vec<(String, std::net::SocketAddr)> {
-        self.store
-            .state()
+    pub fn agents(&self) -> Vec<(String, SocketAddr)> {
+        self.read()
             .iter()
-            .filter_map(|node| {
-                let name = node.metadata.name.clone()?;
-                let agent = node::of_node(name.clone(), node, self.port).agent.ok()?;
-                Some((name, agent))
-            })
+            .filter_map(|(name, kept)| Some((name.clone(), *kept.agent.as_ref().ok()?)))
             .collect()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Entries> {
+        self.entries.read().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Logs the end of a list and keeps the cache's size in the metrics.
-fn seen(event: &Event<Node>, store: &Store<Node>, synced: &AtomicBool, metrics: &Metrics) {
+/// What changes with one watcher event: a Node kept or dropped, or a list begun, read or
+/// complete (it then replaces the entries). The number of Nodes when it changed.
+fn apply(
+    entries: &RwLock<Entries>,
+    listing: &mut Option<Entries>,
+    event: Event<Node>,
+    port: u16,
+) -> Seen {
+    let write = || entries.write().unwrap_or_else(|p| p.into_inner());
     match event {
+        Event::Init => {
+            *listing = Some(Entries::new());
+            Seen::Nothing
+        }
+        Event::InitApply(node) => {
+            if let (Some(list), Some((name, kept))) = (listing.as_mut(), keep(&node, port)) {
+                list.insert(name, kept);
+            }
+            Seen::Nothing
+        }
         Event::InitDone => {
-            let nodes = store.len();
+            let list = listing.take().unwrap_or_default();
+            let nodes = list.len();
+            *write() = list;
+            Seen::Listed(nodes)
+        }
+        Event::Apply(node) => {
+            let mut entries = write();
+            if let Some((name, kept)) = keep(&node, port) {
+                entries.insert(name, kept);
+            }
+            Seen::Changed(entries.len())
+        }
+        Event::Delete(node) => {
+            let mut entries = write();
+            if let Some(name) = &node.metadata.name {
+                entries.remove(name);
+            }
+            Seen::Changed(entries.len())
+        }
+    }
+}
+
+/// What is kept of `node`, under its name; nothing for a Node without one.
+fn keep(node: &Node, port: u16) -> Option<(String, Kept)> {
+    let name = node.metadata.name.clone()?;
+    let Candidate {
+        name,
+        agent,
+        allocatable,
+    } = node::of_node(name, node, port);
+    Some((name, Kept { agent, allocatable }))
+}
+
+/// What one event did to the cache, for the log and the metrics.
+enum Seen {
+    Nothing,
+    /// A list complete, of this many Nodes.
+    Listed(usize),
+    /// A Node kept or dropped; this many now.
+    Changed(usize),
+}
+
+/// Logs the end of a list and keeps the cache's size in the metrics.
+fn seen(seen: Seen, synced: &AtomicBool, metrics: &Metrics) {
+    match seen {
+        Seen::Listed(nodes) => {
             metrics.node_list(nodes);
             if synced.swap(true, Ordering::Relaxed) {
                 info!(nodes, "Node cache listed again");
@@ -152,8 +230,8 @@ fn seen(event: &Event<Node>, store: &Store<Node>, synced: &AtomicBool, metrics: 
                 info!(nodes, "Node cache synced");
             }
         }
-        Event::Apply(_) | Event::Delete(_) => metrics.node_list(store.len()),
-        Event::Init | Event::InitApply(_) => {}
+        Seen::Changed(nodes) => metrics.node_list(nodes),
+        Seen::Nothing => {}
     }
 }
 
@@ -162,14 +240,58 @@ fn gone(error: &watcher::Error) -> bool {
     matches!(error, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
 }
 
-/// Drops what the webhook never reads, so a thousand Nodes stay small.
-fn keep_what_is_read(node: &mut Node) {
-    node.metadata.managed_fields = None;
-    node.metadata.annotations = None;
-    if let Some(status) = node.status.as_mut() {
-        status.images = None;
-        status.conditions = None;
-        status.volumes_attached = None;
-        status.volumes_in_use = None;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::PageSize;
+
+    fn node(name: &str, ip: &str, hugepages: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {
+                "addresses": [{"type": "Hostname", "address": name}, {"type": "InternalIP", "address": ip}],
+                "allocatable": {"cpu": "4", "memory": "16Gi", "hugepages-2Mi": hugepages},
+                "nodeInfo": {"kubeletVersion": "v1.35.0", "architecture": "amd64", "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": ""}
+            }
+        }))
+        .expect("a Node")
+    }
+
+    #[test]
+    fn a_list_replaces_the_nodes_once_complete_and_changes_apply_as_they_come() {
+        let cache = NodeCache {
+            entries: Arc::default(),
+            synced: Arc::default(),
+        };
+        let mut listing = None;
+        let mut event = |e| apply(&cache.entries, &mut listing, e, 9820);
+        event(Event::Apply(node("old", "10.0.0.9", "2Mi")));
+        event(Event::Init);
+        event(Event::InitApply(node("a", "10.0.0.1", "4Mi")));
+        assert!(
+            cache.candidate("a").is_err(),
+            "not before the list is complete"
+        );
+        assert!(cache.candidate("old").is_ok());
+        assert!(matches!(event(Event::InitDone), Seen::Listed(1)));
+        assert!(cache.candidate("old").is_err(), "gone from the new list");
+        let a = cache.candidate("a").expect("listed");
+        assert_eq!(a.agent, Ok("10.0.0.1:9820".parse().expect("addr")));
+        assert_eq!(
+            a.allocatable,
+            Some(Hugepages::from([(PageSize(2 << 20), 4 << 20)]))
+        );
+        assert!(matches!(
+            event(Event::Apply(node("b", "10.0.0.2", "2Mi"))),
+            Seen::Changed(2)
+        ));
+        assert!(matches!(
+            event(Event::Delete(node("a", "10.0.0.1", "4Mi"))),
+            Seen::Changed(1)
+        ));
+        assert_eq!(
+            cache.agents(),
+            vec![("b".to_owned(), "10.0.0.2:9820".parse().expect("addr"))]
+        );
     }
 }
