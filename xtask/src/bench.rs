@@ -47,6 +47,10 @@ pub enum Bench {
     /// triggers, scrapes and reservation expiries for 10 minutes (`--minutes M`): its RSS,
     /// descriptors, threads, ring-buffer losses and admission p99 every 10 s, and their slopes.
     Soak,
+    /// The webhook's memory per idle watched agent connection, 1,000 and 5,000 of them against
+    /// the real agent: its own HTTP/1.1 streams against hyper's HTTP/2 client, each design in a
+    /// process of its own (VmRSS and VmHWM before and after).
+    ConnMemory,
 }
 
 pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
@@ -62,7 +66,8 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
         | Bench::Abuse
         | Bench::BodyFlood
         | Bench::Freshness
-        | Bench::Soak => {
+        | Bench::Soak
+        | Bench::ConnMemory => {
             cmd::cargo(env, &["build", "--release", "--package", "hugepage-agent"])?;
             let agent = release.join("hugepage-agent");
             let binary = match which {
@@ -72,6 +77,7 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
                 Bench::BodyFlood => "body-flood",
                 Bench::Soak => "soak",
                 Bench::Freshness => "freshness",
+                Bench::ConnMemory => "conn-memory",
                 _ => "inventory-load",
             };
             (

@@ -22,14 +22,15 @@
 //! * `manifests [--check]`: the files of `deploy/` generated from `dashboards/` ([`manifests`]).
 //! * `docs [--check]`: `docs/reference/` written from the code, and every relative link of
 //!   `README.md` and `docs/` checked ([`docs`]).
-//! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace|admit-tls|admit-size|hints|extender|abuse|soak
+//! * `bench probe-overhead|verify|psi|inventory|admit-load|admit-trace|admit-tls|admit-size|hints|extender|abuse|soak|conn-memory
 //!   [--] [ARGS]`: the fault probe's cost on ordinary faults, one in-process verification, PSI
 //!   evaluation and trigger latency, the cgroup inventory at scale, `POST /v1/admit` under a
 //!   load tool, the same with OTLP tracing on against off and over TLS with a client
 //!   certificate against plain HTTP, what one request costs as the pod grows and what one
 //!   client's largest bodies cost another, hint generation, the webhook's extender filter
-//!   over up to 1,000 nodes, a well-behaved client's latency while others misbehave, and a
-//!   soak of the agent under a mixed load (its memory, descriptors and admission p99 over time).
+//!   over up to 1,000 nodes, a well-behaved client's latency while others misbehave, a
+//!   soak of the agent under a mixed load (its memory, descriptors and admission p99 over time),
+//!   and the webhook's memory per watched agent connection over HTTP/1.1 and over HTTP/2.
 
 mod bench;
 mod cmd;
