@@ -149,7 +149,7 @@ pub struct WatchState {
 
 /// What a state says besides the map and the reservations.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
+pub struct StateSettings {
     pub gate: Gate,
     pub mode: Mode,
     pub numa_selection: NumaSelection,
@@ -162,7 +162,7 @@ pub struct Settings {
 pub fn state(
     snapshot: &Snapshot,
     store: &Store,
-    settings: Settings,
+    settings: StateSettings,
     now: SystemTime,
 ) -> WatchState {
     let nodes = snapshot
@@ -304,9 +304,9 @@ pub struct Inputs {
 
 impl Inputs {
     /// The settings a state carries now, with the selection inputs' counter.
-    fn settings(&self, selection_inputs: u64) -> Settings {
+    fn settings(&self, selection_inputs: u64) -> StateSettings {
         let kubelet = self.kubelet.load();
-        Settings {
+        StateSettings {
             gate: if kubelet.settings.verification() {
                 Gate::On
             } else {

@@ -18,7 +18,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc, RwLock,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
@@ -55,6 +55,8 @@ type Entries = HashMap<String, Kept>;
 pub struct NodeCache {
     entries: Arc<RwLock<Entries>>,
     synced: Arc<AtomicBool>,
+    /// Counts the changes of `entries`, so that a reader learns cheaply whether to read again.
+    changes: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for NodeCache {
@@ -79,8 +81,9 @@ impl NodeCache {
         let cache = NodeCache {
             entries: Arc::default(),
             synced: synced.clone(),
+            changes: Arc::default(),
         };
-        let entries = cache.entries.clone();
+        let (entries, changes) = (cache.entries.clone(), cache.changes.clone());
         let api: Api<Node> = Api::all(client);
         let task = tokio::spawn(async move {
             // The list being read, which replaces the entries once it is complete.
@@ -100,6 +103,9 @@ impl NodeCache {
                     match item {
                         Some(Ok(event)) => {
                             let nodes = apply(&entries, &mut listing, event, port);
+                            if !matches!(nodes, Seen::Nothing) {
+                                changes.fetch_add(1, Ordering::Relaxed);
+                            }
                             seen(nodes, &synced, &metrics);
                         }
                         Some(Err(e)) => {
@@ -141,6 +147,11 @@ impl NodeCache {
                 "node {name}: the webhook's Node cache has not synced yet"
             )),
         }
+    }
+
+    /// A number that changes whenever the Nodes do.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
     }
 
     /// Every node whose agent's address is known, with it.
@@ -262,6 +273,7 @@ mod tests {
         let cache = NodeCache {
             entries: Arc::default(),
             synced: Arc::default(),
+            changes: Arc::default(),
         };
         let mut listing = None;
         let mut event = |e| apply(&cache.entries, &mut listing, e, 9820);

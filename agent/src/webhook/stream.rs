@@ -93,11 +93,22 @@ pub async fn run(
 ) {
     let mut streams: HashMap<String, (SocketAddr, JoinHandle<()>)> = HashMap::new();
     let mut every = tokio::time::interval(SYNC);
+    // The cache's change count the streams last followed: the Nodes are listed again only when
+    // it moved, or when a stream's task ended (it runs until aborted here, unless it panicked).
+    let mut followed = None;
     loop {
         tokio::select! {
             _ = stop.wait_for(|s| *s) => break,
             _ = every.tick() => {}
         }
+        let standing = table.standing();
+        metrics.streams(standing.fresh, standing.stale);
+        let changes = cache.changes();
+        let ended = streams.values().any(|(_, task)| task.is_finished());
+        if followed == Some(changes) && !ended {
+            continue;
+        }
+        followed = Some(changes);
         let wanted: HashMap<String, SocketAddr> = cache.agents().into_iter().collect();
         streams.retain(|name, (addr, task)| {
             let keep = wanted.get(name) == Some(addr) && !task.is_finished();
@@ -120,8 +131,6 @@ pub async fn run(
             );
             streams.insert(name, (addr, tokio::spawn(follow)));
         }
-        let standing = table.standing();
-        metrics.streams(standing.fresh, standing.stale);
     }
     for (_, (_, task)) in streams {
         task.abort();
