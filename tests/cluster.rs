@@ -155,6 +155,20 @@ pub fn pinned_host_agent_command(
     cmd
 }
 
+/// An agent's flags to serve `streams` watches at once beside the calls of a benchmark: its
+/// `--api-threads`, and `--max-watchers` and `--max-connections` above `streams`.
+pub fn watched_by(streams: usize, api_threads: &str) -> Vec<String> {
+    [
+        "--api-threads".to_owned(),
+        api_threads.to_owned(),
+        "--max-watchers".to_owned(),
+        (streams + 64).to_string(),
+        "--max-connections".to_owned(),
+        (streams + 1024).to_string(),
+    ]
+    .into()
+}
+
 /// Starts `cmd` on `ip`:`port` and waits for its "agent running" line that `running` accepts.
 pub fn start_agent(
     cmd: Command,

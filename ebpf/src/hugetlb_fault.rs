@@ -44,12 +44,13 @@ pub fn hugetlb_fault(ctx: FEntryContext) -> u32 {
     let vma: *const u8 = ctx.arg(ARG_VMA);
     let address: u64 = ctx.arg(ARG_ADDRESS);
     let flags: u64 = ctx.arg(ARG_FLAGS);
-    let error_code = if flags & FAULT_FLAG_WRITE != 0 {
-        X86_PF_WRITE
-    } else {
-        0
-    };
-    report(cgroup_id, address, hugetlb_page_size(vma), error_code, None);
+    report(
+        cgroup_id,
+        address,
+        hugetlb_page_size(vma),
+        error_code(flags),
+        None,
+    );
     0
 }
 
@@ -62,17 +63,22 @@ pub fn hugetlb_fault_done(ctx: FExitContext) -> u32 {
     let address: u64 = ctx.arg(ARG_ADDRESS);
     let flags: u64 = ctx.arg(ARG_FLAGS);
     let vm_fault: u64 = ctx.arg(ARG_RETURN);
-    let error_code = if flags & FAULT_FLAG_WRITE != 0 {
-        X86_PF_WRITE
-    } else {
-        0
-    };
     report(
         cgroup_id,
         address,
         hugetlb_page_size(vma),
-        error_code,
+        error_code(flags),
         Some(vm_fault as u32),
     );
     0
+}
+
+/// The x86 page-fault error code the fault flags stand for: its write bit.
+#[inline(always)]
+fn error_code(flags: u64) -> u64 {
+    if flags & FAULT_FLAG_WRITE != 0 {
+        X86_PF_WRITE
+    } else {
+        0
+    }
 }

@@ -55,7 +55,6 @@ use std::{
 
 use http_body_util::{BodyExt, Empty};
 use hugepage_agent::{
-    api::watch::WatchState,
     footprint,
     telemetry::encode::Format,
     tls::SERVER_NAME,
@@ -65,7 +64,7 @@ use hugepage_agent::{
         dial::dial,
         kubeapi,
         metrics::Metrics,
-        stream::{self, MAX_EVENT, START_SPREAD},
+        stream::{self, Event, MAX_EVENT, START_SPREAD},
         table::Table,
     },
 };
@@ -207,19 +206,9 @@ fn parent(flags: &BenchFlags) {
     let pki = Pki::new();
     let tree = host_tree(2048);
     let port = free_port();
-    let watchers = (largest + 64).to_string();
-    let connections = (largest + 1024).to_string();
     let mut cmd = cluster::tree_agent_command(&agent_bin, &pki, tree.path(), &[]);
-    cmd.args([
-        "--api-threads",
-        &threads,
-        "--max-watchers",
-        &watchers,
-        "--max-connections",
-        &connections,
-        "--watch-max-duration",
-        "1h",
-    ]);
+    cmd.args(cluster::watched_by(largest, &threads))
+        .args(["--watch-max-duration", "1h"]);
     let agent = cluster::start_agent(cmd, Ipv4Addr::UNSPECIFIED, port, |_| true);
     let protocol = chosen_protocol(&pki, port);
     let speaks_h2 = protocol == "h2";
@@ -521,18 +510,6 @@ async fn measure(
     };
     drop(stop);
     Ok(figures)
-}
-
-/// One event of a stream, as the agent writes it (the webhook's own reading is private to
-/// [`stream`]).
-#[derive(Deserialize)]
-struct Event {
-    #[serde(rename = "type")]
-    kind: String,
-    epoch: String,
-    generation: u64,
-    #[serde(default)]
-    object: Option<WatchState>,
 }
 
 /// An `h2` stream for every agent, their first connections spread over [`START_SPREAD`] as the

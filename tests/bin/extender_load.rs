@@ -524,16 +524,8 @@ fn main() {
         .as_ref()
         .map(|lock| HugepagePool::reserve(lock, STREAMED_POOL));
     let cmd = if args.streamed {
-        let watchers = (largest + 64).to_string();
-        let connections = (largest + 1024).to_string();
-        let extra = [
-            "--api-threads",
-            &threads,
-            "--max-watchers",
-            &watchers,
-            "--max-connections",
-            &connections,
-        ];
+        let extra = cluster::watched_by(largest, &threads);
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         cluster::pinned_host_agent_command(&args.agent, &pki, args.policies, &extra)
     } else {
         let mut cmd = cluster::tree_agent_command(&args.agent, &pki, tree.path(), &[]);

@@ -74,13 +74,13 @@ pub enum StreamError {
 
 /// One event of a stream, as the agent writes it.
 #[derive(Debug, Deserialize)]
-struct Event {
+pub struct Event {
     #[serde(rename = "type")]
-    kind: String,
-    epoch: String,
-    generation: u64,
+    pub kind: String,
+    pub epoch: String,
+    pub generation: u64,
     #[serde(default)]
-    object: Option<WatchState>,
+    pub object: Option<WatchState>,
 }
 
 /// Keeps a stream for every node of `cache`, in `table`, until `stop` turns true.
