@@ -144,7 +144,7 @@ pub struct WatchState {
     /// the kubelet would. Absent when the agent cannot select either (the kubelet's settings or
     /// the Memory Manager's state refused): then it is asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kubelet_selection: Option<KubeletSelection>,
+    pub kubelet_selection: Option<Arc<KubeletSelection>>,
 }
 
 /// What a state says besides the map and the reservations.
@@ -155,7 +155,7 @@ pub struct StateSettings {
     pub numa_selection: NumaSelection,
     pub pressure_refusal: Option<String>,
     pub selection_inputs: u64,
-    pub kubelet_selection: Option<KubeletSelection>,
+    pub kubelet_selection: Option<Arc<KubeletSelection>>,
 }
 
 /// The state of `snapshot` with the reservations of `store` in force at `now`.
@@ -303,8 +303,8 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// The settings a state carries now, with the selection inputs' counter.
-    fn settings(&self, selection_inputs: u64) -> StateSettings {
+    /// The settings a state carries now, with the selection inputs `selection` followed.
+    fn settings(&self, selection: &Selection) -> StateSettings {
         let kubelet = self.kubelet.load();
         StateSettings {
             gate: if kubelet.settings.verification() {
@@ -318,20 +318,53 @@ impl Inputs {
             } else {
                 NumaSelection::NodeWide
             },
-            kubelet_selection: kubelet
-                .pins_memory()
-                .then(|| {
-                    let view = self.memory_manager.load();
-                    let config = kubelet.topology(None, None).ok()?;
-                    view.usable().ok()?;
-                    Some(KubeletSelection::of(&config, &view.state))
-                })
-                .flatten(),
+            kubelet_selection: selection.inputs.clone(),
             pressure_refusal: self
                 .reject_under_pressure
                 .then(|| self.psi.load().memory_pressure().map(pressure_message))
                 .flatten(),
-            selection_inputs,
+            selection_inputs: selection.changes,
+        }
+    }
+
+    /// What selects the nodes as the kubelet would, when it pins memory and the agent can select.
+    fn kubelet_selection(&self) -> Option<Arc<KubeletSelection>> {
+        let kubelet = self.kubelet.load();
+        if !kubelet.pins_memory() {
+            return None;
+        }
+        let view = self.memory_manager.load();
+        let config = kubelet.topology(None, None).ok()?;
+        view.usable().ok()?;
+        Some(Arc::new(KubeletSelection::of(&config, &view.state)))
+    }
+}
+
+/// The NUMA selection's inputs as the hub last read them: built again only when the run loop
+/// replaced the kubelet's view or the Memory Manager's, not on every state published.
+struct Selection {
+    views: Views,
+    /// How many times they changed since the agent started.
+    changes: u64,
+    inputs: Option<Arc<KubeletSelection>>,
+}
+
+impl Selection {
+    fn of(inputs: &Inputs) -> Selection {
+        Selection {
+            views: Views::of(inputs),
+            changes: 0,
+            inputs: inputs.kubelet_selection(),
+        }
+    }
+
+    /// Reads the inputs again if the views changed.
+    fn follow(&mut self, inputs: &Inputs) {
+        let now = Views::of(inputs);
+        if now != self.views {
+            self.views = now;
+            self.changes += 1;
+            self.inputs = inputs.kubelet_selection();
         }
     }
 }
@@ -358,7 +391,7 @@ impl Hub {
         stats: Arc<WatchStats>,
     ) -> (Hub, impl Future<Output = ()> + Send + 'static) {
         let epoch: Arc<str> = Arc::from(epoch_now().as_str());
-        let first = read(&inputs, 0);
+        let first = read(&inputs, &Selection::of(&inputs));
         let (tx, rx) = watch::channel(Published {
             generation: 1,
             state: Arc::new(first),
@@ -389,8 +422,7 @@ async fn publish(inputs: Inputs, tx: watch::Sender<Published>, stats: Arc<WatchS
         Ok(store) => store.changed(),
         Err(poisoned) => poisoned.into_inner().changed(),
     };
-    let mut views = Views::of(&inputs);
-    let mut selection_inputs = 0;
+    let mut selection = Selection::of(&inputs);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
@@ -400,12 +432,8 @@ async fn publish(inputs: Inputs, tx: watch::Sender<Published>, stats: Arc<WatchS
             _ = tick.tick() => {}
             () = tx.closed() => return,
         }
-        let now = Views::of(&inputs);
-        if now != views {
-            views = now;
-            selection_inputs += 1;
-        }
-        let next = read(&inputs, selection_inputs);
+        selection.follow(&inputs);
+        let next = read(&inputs, &selection);
         tx.send_if_modified(|current| {
             if *current.state == next {
                 return false;
@@ -420,19 +448,16 @@ async fn publish(inputs: Inputs, tx: watch::Sender<Published>, stats: Arc<WatchS
     }
 }
 
-/// The state now, from the inputs.
-fn read(inputs: &Inputs, selection_inputs: u64) -> WatchState {
+/// The state now, from the inputs; the settings are read before the reservations' lock, which
+/// admissions hold, is taken.
+fn read(inputs: &Inputs, selection: &Selection) -> WatchState {
+    let settings = inputs.settings(selection);
     let snapshot = inputs.map.load();
     let store = match inputs.reservations.lock() {
         Ok(store) => store,
         Err(poisoned) => poisoned.into_inner(),
     };
-    state(
-        &snapshot,
-        &store,
-        inputs.settings(selection_inputs),
-        SystemTime::now(),
-    )
+    state(&snapshot, &store, settings, SystemTime::now())
 }
 
 /// A new epoch: the start's wall-clock time in microseconds, in hex.

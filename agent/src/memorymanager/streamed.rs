@@ -55,7 +55,7 @@ impl KubeletSelection {
             max_allowable_numa_nodes: config.options.max_allowable_numa_nodes,
             pod_level_resources: config.gates.pod_level_resources,
             pod_level_resource_managers: config.gates.pod_level_resource_managers,
-            numa_distances: config.info.rows().clone(),
+            numa_distances: config.info.rows(),
             machine_state: state.machine_state.clone(),
         }
     }
@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(got.options, config.options);
         assert_eq!(got.scope, config.scope);
         assert_eq!(got.gates, config.gates);
-        assert_eq!(got.info.rows(), &distances);
+        assert_eq!(got.info.rows(), distances);
         assert_eq!(state.machine_state, mm.machine_state);
         assert!(state.entries.is_empty(), "no assignments travel");
     }

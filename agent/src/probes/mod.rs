@@ -91,14 +91,14 @@ pub enum ProbeError {
     #[error(
         "attaching eBPF program {program} to kernel function {function} (fentry or fexit): {source}"
     )]
-    AttachFentry {
+    AttachTracing {
         program: &'static str,
         function: &'static str,
         #[source]
         source: Box<ProgramError>,
     },
     #[error("reading the kernel's BTF for fentry or fexit: {0}")]
-    FentryBtf(#[source] Box<aya::BtfError>),
+    TracingBtf(#[source] Box<aya::BtfError>),
     #[error("detaching eBPF program {program}: {source}")]
     Detach {
         program: &'static str,
@@ -152,7 +152,7 @@ impl ProbeError {
                 ProbeError::Object(_)
                     | ProbeError::ProgramLoad { .. }
                     | ProbeError::Attach { .. }
-                    | ProbeError::AttachFentry { .. }
+                    | ProbeError::AttachTracing { .. }
             );
             if code == libc::EPERM
                 && kernel_refused
@@ -519,7 +519,7 @@ fn load_fault(
                     Some(parsed) => parsed,
                     empty => empty.insert(
                         aya::Btf::parse(btf_bytes, aya::Endianness::default())
-                            .map_err(|e| ProbeError::FentryBtf(Box::new(e)))?,
+                            .map_err(|e| ProbeError::TracingBtf(Box::new(e)))?,
                     ),
                 };
                 let function = FAULT_FENTRY.1;
@@ -556,7 +556,7 @@ fn attach_fault(ebpf: &mut Ebpf, path: FaultPath) -> Result<FaultLink, ProbeErro
             self::program::<FEntry>(ebpf, program)?
                 .attach()
                 .map(FaultLink::Fentry)
-                .map_err(|source| ProbeError::AttachFentry {
+                .map_err(|source| ProbeError::AttachTracing {
                     program,
                     function,
                     source: Box::new(source),
@@ -567,7 +567,7 @@ fn attach_fault(ebpf: &mut Ebpf, path: FaultPath) -> Result<FaultLink, ProbeErro
             self::program::<FExit>(ebpf, program)?
                 .attach()
                 .map(FaultLink::Fexit)
-                .map_err(|source| ProbeError::AttachFentry {
+                .map_err(|source| ProbeError::AttachTracing {
                     program,
                     function,
                     source: Box::new(source),

@@ -29,8 +29,6 @@ pub struct NumaInfo {
     default_affinity: NumaMask,
     /// The first (from, to) without a distance.
     missing: Option<(usize, usize)>,
-    /// The rows as given to [`NumaInfo::new`], for whoever builds the same machine elsewhere.
-    rows: BTreeMap<usize, Vec<u64>>,
 }
 
 impl NumaInfo {
@@ -68,7 +66,6 @@ impl NumaInfo {
             width,
             default_affinity,
             missing,
-            rows: distances,
         })
     }
 
@@ -99,9 +96,19 @@ impl NumaInfo {
         &self.nodes
     }
 
-    /// The distance rows as given to [`NumaInfo::new`]: with the nodes, the same machine.
-    pub fn rows(&self) -> &BTreeMap<usize, Vec<u64>> {
-        &self.rows
+    /// Each node's row of distances, indexed by node id (0 where unknown): what
+    /// [`NumaInfo::new`] takes to build this machine elsewhere. A distance that was missing
+    /// reads 0 there and is not missing any more; only `prefer-closest-numa-nodes` reads
+    /// distances, and the Topology Manager does not start with it where one is missing
+    /// ([`super::manager::start`]).
+    pub fn rows(&self) -> BTreeMap<usize, Vec<u64>> {
+        self.nodes
+            .iter()
+            .map(|&node| {
+                let row = &self.distances[node * self.width..(node + 1) * self.width];
+                (node, row.to_vec())
+            })
+            .collect()
     }
 
     /// Every node: the affinity of "anywhere".

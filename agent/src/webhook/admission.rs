@@ -221,7 +221,7 @@ pub async fn validate(
         Ok(pod) => pod,
         Err(e) => return invalid(uid, e.to_string()),
     };
-    if pod.need.is_empty() {
+    if pod.need().is_empty() {
         return allowed(uid, Verdict::NotChecked);
     }
     let target = [context.nodes.candidate(&node).and_then(|c| c.agent)];

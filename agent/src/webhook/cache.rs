@@ -55,8 +55,10 @@ type Entries = HashMap<String, Kept>;
 pub struct NodeCache {
     entries: Arc<RwLock<Entries>>,
     synced: Arc<AtomicBool>,
-    /// Counts the changes of `entries`, so that a reader learns cheaply whether to read again.
-    changes: Arc<AtomicU64>,
+    /// Counts the changes of the Nodes' agent addresses (a Node added, gone, or its agent moved;
+    /// not a Node's status written again, which the API server does all the time), so that the
+    /// streams learn cheaply whether to follow the Nodes again.
+    agents_moved: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for NodeCache {
@@ -81,9 +83,9 @@ impl NodeCache {
         let cache = NodeCache {
             entries: Arc::default(),
             synced: synced.clone(),
-            changes: Arc::default(),
+            agents_moved: Arc::default(),
         };
-        let (entries, changes) = (cache.entries.clone(), cache.changes.clone());
+        let (entries, agents_moved) = (cache.entries.clone(), cache.agents_moved.clone());
         let api: Api<Node> = Api::all(client);
         let task = tokio::spawn(async move {
             // The list being read, which replaces the entries once it is complete.
@@ -103,8 +105,8 @@ impl NodeCache {
                     match item {
                         Some(Ok(event)) => {
                             let nodes = apply(&entries, &mut listing, event, port);
-                            if !matches!(nodes, Seen::Nothing) {
-                                changes.fetch_add(1, Ordering::Relaxed);
+                            if nodes.agents_moved() {
+                                agents_moved.fetch_add(1, Ordering::Relaxed);
                             }
                             seen(nodes, &synced, &metrics);
                         }
@@ -149,9 +151,9 @@ impl NodeCache {
         }
     }
 
-    /// A number that changes whenever the Nodes do.
-    pub fn changes(&self) -> u64 {
-        self.changes.load(Ordering::Relaxed)
+    /// A number that changes whenever a Node's agent address does (a Node added or gone too).
+    pub fn agents_moved(&self) -> u64 {
+        self.agents_moved.load(Ordering::Relaxed)
     }
 
     /// Every node whose agent's address is known, with it.
@@ -195,17 +197,25 @@ fn apply(
         }
         Event::Apply(node) => {
             let mut entries = write();
-            if let Some((name, kept)) = keep(&node, port) {
-                entries.insert(name, kept);
-            }
-            Seen::Changed(entries.len())
+            let moved = match keep(&node, port) {
+                Some((name, kept)) => {
+                    let agent = kept.agent.clone();
+                    entries
+                        .insert(name, kept)
+                        .is_none_or(|old| old.agent != agent)
+                }
+                None => false,
+            };
+            Seen::Changed(entries.len(), moved)
         }
         Event::Delete(node) => {
             let mut entries = write();
-            if let Some(name) = &node.metadata.name {
-                entries.remove(name);
-            }
-            Seen::Changed(entries.len())
+            let moved = node
+                .metadata
+                .name
+                .as_ref()
+                .is_some_and(|name| entries.remove(name).is_some());
+            Seen::Changed(entries.len(), moved)
         }
     }
 }
@@ -226,8 +236,15 @@ enum Seen {
     Nothing,
     /// A list complete, of this many Nodes.
     Listed(usize),
-    /// A Node kept or dropped; this many now.
-    Changed(usize),
+    /// A Node kept or dropped; this many now, and whether an agent's address changed with it.
+    Changed(usize, bool),
+}
+
+impl Seen {
+    /// Whether the Nodes' agent addresses may have changed (a whole list is taken as a change).
+    fn agents_moved(&self) -> bool {
+        matches!(self, Seen::Listed(_) | Seen::Changed(_, true))
+    }
 }
 
 /// Logs the end of a list and keeps the cache's size in the metrics.
@@ -241,7 +258,7 @@ fn seen(seen: Seen, synced: &AtomicBool, metrics: &Metrics) {
                 info!(nodes, "Node cache synced");
             }
         }
-        Seen::Changed(nodes) => metrics.node_list(nodes),
+        Seen::Changed(nodes, _) => metrics.node_list(nodes),
         Seen::Nothing => {}
     }
 }
@@ -273,7 +290,7 @@ mod tests {
         let cache = NodeCache {
             entries: Arc::default(),
             synced: Arc::default(),
-            changes: Arc::default(),
+            agents_moved: Arc::default(),
         };
         let mut listing = None;
         let mut event = |e| apply(&cache.entries, &mut listing, e, 9820);
@@ -295,15 +312,24 @@ mod tests {
         );
         assert!(matches!(
             event(Event::Apply(node("b", "10.0.0.2", "2Mi"))),
-            Seen::Changed(2)
+            Seen::Changed(2, true)
+        ));
+        // Written again with its agent where it was (a status update): no move.
+        assert!(matches!(
+            event(Event::Apply(node("b", "10.0.0.2", "4Mi"))),
+            Seen::Changed(2, false)
+        ));
+        assert!(matches!(
+            event(Event::Apply(node("b", "10.0.0.3", "4Mi"))),
+            Seen::Changed(2, true)
         ));
         assert!(matches!(
             event(Event::Delete(node("a", "10.0.0.1", "4Mi"))),
-            Seen::Changed(1)
+            Seen::Changed(1, true)
         ));
         assert_eq!(
             cache.agents(),
-            vec![("b".to_owned(), "10.0.0.2:9820".parse().expect("addr"))]
+            vec![("b".to_owned(), "10.0.0.3:9820".parse().expect("addr"))]
         );
     }
 }

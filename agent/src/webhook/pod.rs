@@ -26,14 +26,19 @@ pub struct PodRequest {
     pub name: String,
     /// Its UID (its own reservation is not counted against it).
     pub uid: String,
-    /// The pod's hugepages need per page size; empty when it asks for none.
-    pub need: Hugepages,
-    /// The pod as the agent reads it, and its hugepages per container: what the kubelet's NUMA
-    /// selection takes when the webhook runs it on a streamed state.
+    /// The pod as the agent reads it, and its hugepages per container and in all ([`Self::need`]):
+    /// what the kubelet's NUMA selection takes when the webhook runs it on a streamed state.
     pub pod: Pod,
     pub pages: PodHugepages,
     /// The `POST /v1/admit?dryRun=true` body.
     pub body: Bytes,
+}
+
+impl PodRequest {
+    /// The pod's hugepages need per page size; empty when it asks for none.
+    pub fn need(&self) -> &Hugepages {
+        &self.pages.total
+    }
 }
 
 /// Reads the scheduler's pod from its text.
@@ -47,7 +52,6 @@ pub fn read(pod: Option<&RawValue>) -> Result<PodRequest, PodError> {
     Ok(PodRequest {
         name: format!("{}/{}", parsed.metadata.namespace, parsed.metadata.name),
         uid: parsed.metadata.uid.clone(),
-        need: pages.total.clone(),
         pod: parsed,
         pages,
         body: Bytes::from(body),

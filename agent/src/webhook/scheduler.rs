@@ -34,11 +34,11 @@ pub async fn filter(context: &Context, args: ExtenderArgs) -> ExtenderFilterResu
         Err(e) => return ExtenderFilterResult::failed(e.to_string()),
     };
     match (args.nodes, args.node_names) {
-        (Some(list), _) if pod.need.is_empty() => ExtenderFilterResult {
+        (Some(list), _) if pod.need().is_empty() => ExtenderFilterResult {
             nodes: Some(list),
             ..ExtenderFilterResult::default()
         },
-        (None, Some(names)) if pod.need.is_empty() => ExtenderFilterResult {
+        (None, Some(names)) if pod.need().is_empty() => ExtenderFilterResult {
             node_names: Some(names),
             ..ExtenderFilterResult::default()
         },
@@ -108,11 +108,11 @@ pub async fn prioritize(
     let pod = pod::read(args.pod.as_deref()).map_err(|e| e.to_string())?;
     let looked = match (args.nodes, args.node_names) {
         (Some(list), _) => from_objects(&list, context.client.port())?,
-        (None, Some(names)) if pod.need.is_empty() => return Ok(unscored(names)),
+        (None, Some(names)) if pod.need().is_empty() => return Ok(unscored(names)),
         (None, Some(names)) => from_cache(&context.nodes, names),
         (None, None) => return Err(NO_NODES.to_owned()),
     };
-    if pod.need.is_empty() {
+    if pod.need().is_empty() {
         return Ok(unscored(looked.into_iter().map(|(name, _)| name)));
     }
     let judged = judge_all(context, &pod, &looked).await;
@@ -171,7 +171,7 @@ async fn judge_all(context: &Context, pod: &PodRequest, looked: &[Looked]) -> Ve
     let settled: Vec<Option<Judged>> = looked
         .iter()
         .map(|(_, found)| match found {
-            Ok(c) => decide::unresolvable(&pod.need, c.allocatable.as_ref())
+            Ok(c) => decide::unresolvable(pod.need(), c.allocatable.as_ref())
                 .map(Judged::Unresolvable)
                 .or_else(|| {
                     let judged = streamed(c);

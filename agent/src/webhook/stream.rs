@@ -93,8 +93,9 @@ pub async fn run(
 ) {
     let mut streams: HashMap<String, (SocketAddr, JoinHandle<()>)> = HashMap::new();
     let mut every = tokio::time::interval(SYNC);
-    // The cache's change count the streams last followed: the Nodes are listed again only when
-    // it moved, or when a stream's task ended (it runs until aborted here, unless it panicked).
+    // The cache's count of agent moves the streams last followed: the Nodes are listed again only
+    // when an agent's address changed, or when a stream's task ended (it runs until aborted
+    // here, unless it panicked).
     let mut followed = None;
     loop {
         tokio::select! {
@@ -103,7 +104,7 @@ pub async fn run(
         }
         let standing = table.standing();
         metrics.streams(standing.fresh, standing.stale);
-        let changes = cache.changes();
+        let changes = cache.agents_moved();
         let ended = streams.values().any(|(_, task)| task.is_finished());
         if followed == Some(changes) && !ended {
             continue;

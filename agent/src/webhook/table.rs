@@ -75,7 +75,7 @@ impl Streamed {
         let selector = state
             .kubelet_selection
             .take()
-            .and_then(|s| s.selector().ok());
+            .and_then(|s| Arc::unwrap_or_clone(s).selector().ok());
         Streamed { state, selector }
     }
 }
@@ -209,13 +209,13 @@ pub fn judge(streamed: &Streamed, pod: &PodRequest, now: SystemTime) -> Option<J
         .nodes
         .iter()
         .flat_map(|n| &n.sizes)
-        .any(|s| s.stale && pod.need.contains_key(&PageSize(s.page_size_bytes)));
+        .any(|s| s.stale && pod.need().contains_key(&PageSize(s.page_size_bytes)));
     if stale || state.nodes.is_empty() {
         return None;
     }
     let all: Vec<NumaNode> = state.nodes.iter().map(|n| NumaNode(n.node)).collect();
     let plan = match state.numa_selection {
-        NumaSelection::NodeWide => Plan::unselected(&all, &pod.need, Basis::NodeWide),
+        NumaSelection::NodeWide => Plan::unselected(&all, pod.need(), Basis::NodeWide),
         NumaSelection::Kubelet => {
             let Selector { config, state } = streamed.selector.as_ref()?;
             plan::plan(state, &pod.pod, &pod.pages, config.topology(), &all).ok()?

@@ -204,7 +204,7 @@ fn pinned(mut state: WatchState, mm_free: [u64; 2]) -> WatchState {
             .collect(),
     );
     state.numa_selection = NumaSelection::Kubelet;
-    state.kubelet_selection = Some(KubeletSelection::of(&config, &mm));
+    state.kubelet_selection = Some(Arc::new(KubeletSelection::of(&config, &mm)));
     state
 }
 
@@ -244,7 +244,7 @@ fn under_the_static_policy_the_nodes_the_kubelet_would_pick_are_verified_from_th
 fn a_streamed_selection_that_describes_no_machine_is_left_to_the_agent() {
     let mut s = pinned(state([10, 6]), [10, 6]);
     if let Some(selection) = s.kubelet_selection.as_mut() {
-        selection.numa_distances.clear();
+        Arc::make_mut(selection).numa_distances.clear();
     }
     assert_eq!(judged(&s, 1), None);
 }
