@@ -111,7 +111,20 @@ fn watchers_are_bounded_and_one_that_resumes_up_to_date_gets_no_snapshot() {
     let running = agent(&["--max-watchers", "1", "--watch-heartbeat", "300ms"]);
     let mut only = Watch::open(running.port, "watch=true");
     let first = only.next(Duration::from_secs(5)).expect("a snapshot");
-    assert_eq!(first["type"], "SNAPSHOT");
+    assert_eq!(first["type"], "SNAPSHOT", "{first}");
+    // The last state sent before the stream went quiet (a heartbeat): the agent's first reads
+    // (its kubelet's settings among them) may follow the snapshot, and each is a new state.
+    let mut last = first;
+    let settled = Instant::now() + Duration::from_secs(5);
+    loop {
+        let event = only.next(Duration::from_secs(3)).expect("an event");
+        if event["type"] == "BOOKMARK" {
+            assert_eq!(event["generation"], last["generation"], "{event}");
+            break;
+        }
+        assert!(Instant::now() < settled, "no heartbeat: {event}");
+        last = event;
+    }
     let refused = Watch::open(running.port, "watch=true");
     assert_eq!(refused.status, 503);
     assert_eq!(refused.header("retry-after"), Some("1"));
@@ -125,8 +138,8 @@ fn watchers_are_bounded_and_one_that_resumes_up_to_date_gets_no_snapshot() {
     let mut resumed = loop {
         let query = format!(
             "watch=true&epoch={}&generation={}",
-            first["epoch"].as_str().expect("an epoch"),
-            first["generation"]
+            last["epoch"].as_str().expect("an epoch"),
+            last["generation"]
         );
         let watch = Watch::open(running.port, &query);
         if watch.status == 200 {

@@ -341,7 +341,8 @@ impl Inputs {
 }
 
 /// The NUMA selection's inputs as the hub last read them: built again only when the run loop
-/// replaced the kubelet's view or the Memory Manager's, not on every state published.
+/// replaced the kubelet's view or the Memory Manager's with different content (it replaces them
+/// at each reconcile, most often with the same).
 struct Selection {
     views: Views,
     /// How many times they changed since the agent started.
@@ -358,27 +359,50 @@ impl Selection {
         }
     }
 
-    /// Reads the inputs again if the views changed.
+    /// Reads the inputs again if the views' content changed.
     fn follow(&mut self, inputs: &Inputs) {
         let now = Views::of(inputs);
-        if now != self.views {
-            self.views = now;
+        if now.same_as(&self.views) {
+            return;
+        }
+        let changed = !now.select_as(&self.views);
+        self.views = now;
+        if changed {
             self.changes += 1;
             self.inputs = inputs.kubelet_selection();
         }
     }
 }
 
-/// The selection inputs' identities: a view the run loop replaced is a new pointer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Views(usize, usize);
+/// The views the selection was last read from.
+struct Views {
+    kubelet: Arc<KubeletView>,
+    memory_manager: Arc<MemoryManagerView>,
+}
 
 impl Views {
     fn of(inputs: &Inputs) -> Views {
-        Views(
-            Arc::as_ptr(&inputs.kubelet.load_full()) as usize,
-            Arc::as_ptr(&inputs.memory_manager.load_full()) as usize,
-        )
+        Views {
+            kubelet: inputs.kubelet.load_full(),
+            memory_manager: inputs.memory_manager.load_full(),
+        }
+    }
+
+    /// Whether these are the very views of `other` (neither was replaced).
+    fn same_as(&self, other: &Views) -> bool {
+        Arc::ptr_eq(&self.kubelet, &other.kubelet)
+            && Arc::ptr_eq(&self.memory_manager, &other.memory_manager)
+    }
+
+    /// Whether these views select as `other`'s do: the same settings, verdicts and state (when
+    /// they were read and from where aside).
+    fn select_as(&self, other: &Views) -> bool {
+        let (k, was) = (&self.kubelet, &other.kubelet);
+        let (m, had) = (&self.memory_manager, &other.memory_manager);
+        k.settings == was.settings
+            && k.refusal == was.refusal
+            && m.unusable == had.unusable
+            && m.state == had.state
     }
 }
 

@@ -1,9 +1,13 @@
 //! `GET /v1/hugepages?watch=true` in process: the query's parameters, the state per node and size
 //! with the reservations, and the stream itself: its snapshot, a new state after an admission
-//! reserves, heartbeats, a resume, the watchers' limit and a watch's end. (On the real kernel,
+//! reserves, heartbeats, a resume, the selection's inputs read again (unchanged: no new state),
+//! the watchers' limit and a watch's end. (On the real kernel,
 //! with faults, over a socket: `tests/watch.rs`.)
 
-use std::time::Duration;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
 
 use axum::body::Body;
 
@@ -59,6 +63,18 @@ struct Lines {
 }
 
 impl Lines {
+    /// The next event that is not a heartbeat; panics past `within`.
+    async fn next_state(&mut self, within: Duration) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let event = self.next(left).await.expect("the stream goes on");
+            if event["type"] != "BOOKMARK" {
+                return event;
+            }
+        }
+    }
+
     /// The next event, or `None` when the stream ended; panics past `within`.
     async fn next(&mut self, within: Duration) -> Option<Value> {
         loop {
@@ -182,6 +198,54 @@ async fn a_watch_gets_the_state_then_each_new_one_and_heartbeats_between() {
         sample(&text, "hugepage_agent_watch_states_total"),
         Some(1.0)
     );
+}
+
+#[tokio::test]
+async fn the_selection_inputs_read_again_unchanged_are_no_new_state_and_changed_they_are() {
+    let (_d, mut state) = state();
+    state.watch = running_hub(&state, LIMITS);
+    let (_, _, mut lines) = watch(&state, "watch=true").await;
+    let first = lines.next(SECOND).await.expect("a snapshot");
+    let generation = first["generation"].as_u64().expect("a generation");
+    let inputs = first["object"]["selectionInputs"]
+        .as_u64()
+        .expect("selectionInputs");
+    assert!(first["object"]["kubeletSelection"].is_object(), "{first}");
+    // A heartbeat first: the hub's publisher has run and read the views.
+    let beat = lines.next(SECOND).await.expect("a heartbeat");
+    assert_eq!(beat["type"], "BOOKMARK", "{beat}");
+
+    // Each reconcile reads both views again and replaces them, most often with the same content.
+    // (The views replaced are kept alive: the new ones are elsewhere in memory.)
+    let replaced = (state.kubelet.load_full(), state.memory_manager.load_full());
+    state.kubelet.store(Arc::new((*replaced.0).clone()));
+    let view = (*replaced.1).clone();
+    state.memory_manager.store(Arc::new(MemoryManagerView {
+        loaded_at: SystemTime::now(),
+        ..view.clone()
+    }));
+    // Past the hub's tick (1 s): heartbeats only, each with the generation of the snapshot.
+    let quiet = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < quiet {
+        let beat = lines.next(SECOND).await.expect("an event");
+        assert_eq!(beat["type"], "BOOKMARK", "{beat}");
+        assert_eq!(beat["generation"], generation, "{beat}");
+    }
+
+    // The Memory Manager's state becomes unusable: a new state, without what selects.
+    state.memory_manager.store(Arc::new(MemoryManagerView {
+        unusable: Some("its checkpoint names no NUMA node".to_owned()),
+        ..view
+    }));
+    let changed = lines.next_state(2 * SECOND).await;
+    assert_eq!(changed["type"], "MODIFIED", "{changed}");
+    assert_eq!(
+        changed["object"]["selectionInputs"],
+        inputs + 1,
+        "{changed}"
+    );
+    assert!(changed["object"]["kubeletSelection"].is_null(), "{changed}");
+    drop(replaced);
 }
 
 #[tokio::test]
