@@ -2,9 +2,9 @@
 //! (a signal that arrives once the agent says it runs must stop it cleanly), the API's socket
 //! (and the metrics listener's), the map and its refresher, the TLS material and its watcher,
 //! the reservations, PSI, the kubelet's settings, the Memory Manager's state, the listeners'
-//! threads and the heavy lane, then the probes (or sysfs alone), readiness, and the loop
-//! ([`crate::runloop`]) until SIGINT or SIGTERM; then the listeners drain, PSI and the TLS watcher
-//! stop, and the probes detach.
+//! threads and the heavy lane, then the loop's own thread ([`crate::runloop`]), which starts the
+//! probes (or sysfs alone), releases readiness and runs until SIGINT or SIGTERM; then the
+//! listeners drain, PSI, the TLS watcher and the loop stop, and the probes detach.
 //!
 //! Each running concern lives with its state: the map's refresh in `numa::refresh`, the probes in
 //! `probes::live`, reservation release in `admission::release`, the Memory Manager's state in
@@ -34,10 +34,12 @@ use crate::{
     memorymanager::live::{LiveState, StateLoader},
     numa::{
         map::{MapWriter, Source},
+        priority::{PriorityError, realtime},
         refresh::Refresher,
     },
     probes::{
         EventStreams, Probes,
+        events::ProbeEvent,
         flags::EbpfMode,
         live::{LiveError, LiveProbes},
     },
@@ -67,6 +69,8 @@ pub enum RunError {
     Server(#[from] ServerError),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error(transparent)]
+    Priority(#[from] PriorityError),
 }
 
 /// Runs the agent until a shutdown signal; `/metrics` shows the trace exporter's `traces`.
@@ -156,10 +160,10 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
     if let Some(bound) = metrics_bound {
         let stats = metrics.metrics_connections.clone();
         let plain = Serving::new(api::metrics_router(state), None, config.limits, stats);
-        server = server.and(Server::start(bound, 1, plain, stopped)?);
+        server = server.and(Server::start(bound, 1, plain, stopped.clone())?);
     }
     let pods = PodCgroups::at_start(&config.host);
-    let mut agent = RunLoop {
+    let agent = RunLoop {
         host: config.host.clone(),
         refresher,
         probes: LiveProbes::new(config.host.clone()),
@@ -170,28 +174,16 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
         metrics,
     };
     agent.update_discrepancy();
-    let (mut events, probes_state) = match start_probes(config)? {
-        Ok((probes, streams)) => {
-            let rx = agent.probes.adopt(probes, streams, config.fault_scope)?;
-            agent.read_probe_losses();
-            agent.refresher.set_source(Source::EbpfSysfs);
-            (rx, "attached".to_owned())
-        }
-        Err(why) => (mpsc::channel(1).1, why),
+    let started = {
+        let config = config.clone();
+        move |agent: &mut RunLoop| start(agent, &config, &readiness)
     };
-    readiness.release(probes_state);
-    config.warn_if_open();
-    info!(
-        source = %agent.refresher.current().source,
-        listen = %config.listen,
-        api_threads = config.api_threads,
-        tls = config.api_security(),
-        metrics_listen = %config.metrics_listen.map_or_else(|| "none".to_owned(), |a| a.to_string()),
-        "agent running"
-    );
-    let signal = agent
-        .run(&mut events, shutdown.wait(), config.reconcile_interval)
-        .await;
+    let mut thread = agent.spawn(started, stopped, config.reconcile_interval)?;
+    (&mut thread.started).await.map_err(|_| lost_thread())??;
+    let signal = tokio::select! {
+        signal = shutdown.wait() => signal,
+        _ = &mut thread.ended => return Err(lost_thread()),
+    };
     info!(signal, "shutting down");
     let _ = stop_server.send(true);
     if let Err(err) = psi_task.await {
@@ -203,8 +195,35 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
         warn!("the TLS file watcher failed: {err}");
     }
     server.drain(DRAIN).await;
-    agent.stop();
-    Ok(())
+    thread.ended.await.map_err(|_| lost_thread())
+}
+
+/// The map thread's start: its priority if asked, the probes (or sysfs alone), readiness, and
+/// the line that says the agent runs; the probes' events for the loop.
+fn start(
+    agent: &mut RunLoop,
+    config: &RunConfig,
+    readiness: &Readiness,
+) -> Result<mpsc::Receiver<ProbeEvent>, RunError> {
+    if let Some(priority) = config.map_thread_priority {
+        realtime(priority)?;
+    }
+    let (events, probes_state) = match start_probes(config)? {
+        Ok((probes, streams)) => {
+            let rx = agent.probes.adopt(probes, streams, config.fault_scope)?;
+            agent.read_probe_losses();
+            agent.refresher.set_source(Source::EbpfSysfs);
+            (rx, "attached".to_owned())
+        }
+        Err(why) => (mpsc::channel(1).1, why),
+    };
+    readiness.release(probes_state);
+    config.announce(&agent.refresher.current().source);
+    Ok(events)
+}
+
+fn lost_thread() -> RunError {
+    RunError::State("the map's thread stopped (it panicked)".to_owned())
 }
 
 /// Loads the probes as `--ebpf` asks; `Ok(Err(why))` means sysfs-only operation.

@@ -11,6 +11,12 @@
 //! (reservations and pod cgroups), [`LiveState`] (the Memory Manager's state and the
 //! discrepancy), [`LiveKubelet`] (the kubelet's settings). The loop ends on the first SIGINT or
 //! SIGTERM ([`Shutdown`]).
+//!
+//! The loop runs on a thread of its own ([`RunLoop::spawn`]), named `map`, on a runtime of that
+//! one thread: the thread waits on the ring buffers itself, so a fault's event wakes it alone,
+//! and it takes the event in, re-reads sysfs and publishes the map without handing anything to
+//! another thread. Each hand-over cost a wake-up of a sleeping thread, and where a sleeping
+//! thread's CPU is an idle vCPU that wake-up can take milliseconds.
 
 use std::{
     collections::HashSet,
@@ -20,7 +26,7 @@ use std::{
 
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
-    sync::mpsc,
+    sync::{mpsc, oneshot, watch},
     time::Instant,
 };
 use tracing::{info, warn};
@@ -96,6 +102,45 @@ impl RunLoop {
                 _ = loss_poll.tick() => self.loss_tick(),
             }
         }
+    }
+
+    /// Runs the loop on a thread of its own (see the module's documentation): `start` first,
+    /// on that thread (what it registers with the runtime, the probes' ring buffers, is polled
+    /// there), then [`RunLoop::run`] on its events until `stop` turns true; the probes are
+    /// detached as the thread ends. An error only when the thread or its runtime cannot be made.
+    pub fn spawn<E: Send + 'static>(
+        mut self,
+        start: impl FnOnce(&mut RunLoop) -> Result<mpsc::Receiver<ProbeEvent>, E> + Send + 'static,
+        mut stop: watch::Receiver<bool>,
+        reconcile: Duration,
+    ) -> std::io::Result<LoopThread<E>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (started_tx, started) = oneshot::channel();
+        let (ended_tx, ended) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("map".to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let mut events = match start(&mut self) {
+                        Ok(events) => events,
+                        Err(err) => {
+                            let _ = started_tx.send(Err(err));
+                            return;
+                        }
+                    };
+                    let _ = started_tx.send(Ok(()));
+                    let stopped = async move {
+                        let _ = stop.wait_for(|stop| *stop).await;
+                        "stop"
+                    };
+                    self.run(&mut events, stopped, reconcile).await;
+                    self.stop();
+                    let _ = ended_tx.send(());
+                });
+            })?;
+        Ok(LoopThread { started, ended })
     }
 
     /// `first` and the events already waiting behind it, up to [`BATCH`]: a re-read that a
@@ -327,6 +372,14 @@ fn log_cgroup(c: &CgroupEventInfo, owner: Owner) {
         Owner::System => (None, None, None),
     };
     info!(change, cgroup_id = c.cgroup_id, hierarchy = c.hierarchy, cgroup_level = c.level, path = %c.path, pid, truncated = c.truncated, pod_uid, qos = qos.map(tracing::field::display), container_id, "cgroup event");
+}
+
+/// The loop's thread, seen from the one that started it.
+pub struct LoopThread<E> {
+    /// What `start` returned (an error: the loop did not run); closed if the thread panicked.
+    pub started: oneshot::Receiver<Result<(), E>>,
+    /// Sent once the loop stopped and the probes are detached; closed if the thread panicked.
+    pub ended: oneshot::Receiver<()>,
 }
 
 /// SIGINT and SIGTERM, caught from the moment [`Shutdown::install`] returns.

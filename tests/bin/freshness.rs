@@ -20,7 +20,11 @@
 //!   kept-alive HTTPS connection for a pod that asks every free page of the node, and the delay
 //!   runs from the toucher's first touch to the first answer that drops the node.
 //!
-//! `freshness --agent PATH [--touchers N] [--filters N]` (defaults 500, 200).
+//! `--map-thread-priority P` runs both agents with that flag (their map thread under SCHED_FIFO
+//! at priority P).
+//!
+//! `freshness --agent PATH [--touchers N] [--filters N] [--map-thread-priority P]` (defaults
+//! 500, 200, none).
 
 use std::{
     net::Ipv4Addr,
@@ -40,7 +44,7 @@ use hugepage_agent_tests::{
 };
 use serde_json::Value;
 
-const USAGE: &str = "freshness --agent PATH [--touchers N] [--filters N]";
+const USAGE: &str = "freshness --agent PATH [--touchers N] [--filters N] [--map-thread-priority P]";
 const MI2: u64 = 2 << 20;
 const FREE: &str = "/sys/devices/system/node/node0/hugepages/hugepages-2048kB/free_hugepages";
 const FRESH: &str = "hugepage_agent_webhook_streams{state=\"fresh\"}";
@@ -49,10 +53,24 @@ const PAGES: u64 = 1;
 
 fn main() {
     require_root();
-    let flags = BenchFlags::parse(USAGE, &["--agent", "--touchers", "--filters"]);
+    let flags = BenchFlags::parse(
+        USAGE,
+        &[
+            "--agent",
+            "--touchers",
+            "--filters",
+            "--map-thread-priority",
+        ],
+    );
     let agent_path = flags.path("--agent");
     let touchers = flags.number("--touchers", 500);
     let filters = flags.number("--filters", 200);
+    let priority = flags.optional_number("--map-thread-priority");
+    let mut extra = vec!["--watch-heartbeat".to_owned(), "1s".to_owned()];
+    if let Some(p) = priority {
+        extra.extend(["--map-thread-priority".to_owned(), p.to_string()]);
+    }
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let toucher = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join("toucher")))
@@ -61,7 +79,7 @@ fn main() {
 
     let lock = host_lock();
     let pool = HugepagePool::reserve(&lock, touchers * PAGES + 4);
-    let mut agent = probed_agent(&agent_path, &["--watch-heartbeat", "1s"]);
+    let mut agent = probed_agent(&agent_path, &extra);
     let (seen, first_free) = follow(agent.port);
 
     let mut held = Vec::new();
@@ -97,8 +115,9 @@ fn main() {
         .copied()
         .filter(|&(us, _)| us > 1000)
         .collect();
+    let policy = priority.map_or_else(|| "default".to_owned(), |p| format!("SCHED_FIFO {p}"));
     println!(
-        "{touchers} touchers of {PAGES} 2 MiB page each, one after the other, on this host's kernel"
+        "{touchers} touchers of {PAGES} 2 MiB page each, one after the other, on this host's kernel; the map thread's policy: {policy}"
     );
     println!(
         "fault -> agent's map      {}  ({} prompted re-reads that saw a change)",
@@ -117,7 +136,7 @@ fn main() {
     drop(agent);
     drop(pool);
 
-    let mut to_filter = through_webhook(&agent_path, &toucher, &lock, filters);
+    let mut to_filter = through_webhook(&agent_path, &toucher, &lock, filters, &extra);
     println!(
         "fault -> webhook's filter {}  (first touch to the first filter that drops the node)",
         Percentiles::of(&mut to_filter)
@@ -125,13 +144,19 @@ fn main() {
 }
 
 /// The delays from each of `filters` touchers' first touch to the webhook's first filter answer
-/// that drops the node.
-fn through_webhook(agent: &Path, toucher: &Path, lock: &HostLock, filters: u64) -> Vec<Duration> {
+/// that drops the node; the agent runs with `extra`.
+fn through_webhook(
+    agent: &Path,
+    toucher: &Path,
+    lock: &HostLock,
+    filters: u64,
+    extra: &[&str],
+) -> Vec<Duration> {
     let _pool = HugepagePool::reserve(lock, filters * PAGES + 4);
     let pki = Pki::new();
     let port = free_port();
     let ip = Ipv4Addr::new(127, 0, 0, 2);
-    let cmd = cluster::host_agent_command(agent, &pki, &["--watch-heartbeat", "1s"]);
+    let cmd = cluster::host_agent_command(agent, &pki, extra);
     let _agent = cluster::start_agent(cmd, ip, port, |l| l["source"] == "ebpf+sysfs");
     let api = StandInApiServer::start();
     let node = cluster::node("real", ip, "64Gi");

@@ -18,7 +18,7 @@ use crate::{
     },
     kubeletconfig::flags::{KubeletArgs, KubeletFlags},
     logging::LogArgs,
-    numa::flags::MapArgs,
+    numa::{flags::MapArgs, map::Source},
     probes::{
         flags::{EbpfMode, FaultAttach, ProbeArgs},
         live::FaultScope,
@@ -68,6 +68,8 @@ pub struct RunConfig {
     pub fault_scope: FaultScope,
     pub fault_attach: FaultAttach,
     pub reconcile_interval: std::time::Duration,
+    /// The map thread's SCHED_FIFO priority (`--map-thread-priority`), if any.
+    pub map_thread_priority: Option<u8>,
     pub verification: Settings,
     pub psi: PsiConfig,
     pub reject_under_pressure: bool,
@@ -103,8 +105,24 @@ impl RunConfig {
         exposure(self.listen, self.tls.as_ref(), false).is_err()
     }
 
+    /// The line that says the agent runs, with the map's `source`; warned first when
+    /// [`RunConfig::api_open_to_anyone`].
+    pub fn announce(&self, source: &Source) {
+        self.warn_if_open();
+        let priority = self.map_thread_priority;
+        tracing::info!(
+            source = %source,
+            listen = %self.listen,
+            api_threads = self.api_threads,
+            map_thread_priority = priority.map_or_else(|| "none".to_owned(), |p| format!("SCHED_FIFO {p}")),
+            tls = self.api_security(),
+            metrics_listen = %self.metrics_listen.map_or_else(|| "none".to_owned(), |a| a.to_string()),
+            "agent running"
+        );
+    }
+
     /// Warns, as the agent starts, when [`RunConfig::api_open_to_anyone`].
-    pub fn warn_if_open(&self) {
+    fn warn_if_open(&self) {
         if self.api_open_to_anyone() {
             tracing::warn!(
                 "the API on {} accepts requests from any client (--allow-unauthenticated-clients): anyone who reaches it can reserve hugepages",
@@ -138,6 +156,7 @@ impl RunConfig {
             fault_scope: args.probes.fault_scope,
             fault_attach: args.probes.fault_attach,
             reconcile_interval: args.map.reconcile_interval()?,
+            map_thread_priority: args.map.map_thread_priority,
             verification: args.verification.settings(),
             reject_under_pressure: args.psi.reject_under_pressure,
             psi,
