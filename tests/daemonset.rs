@@ -111,12 +111,19 @@ fn capability(name: &str) -> u32 {
 /// The rendered DaemonSet for this host's cgroup layout (the kubepods pressure files are where
 /// this host's cgroup v2 is).
 fn rendered_agent() -> AgentPod {
+    rendered_agent_with(&[])
+}
+
+/// [`rendered_agent`] with `components` too.
+fn rendered_agent_with(components: &[&str]) -> AgentPod {
     let mount = v2().mount;
+    let mut all = components.to_vec();
     match mount.as_str() {
-        "/sys/fs/cgroup/unified" => render(&["hybrid-cgroup"]).agent(),
-        "/sys/fs/cgroup" => render(&[]).agent(),
+        "/sys/fs/cgroup/unified" => all.push("hybrid-cgroup"),
+        "/sys/fs/cgroup" => {}
         other => panic!("cgroup v2 at {other}: no component of deploy/ for that layout"),
     }
+    render(&all).agent()
 }
 
 /// A kubepods cgroup standing in for the kubelet's, removed on drop.
@@ -996,4 +1003,52 @@ fn each_declared_capability_is_needed_and_its_absence_is_named() {
             "the warning names CAP_{missing}: {warning}"
         );
     }
+}
+
+#[test]
+fn the_realtime_map_thread_component_runs_the_map_thread_under_sched_fifo_with_sys_nice_added() {
+    let lock = host_lock();
+    let agent = rendered_agent_with(&["realtime-map-thread"]);
+    assert_eq!(agent.arg("--map-thread-priority"), Some("1"));
+    let kubepods_dir = kubepods_dir(&agent);
+    let _kubepods = Kubepods::create(&lock, &kubepods_dir);
+    let pod = Pod::new(agent);
+    let declared = pod.agent.capabilities.clone();
+    assert_eq!(declared, ["BPF", "PERFMON", "SYS_NICE"]);
+    let mut running = pod.start(&declared);
+    running.wait_for("agent running", Duration::from_secs(20), |l| {
+        l["source"] == "ebpf+sysfs" && l["map_thread_priority"] == "SCHED_FIFO 1"
+    });
+    assert_eq!(running.status("CapEff"), mask(&declared));
+    // The map thread alone under SCHED_FIFO (policy 1), at priority 1 (fields 41 and 40 of a
+    // thread's stat); the heavy lane is SCHED_IDLE, the others SCHED_OTHER.
+    let tasks = fs::read_dir(format!("/proc/{}/task", running.pid)).expect("the agent's threads");
+    let mut policies = Vec::new();
+    for task in tasks.filter_map(Result::ok) {
+        let comm = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let stat = fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .collect();
+        if let (Some(priority), Some(policy)) = (fields.get(40 - 3), fields.get(41 - 3)) {
+            policies.push((
+                comm.trim().to_owned(),
+                (*policy).to_owned(),
+                (*priority).to_owned(),
+            ));
+        }
+    }
+    let realtime: Vec<_> = policies
+        .iter()
+        .filter(|(_, policy, _)| policy == "1")
+        .collect();
+    assert_eq!(
+        realtime,
+        [&("map".to_owned(), "1".to_owned(), "1".to_owned())],
+        "every thread: {policies:?}"
+    );
+    let (status, _) = running.terminate(grace(&pod.agent));
+    assert!(status.success(), "{status:?}");
 }

@@ -51,6 +51,7 @@ fn every_rendering_validates_strictly_for_the_oldest_and_newest_kubernetes() {
         "hybrid-cgroup",
         "eks-kubelet-config",
         "gke-kubelet-config",
+        "realtime-map-thread",
         "webhook",
     ] {
         renderings.push((vec![one], render(&[one])));
