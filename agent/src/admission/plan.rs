@@ -14,6 +14,7 @@ use crate::{
     kube::pod::{self, Hugepages, Pod, PodHugepages, RequestError},
     memorymanager::{
         hints::{HintError, Scope},
+        requests::ContainerRequests,
         selection::{self, Basis, Selection, Topology},
         state::MemoryManagerState,
     },
@@ -55,8 +56,22 @@ pub fn plan(
     topology: Topology<'_>,
     all_nodes: &[NumaNode],
 ) -> Result<Plan, PlanError> {
+    let read = ContainerRequests::of(pod);
+    plan_with(state, pod, &read, pages, topology, all_nodes)
+}
+
+/// [`plan`] with the containers' requests of `pod` read already ([`ContainerRequests::of`]):
+/// a pod planned on many states reads them once.
+pub fn plan_with(
+    state: &MemoryManagerState,
+    pod: &Pod,
+    read: &ContainerRequests,
+    pages: &PodHugepages,
+    topology: Topology<'_>,
+    all_nodes: &[NumaNode],
+) -> Result<Plan, PlanError> {
     let total = &pages.total;
-    let selection = selection::select(state, pod, topology)?;
+    let selection = selection::select_with(state, pod, read, topology)?;
     let mut groups: BTreeMap<Vec<NumaNode>, Hugepages> = BTreeMap::new();
     if !selection.admit {
         return Ok(Plan { groups, selection });

@@ -254,26 +254,25 @@ pub fn calculate(
     if nodes.len() > MAX_HINT_NODES {
         return Err(HintError::TooManyNodes { nodes: nodes.len() });
     }
-    let amounts: Vec<u64> = requested.values().copied().collect();
     if let Some(&id) = machine.keys().find(|&&id| id > bitmask::MAX_NODE) {
         return Err(BitmaskError::OutOfRange(id).into());
     }
-    // Per node id: (allocatable, free) per requested resource, and its grouping.
+    // Per node id: (allocatable, free) per requested resource (`amounts`, a row of `width` per
+    // node id), and its grouping.
     let ids = machine.keys().next_back().map_or(0, |&id| id + 1);
+    let width = requested.len();
+    let mut amounts = vec![(0u64, 0u64); ids * width];
     let mut facts: Vec<Option<NodeFacts>> = vec![None; ids];
     for (&id, state) in machine {
         let Some(slot) = facts.get_mut(id) else {
             return Err(BitmaskError::OutOfRange(id).into());
         };
-        let table = |resource: &str| state.memory_map.get(resource).copied().unwrap_or_default();
+        let row = &mut amounts[id * width..(id + 1) * width];
+        for (amount, resource) in row.iter_mut().zip(requested.keys()) {
+            let t: MemoryTable = state.memory_map.get(resource).copied().unwrap_or_default();
+            *amount = (t.allocatable, t.free);
+        }
         *slot = Some(NodeFacts {
-            amounts: requested
-                .keys()
-                .map(|r| {
-                    let t: MemoryTable = table(r);
-                    (t.allocatable, t.free)
-                })
-                .collect(),
             cells: state.cells.len(),
             group: NumaMask::from_nodes(&state.cells).ok(),
             assigned: state.number_of_assignments > 0,
@@ -281,19 +280,22 @@ pub fn calculate(
     }
     let mut min_affinity = nodes.len() as u32;
     let mut fitting = Vec::new();
-    let mut sums = vec![(0u64, 0u64); amounts.len()];
+    let mut sums = vec![(0u64, 0u64); width];
     bitmask::iterate_masks(&nodes, |mask| {
         sums.iter_mut().for_each(|s| *s = (0, 0));
         let members = || mask.iter();
-        for n in members() {
-            if let Some(f) = &facts[n] {
-                for (sum, &(allocatable, free)) in sums.iter_mut().zip(&f.amounts) {
-                    sum.0 = sum.0.saturating_add(allocatable);
-                    sum.1 = sum.1.saturating_add(free);
-                }
+        for n in members().filter(|&n| facts[n].is_some()) {
+            let row = &amounts[n * width..(n + 1) * width];
+            for (sum, &(allocatable, free)) in sums.iter_mut().zip(row) {
+                sum.0 = sum.0.saturating_add(allocatable);
+                sum.1 = sum.1.saturating_add(free);
             }
         }
-        if sums.iter().zip(&amounts).any(|(s, &want)| s.0 < want) {
+        if sums
+            .iter()
+            .zip(requested.values())
+            .any(|(s, &want)| s.0 < want)
+        {
             return;
         }
         min_affinity = min_affinity.min(mask.count());
@@ -315,7 +317,11 @@ pub fn calculate(
                 return;
             }
         }
-        if sums.iter().zip(&amounts).all(|(s, &want)| s.1 >= want) {
+        if sums
+            .iter()
+            .zip(requested.values())
+            .all(|(s, &want)| s.1 >= want)
+        {
             fitting.push(mask);
         }
     })?;
@@ -330,17 +336,18 @@ pub fn calculate(
             preferred: mask.count() == min_affinity,
         })
         .collect();
-    Ok(requested
-        .keys()
-        .map(|resource| (resource.clone(), hints.clone()))
-        .collect())
+    // Every resource gets the same list: the last one takes it, the others a copy.
+    let mut names = requested.keys();
+    let last = names.next_back();
+    let mut all: BTreeMap<String, Vec<TopologyHint>> =
+        names.map(|name| (name.clone(), hints.clone())).collect();
+    all.extend(last.map(|name| (name.clone(), hints)));
+    Ok(all)
 }
 
-/// What the hint rules need of one node.
-#[derive(Debug, Clone)]
+/// What the hint rules need of one node besides its amounts.
+#[derive(Debug, Clone, Copy)]
 struct NodeFacts {
-    /// (allocatable, free) per requested resource, in request order.
-    amounts: Vec<(u64, u64)>,
     /// Nodes in its group (`cells`), the group itself, and whether anything is assigned on it.
     cells: usize,
     group: Option<NumaMask>,

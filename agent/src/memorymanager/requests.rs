@@ -143,6 +143,28 @@ pub fn container_requests(
     )
 }
 
+/// Each container's requests ([`container_requests`]), init containers first, read once for a
+/// pod that is selected on many states (the webhook's table: every candidate node): what depends
+/// on the pod alone is not read again for each. A container's error stays with it, an error only
+/// where a selection reads that container's requests.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerRequests(Vec<Result<Requested, RequestError>>);
+
+impl ContainerRequests {
+    pub fn of(pod: &Pod) -> ContainerRequests {
+        let all = pod.spec.init_containers.iter().chain(&pod.spec.containers);
+        ContainerRequests(
+            all.map(|c| container_requests(c, format_args!("container {:?}", c.name)))
+                .collect(),
+        )
+    }
+
+    /// The requests of the container at `index` (init containers first), if read.
+    pub fn get(&self, index: usize) -> Option<&Result<Requested, RequestError>> {
+        self.0.get(index)
+    }
+}
+
 /// What the Memory Manager gives a container exclusively: nothing when the pod's pod-level
 /// resources are managed (`PodLevelResourceManagers`) and the container is not itself
 /// Guaranteed-like (it then runs in the pod's shared pool), else its requests.
@@ -338,6 +360,38 @@ mod tests {
             qos_class(&p, FeatureGates::default()),
             Ok(QosClass::Guaranteed)
         );
+    }
+
+    /// The requests read once are each container's, init containers first, and a value that
+    /// does not read is that container's error alone, naming it as a selection names it.
+    #[test]
+    fn container_requests_read_once_are_each_containers_own() {
+        let p = pod(serde_json::json!({"spec": {
+            "containers": [
+                {"name": "a", "resources": {"requests": {"memory": "1Gi", "hugepages-2048Ki": "4Mi"}}},
+                {"name": "b", "resources": {"requests": {"memory": "lots"}}},
+            ],
+            "initContainers": [{"name": "init", "resources": {"requests": {"memory": "2Mi"}}}],
+        }}));
+        let read = ContainerRequests::of(&p);
+        let each = |i: usize| read.get(i).cloned();
+        assert_eq!(
+            each(0),
+            Some(Ok(Requested::from([("memory".into(), 2 << 20)])))
+        );
+        assert_eq!(
+            each(1),
+            Some(Ok(Requested::from([
+                ("hugepages-2Mi".into(), 4 << 20),
+                ("memory".into(), 1 << 30)
+            ])))
+        );
+        let direct = container_requests(&p.spec.containers[1], "container \"b\"");
+        assert_eq!(each(2), Some(direct));
+        assert!(
+            matches!(each(2), Some(Err(e)) if e.field == "container \"b\".resources.requests.memory")
+        );
+        assert_eq!(each(3), None);
     }
 
     /// A Guaranteed pod of `n` containers asking `memory` each, and 1 CPU.

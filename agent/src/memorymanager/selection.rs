@@ -17,15 +17,13 @@ use serde::Serialize;
 
 use super::{
     hints::{self, HintError, Hints, PodFacts, Scope},
-    requests::{self, Requested},
+    requests::{self, ContainerRequests, Requested},
     state::{Block, MachineState, MemoryManagerState, MemoryTable},
 };
 use crate::{
     kube::pod::Pod,
     kubelet::features::FeatureGates,
-    topologymanager::{
-        Merged, NumaInfo, NumaMask, Policy, PolicyOptions, ProviderHints, TopologyHint, merge,
-    },
+    topologymanager::{Merged, NumaInfo, NumaMask, Policy, PolicyOptions, TopologyHint, merge},
 };
 
 /// The decision for one container (container scope) or the pod (pod scope).
@@ -159,22 +157,19 @@ pub fn select(
     pod: &Pod,
     topology: Topology<'_>,
 ) -> Result<Selection, HintError> {
-    // The hints move into the merge's provider and back out: nothing is copied.
-    let merge_one = |hints: Hints| -> (Merged, Hints) {
-        let provider: ProviderHints =
-            hints.map(|h| h.into_iter().map(|(k, v)| (k, Some(v))).collect());
-        let merged = merge::merge(
-            topology.policy,
-            topology.options,
-            topology.info,
-            std::slice::from_ref(&provider),
-        );
-        let hints = provider.map(|p| {
-            p.into_iter()
-                .map(|(k, v)| (k, v.unwrap_or_default()))
-                .collect()
-        });
-        (merged, hints)
+    select_with(state, pod, &ContainerRequests::of(pod), topology)
+}
+
+/// [`select`] with the containers' requests of `pod` read already (`read`).
+pub fn select_with(
+    state: &MemoryManagerState,
+    pod: &Pod,
+    read: &ContainerRequests,
+    topology: Topology<'_>,
+) -> Result<Selection, HintError> {
+    let merge_one = |hints: &Hints| {
+        let lists = hint_lists(hints);
+        merge::merge_lists(topology.policy, topology.options, topology.info, &lists)
     };
     // Worked out once for the pod, not for each container (see [`hints::PodFacts`]).
     let facts = PodFacts::of(pod, topology.gates)?;
@@ -191,7 +186,8 @@ pub fn select(
     } else {
         init.chain(apps).collect()
     };
-    for unit in units {
+    let last = units.len().saturating_sub(1);
+    for (i, unit) in units.into_iter().enumerate() {
         let assigned = match unit {
             None => assigned_nodes(state.pod_blocks(&pod.metadata.uid)).or_else(|| {
                 let all = pod.spec.init_containers.iter().chain(&pod.spec.containers);
@@ -207,8 +203,12 @@ pub fn select(
                 let field = format_args!("container {:?}", c.name);
                 let exclusive = requests::has_exclusive(pod, c, topology.gates, field)?;
                 let needed = exclusive || assigned.is_none();
-                let read = needed.then(|| requests::container_requests(c, field));
-                read.transpose()?.map(|r| (exclusive, r))
+                let own = needed.then(|| match read.get(i) {
+                    Some(Ok(requested)) => Ok(Cow::Borrowed(requested)),
+                    Some(Err(e)) => Err(e.clone()),
+                    None => requests::container_requests(c, field).map(Cow::Owned),
+                });
+                own.transpose()?.map(|r| (exclusive, r))
             }
             _ => None,
         };
@@ -219,7 +219,7 @@ pub fn select(
             }
             (Some(_), _) => None,
         };
-        let (merged, hints) = merge_one(hints);
+        let merged = merge_one(&hints);
         let mut placement = Placement {
             container: unit.map(|(c, _)| c.name.clone()),
             init: unit.is_some_and(|(_, init)| init),
@@ -237,9 +237,9 @@ pub fn select(
         }
         // Only a Guaranteed pod not allocated before is charged: no one else's requests are read.
         let requested = match unit {
-            _ if assigned.is_some() || !guaranteed => Requested::new(),
-            None => requests::pod_requests(pod, topology.gates)?,
-            Some(_) => own.map(|(_, r)| r).unwrap_or_default(),
+            _ if assigned.is_some() || !guaranteed => Cow::Owned(Requested::new()),
+            None => Cow::Owned(requests::pod_requests(pod, topology.gates)?),
+            Some(_) => own.map_or(Cow::Owned(Requested::new()), |(_, r)| r),
         };
         if let Some(nodes) = assigned {
             // Allocated before (a kubelet restart): the kubelet keeps what it assigned.
@@ -248,7 +248,8 @@ pub fn select(
             let computed = placement.hints.as_ref();
             match allocation(&working.machine_state, computed, merged.hint, &requested)? {
                 Ok(nodes) => {
-                    if !placement.init {
+                    // The state charged is read by the units after this one only.
+                    if !placement.init && i < last {
                         allocate(
                             &mut working.to_mut().machine_state,
                             &nodes.nodes(),
@@ -272,6 +273,25 @@ pub fn select(
         placements.push(placement);
     }
     Ok(Selection::admitted(placements))
+}
+
+/// The Memory Manager's hints as the merge's lists, as [`merge::provider_lists`] makes them of
+/// it as the only provider: no hints at all is "no preference" ([`merge::ANY_NODE`]), a resource
+/// without a hint "fits nowhere" ([`merge::NOWHERE`]).
+fn hint_lists(hints: &Hints) -> Vec<&[TopologyHint]> {
+    match hints {
+        Some(resources) if !resources.is_empty() => resources
+            .values()
+            .map(|h| {
+                if h.is_empty() {
+                    merge::NOWHERE
+                } else {
+                    h.as_slice()
+                }
+            })
+            .collect(),
+        _ => vec![merge::ANY_NODE],
+    }
 }
 
 /// The nodes of blocks already assigned.
@@ -318,9 +338,8 @@ fn allocation(
         return Ok(Err("failed to find the default preferred hint"));
     };
     let satisfied = requested.iter().all(|(resource, &bytes)| {
-        mask.nodes()
-            .iter()
-            .filter_map(|n| machine.get(n)?.memory_map.get(resource))
+        mask.iter()
+            .filter_map(|n| machine.get(&n)?.memory_map.get(resource))
             .map(|t| t.free)
             .fold(0u64, u64::saturating_add)
             >= bytes
@@ -358,10 +377,10 @@ fn allocation(
 /// where the hints could not: a Memory Manager with no hint at all has "no preference", which
 /// merges to every node.
 fn violates_numa_allocations(machine: &MachineState, mask: NumaMask) -> bool {
-    let nodes = mask.nodes();
-    if nodes.len() == 1 {
+    if mask.count() == 1 {
         return false;
     }
+    let nodes = mask.nodes();
     nodes.iter().filter_map(|n| machine.get(n)).any(|state| {
         if state.number_of_assignments == 0 {
             return false;

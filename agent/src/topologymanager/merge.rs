@@ -31,7 +31,7 @@
 //!
 //! `merge/reference.rs` transcribes the kubelet's walk line by line, for the tests to compare.
 
-use std::{cmp::Ordering, collections::HashSet};
+use std::{borrow::Cow, cmp::Ordering, collections::HashSet};
 
 use serde::Serialize;
 
@@ -56,6 +56,19 @@ pub fn merge(
     info: &NumaInfo,
     providers: &[ProviderHints],
 ) -> Merged {
+    let lists = provider_lists(providers);
+    let lists: Vec<&[TopologyHint]> = lists.iter().map(Vec::as_slice).collect();
+    merge_lists(policy, options, info, &lists)
+}
+
+/// [`merge`] over the lists [`provider_lists`] makes of the providers' hints (one per resource
+/// of every provider), borrowed.
+pub fn merge_lists(
+    policy: Policy,
+    options: &PolicyOptions,
+    info: &NumaInfo,
+    lists: &[&[TopologyHint]],
+) -> Merged {
     match policy {
         Policy::None => Merged {
             hint: TopologyHint {
@@ -65,22 +78,26 @@ pub fn merge(
             admit: true,
         },
         Policy::BestEffort | Policy::Restricted => {
-            let lists = provider_lists(providers);
-            let hint = Merger::new(info, &lists, options.prefer_closest_numa_nodes).merge();
+            let hint = Merger::new(info, lists, options.prefer_closest_numa_nodes).merge();
             Merged {
                 hint,
                 admit: policy == Policy::BestEffort || hint.preferred,
             }
         }
         Policy::SingleNumaNode => {
-            let lists: Vec<Vec<TopologyHint>> = provider_lists(providers)
-                .into_iter()
-                .map(|list| {
-                    list.into_iter()
-                        .filter(|h| h.preferred && h.affinity.is_none_or(|m| m.count() == 1))
-                        .collect()
+            let kept = |h: &TopologyHint| h.preferred && h.affinity.is_none_or(|m| m.count() == 1);
+            // A list is copied only when the filter drops some of its hints.
+            let filtered: Vec<Cow<'_, [TopologyHint]>> = lists
+                .iter()
+                .map(|&list| {
+                    if list.iter().all(kept) {
+                        Cow::Borrowed(list)
+                    } else {
+                        Cow::Owned(list.iter().copied().filter(kept).collect())
+                    }
                 })
                 .collect();
+            let lists: Vec<&[TopologyHint]> = filtered.iter().map(AsRef::as_ref).collect();
             let mut hint = Merger::new(info, &lists, false).merge();
             if hint.affinity == Some(info.default_affinity()) {
                 hint.affinity = None;
@@ -93,28 +110,34 @@ pub fn merge(
     }
 }
 
+/// The list of "no preference" for a resource: a single preferred hint for any node.
+pub const ANY_NODE: &[TopologyHint] = &[TopologyHint {
+    affinity: None,
+    preferred: true,
+}];
+
+/// The list of "fits nowhere" for a resource: a single non-preferred hint for any node.
+pub const NOWHERE: &[TopologyHint] = &[TopologyHint {
+    affinity: None,
+    preferred: false,
+}];
+
 /// One list per resource of every provider; "no preference" becomes a single preferred hint for
-/// any node, "fits nowhere" a single non-preferred one.
+/// any node ([`ANY_NODE`]), "fits nowhere" a single non-preferred one ([`NOWHERE`]).
 pub fn provider_lists(providers: &[ProviderHints]) -> Vec<Vec<TopologyHint>> {
-    let any = |preferred| {
-        vec![TopologyHint {
-            affinity: None,
-            preferred,
-        }]
-    };
     let mut lists = Vec::new();
     for provider in providers {
         match provider {
             Some(resources) if !resources.is_empty() => {
                 for hints in resources.values() {
                     lists.push(match hints {
-                        None => any(true),
-                        Some(h) if h.is_empty() => any(false),
+                        None => ANY_NODE.to_vec(),
+                        Some(h) if h.is_empty() => NOWHERE.to_vec(),
                         Some(h) => h.clone(),
                     });
                 }
             }
-            _ => lists.push(any(true)),
+            _ => lists.push(ANY_NODE.to_vec()),
         }
     }
     lists
@@ -123,7 +146,7 @@ pub fn provider_lists(providers: &[ProviderHints]) -> Vec<Vec<TopologyHint>> {
 /// The merge over filtered lists.
 pub(crate) struct Merger<'a> {
     info: &'a NumaInfo,
-    lists: &'a [Vec<TopologyHint>],
+    lists: &'a [&'a [TopologyHint]],
     closest: bool,
     /// The widest of the providers' narrowest hints, in nodes.
     best_non_preferred_count: u32,
@@ -132,7 +155,7 @@ pub(crate) struct Merger<'a> {
 }
 
 impl<'a> Merger<'a> {
-    pub(crate) fn new(info: &'a NumaInfo, lists: &'a [Vec<TopologyHint>], closest: bool) -> Self {
+    pub(crate) fn new(info: &'a NumaInfo, lists: &'a [&'a [TopologyHint]], closest: bool) -> Self {
         let best_non_preferred_count = lists
             .iter()
             .filter_map(|list| {
@@ -176,7 +199,7 @@ impl<'a> Merger<'a> {
             affinity: Some(default),
             preferred: false,
         };
-        if self.lists.iter().any(Vec::is_empty) {
+        if self.lists.iter().any(|l| l.is_empty()) {
             return fallback;
         }
         if let Some(mask) = self.best_preferred() {
@@ -198,10 +221,12 @@ impl<'a> Merger<'a> {
     }
 
     /// The best mask among preferred merged candidates: those where every list offers that mask
-    /// (or "any node") as a preferred hint.
+    /// (or "any node") as a preferred hint. The best is the highest in a total order
+    /// (`NumaInfo::better`), so the candidates may come in any order, and more than once: they
+    /// are taken from one list that does not offer "any node", which must offer each of them.
     fn best_preferred(&self) -> Option<NumaMask> {
         let default = self.info.default_affinity();
-        let offers = |list: &Vec<TopologyHint>, mask: Option<NumaMask>| {
+        let offers = |list: &[TopologyHint], mask: Option<NumaMask>| {
             list.iter()
                 .any(|h| h.preferred && (h.affinity.is_none() || h.affinity == mask))
         };
@@ -217,13 +242,13 @@ impl<'a> Merger<'a> {
                 None => merged,
             });
         };
-        if self.lists.iter().all(|l| offers(l, None)) {
+        let narrowing = self.lists.iter().find(|l| !offers(l, None));
+        if narrowing.is_none() {
             consider(default);
         }
-        let mut tried = HashSet::new();
-        for hint in self.lists.iter().flatten() {
+        let sources = narrowing.map_or(self.lists, std::slice::from_ref);
+        for hint in sources.iter().copied().flatten() {
             if let (true, Some(mask)) = (hint.preferred, hint.affinity)
-                && tried.insert(mask)
                 && self.lists.iter().all(|l| offers(l, Some(mask)))
             {
                 consider(mask);
@@ -352,7 +377,7 @@ impl Search<'_, '_> {
             }
             return;
         };
-        for hint in list {
+        for hint in *list {
             self.visit(level + 1, and & hint.affinity.map_or(u64::MAX, |m| m.0));
         }
     }

@@ -1,5 +1,6 @@
 //! The pod the scheduler sends, read once per call: its hugepages by the kubelet's rules
-//! ([`crate::kube::pod::pod_hugepages`]), and the body of the dry run every agent is asked,
+//! ([`crate::kube::pod::pod_hugepages`]), its containers' requests as the Memory Manager reads
+//! them ([`ContainerRequests`]), and the body of the dry run every agent is asked,
 //! built once: the `v1.Pod` cut to what the agent reads (metadata's namespace, name and uid;
 //! the containers' and init containers' names, resources and restart policies; overhead and
 //! pod-level resources; the QoS class), so a pod's images, environment and managed fields are
@@ -9,7 +10,10 @@ use hyper::body::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::kube::pod::{Hugepages, Pod, PodHugepages, pod_hugepages};
+use crate::{
+    kube::pod::{Hugepages, Pod, PodHugepages, pod_hugepages},
+    memorymanager::requests::ContainerRequests,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PodError {
@@ -30,6 +34,8 @@ pub struct PodRequest {
     /// what the kubelet's NUMA selection takes when the webhook runs it on a streamed state.
     pub pod: Pod,
     pub pages: PodHugepages,
+    /// Its containers' requests as the Memory Manager reads them, read once for every node.
+    pub requests: ContainerRequests,
     /// The `POST /v1/admit?dryRun=true` body.
     pub body: Bytes,
 }
@@ -52,6 +58,7 @@ pub fn read(pod: Option<&RawValue>) -> Result<PodRequest, PodError> {
     Ok(PodRequest {
         name: format!("{}/{}", parsed.metadata.namespace, parsed.metadata.name),
         uid: parsed.metadata.uid.clone(),
+        requests: ContainerRequests::of(&parsed),
         pod: parsed,
         pages,
         body: Bytes::from(body),

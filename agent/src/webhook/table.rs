@@ -12,10 +12,10 @@
 //! `kubeletSelection` (the Topology Manager's settings and the Memory Manager's machine state,
 //! rebuilt once per state received, [`Streamed`]). The judgement is the agent's own code on the
 //! streamed figures: the kubelet's selection and the grouping of the pod's hugepages by the nodes
-//! they come from ([`plan::plan`]), KEP-5759's comparison and message per group
-//! ([`verify::judge`], [`plan::verdict`]), the agent's reservations where they meet the nodes
-//! ([`reservations::held_by`], the pod's own not counted), and the refusal under memory
-//! contention pressure.
+//! they come from ([`plan::plan_with`], the pod's requests read once per call), KEP-5759's
+//! comparison and message per group ([`verify::judge`], [`plan::verdict`]), the agent's
+//! reservations where they meet the nodes ([`reservations::held_by`], the pod's own not
+//! counted), and the refusal under memory contention pressure.
 //!
 //! The table never decides a binding: the admission webhook asks the chosen node's agent, which
 //! verifies on fresh sysfs reads and reserves.
@@ -218,7 +218,8 @@ pub fn judge(streamed: &Streamed, pod: &PodRequest, now: SystemTime) -> Option<J
         NumaSelection::NodeWide => Plan::unselected(&all, pod.need(), Basis::NodeWide),
         NumaSelection::Kubelet => {
             let Selector { config, state } = streamed.selector.as_ref()?;
-            plan::plan(state, &pod.pod, &pod.pages, config.topology(), &all).ok()?
+            let topology = config.topology();
+            plan::plan_with(state, &pod.pod, &pod.requests, &pod.pages, topology, &all).ok()?
         }
     };
     let settings = Settings {
@@ -253,9 +254,9 @@ pub fn judge(streamed: &Streamed, pod: &PodRequest, now: SystemTime) -> Option<J
         numa_nodes: verdict.numa_nodes.iter().map(|n| n.0).collect(),
         checks: verdict
             .checks
-            .iter()
+            .into_iter()
             .map(|c| CheckReply {
-                resource: c.resource.clone(),
+                resource: c.resource,
                 requested_bytes: c.requested_bytes,
                 available_bytes: c.available_bytes,
             })

@@ -3,7 +3,10 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::{
     memorymanager::testing::{GI, guaranteed, node, state},
-    topologymanager::merge::reference::{self, Rule},
+    topologymanager::{
+        ProviderHints,
+        merge::reference::{self, Rule},
+    },
 };
 
 fn two_nodes(free_huge: [u64; 2]) -> MemoryManagerState {

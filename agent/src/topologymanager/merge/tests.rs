@@ -354,7 +354,7 @@ fn single_numa_node_reports_every_node_as_none_and_ignores_wider_hints() {
 fn prefer_closest_picks_the_pair_with_the_shorter_distance() {
     let info = info(4);
     let list = vec![hint(Some(&[0, 2]), true), hint(Some(&[1, 2]), true)];
-    let lists = [list];
+    let lists = [list.as_slice()];
     assert_eq!(
         Merger::new(&info, &lists, false).merge(),
         hint(Some(&[0, 2]), true)
