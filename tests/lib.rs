@@ -682,6 +682,29 @@ pub fn cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
+/// Each thread of process `pid`: its name, scheduling policy (0 SCHED_OTHER, 1 SCHED_FIFO, 5
+/// SCHED_IDLE) and real-time priority, fields 41 and 40 of `/proc/<pid>/task/<tid>/stat`.
+pub fn thread_schedules(pid: u32) -> Vec<(String, u64, u64)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/task: {e}"));
+    let mut out = Vec::new();
+    for task in tasks.filter_map(Result::ok) {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Field 3 on follows the command's closing parenthesis: field N is at N - 3.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .collect();
+        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse().ok());
+        if let (Some(policy), Some(priority)) = (field(41), field(40)) {
+            out.push((comm.trim().to_owned(), policy, priority));
+        }
+    }
+    out
+}
+
 /// Runs the calling thread on `cpu` only.
 pub fn pin_this_thread(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET stays within it for cpu < 1024.

@@ -1,13 +1,17 @@
 //! The map's thread on the real kernel: the agent's loop (the probes' events, the re-reads of
 //! sysfs they prompt) runs on a thread named `map`, of the default policy unless
-//! `--map-thread-priority` asks for SCHED_FIFO; a fault reaches the map from that thread either
-//! way; without CAP_SYS_NICE the priority is refused by name and the agent does not start.
+//! `--map-thread-priority` asks for SCHED_FIFO (which it leaves for each reconcile and takes
+//! again); a fault reaches the map from that thread either way; without CAP_SYS_NICE the
+//! priority is refused by name and the agent does not start.
 
-use std::{process::Command, time::Duration};
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use hugepage_agent_tests::{
-    HugepagePool, TestCgroup, Toucher, agent_bin, free_port, host_lock, output, probed_agent,
-    require_root,
+    Agent, HugepagePool, TestCgroup, Toucher, agent_bin, free_port, host_lock, output,
+    probed_agent, require_root, thread_schedules,
 };
 use serde_json::Value;
 
@@ -16,32 +20,30 @@ const TOUCHER: &str = env!("CARGO_BIN_EXE_toucher");
 const SCHED_OTHER: u64 = 0;
 const SCHED_FIFO: u64 = 1;
 
-/// The policy and real-time priority of the thread of `pid` named `name` (fields 41 and 40 of
-/// its `stat`).
+/// The policy and real-time priority of the thread of `pid` named `name`.
 fn thread_policy(pid: u32, name: &str) -> (u64, u64) {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the agent's threads");
-    let named = tasks
-        .filter_map(Result::ok)
-        .find(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|comm| comm.trim() == name)
-        })
-        .unwrap_or_else(|| panic!("no thread named {name} in process {pid}"));
-    let stat = std::fs::read_to_string(named.path().join("stat")).expect("the thread's stat");
-    // Fields from the third on follow the command's closing parenthesis.
-    let fields: Vec<u64> = stat
-        .rsplit_once(')')
-        .expect("a stat line")
-        .1
-        .split_whitespace()
-        .skip(1)
-        .map(|f| f.parse().unwrap_or(0))
-        .collect();
-    (fields[41 - 4], fields[40 - 4])
+    let threads = thread_schedules(pid);
+    threads
+        .iter()
+        .find(|(comm, _, _)| comm == name)
+        .map(|&(_, policy, priority)| (policy, priority))
+        .unwrap_or_else(|| panic!("no thread named {name} in process {pid}: {threads:?}"))
+}
+
+/// Whether `now` holds at some time within `within` (checked as fast as it can be).
+fn seen_within(within: Duration, now: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if now() {
+            return true;
+        }
+    }
+    false
 }
 
 /// A fault of `pages` 2 MiB pages by a toucher in a cgroup of its own, and the map's change the
 /// agent logged for it.
-fn fault_reaches_the_map(agent: &mut hugepage_agent_tests::Agent, cgroup: &TestCgroup) -> Value {
+fn fault_reaches_the_map(agent: &mut Agent, cgroup: &TestCgroup) -> Value {
     let toucher = Toucher::run(TOUCHER, Some(&cgroup.dir), 2, 16);
     let changed = agent.wait_for("hugepage pool changed", Duration::from_secs(10), |l| {
         l["fault_to_map_us"].is_u64()
@@ -68,8 +70,28 @@ fn the_map_thread_runs_at_the_default_policy_unless_a_real_time_priority_is_aske
         .expect("the start-up line");
     assert_eq!(running["map_thread_priority"], "none", "{running}");
 
-    let mut realtime = probed_agent(&agent_bin(), &["--map-thread-priority", "7"]);
-    assert_eq!(thread_policy(realtime.pid(), "map"), (SCHED_FIFO, 7));
+    // A reconcile every 100 ms, which the thread runs at the default policy: it is real-time
+    // again after each.
+    let mut cmd = Command::new(agent_bin());
+    cmd.args(["run", "--ebpf", "on", "--reconcile-interval", "100ms"])
+        .args(["--map-thread-priority", "7"]);
+    let mut realtime = Agent::start(cmd);
+    realtime.wait_for("agent running", Duration::from_secs(30), |l| {
+        l["source"] == "ebpf+sysfs"
+    });
+    let pid = realtime.pid();
+    // Seen at the default policy during a reconcile, and real-time again after it.
+    assert!(
+        seen_within(Duration::from_secs(5), || thread_policy(pid, "map")
+            == (SCHED_OTHER, 0)),
+        "the map thread was never seen lowered for a reconcile"
+    );
+    assert!(
+        seen_within(Duration::from_secs(5), || thread_policy(pid, "map")
+            == (SCHED_FIFO, 7)),
+        "the map thread did not take SCHED_FIFO 7 again: {:?}",
+        thread_policy(pid, "map")
+    );
     // The other threads keep the default policy.
     assert_eq!(
         thread_policy(realtime.pid(), "hugepage-agent"),

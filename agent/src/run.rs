@@ -3,8 +3,9 @@
 //! (and the metrics listener's), the map and its refresher, the TLS material and its watcher,
 //! the reservations, PSI, the kubelet's settings, the Memory Manager's state, the listeners'
 //! threads and the heavy lane, then the loop's own thread ([`crate::runloop`]), which starts the
-//! probes (or sysfs alone), releases readiness and runs until SIGINT or SIGTERM; then the
-//! listeners drain, PSI, the TLS watcher and the loop stop, and the probes detach.
+//! probes (or sysfs alone), releases readiness and runs until SIGINT or SIGTERM. Then everything
+//! is told to stop at once: the loop stops and detaches the probes, PSI and the TLS watcher
+//! stop, while the listeners drain; the process ends once all have.
 //!
 //! Each running concern lives with its state: the map's refresh in `numa::refresh`, the probes in
 //! `probes::live`, reservation release in `admission::release`, the Memory Manager's state in
@@ -172,6 +173,7 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
         kubelet,
         faults,
         metrics,
+        realtime: config.map_thread_priority,
     };
     agent.update_discrepancy();
     let started = {

@@ -9,14 +9,17 @@
 //!
 //! The owners: [`Refresher`] (the map), [`LiveProbes`] (the loaded probes), [`Releaser`]
 //! (reservations and pod cgroups), [`LiveState`] (the Memory Manager's state and the
-//! discrepancy), [`LiveKubelet`] (the kubelet's settings). The loop ends on the first SIGINT or
-//! SIGTERM ([`Shutdown`]).
+//! discrepancy), [`LiveKubelet`] (the kubelet's settings). The loop ends when its stop signal
+//! turns true, which the caller sends on the first SIGINT or SIGTERM ([`Shutdown`]).
 //!
 //! The loop runs on a thread of its own ([`RunLoop::spawn`]), named `map`, on a runtime of that
 //! one thread: the thread waits on the ring buffers itself, so a fault's event wakes it alone,
 //! and it takes the event in, re-reads sysfs and publishes the map without handing anything to
 //! another thread. Each hand-over cost a wake-up of a sleeping thread, and where a sleeping
-//! thread's CPU is an idle vCPU that wake-up can take milliseconds.
+//! thread's CPU is an idle vCPU that wake-up can take milliseconds. Under
+//! `--map-thread-priority` the thread runs under SCHED_FIFO for the events (faults, cgroup
+//! events) and the re-reads they prompt, and drops to the default policy for the full
+//! reconcile and the rescan of the cgroup tree ([`crate::numa::priority::Lowered`]).
 
 use std::{
     collections::HashSet,
@@ -42,6 +45,7 @@ use crate::{
     kubeletconfig::live::LiveKubelet,
     memorymanager::live::LiveState,
     numa::{
+        priority::Lowered,
         refresh::{Refreshed, Refresher},
         timer::Timer,
     },
@@ -72,17 +76,19 @@ pub struct RunLoop {
     /// Hugetlb faults per cgroup, for `GET /v1/consumers`.
     pub faults: FaultBook,
     pub metrics: Arc<Metrics>,
+    /// The loop's SCHED_FIFO priority (`--map-thread-priority`), which a reconcile leaves.
+    pub realtime: Option<u8>,
 }
 
 impl RunLoop {
     /// Serves events, due re-reads, reconciles (every `reconcile`) and checkpoint checks until
-    /// `shutdown` completes; returns what it completed with (the signal's name).
-    pub async fn run(
+    /// `shutdown` completes.
+    async fn run(
         &mut self,
         events: &mut mpsc::Receiver<ProbeEvent>,
-        shutdown: impl Future<Output = &'static str>,
+        shutdown: impl Future<Output = ()>,
         reconcile: Duration,
-    ) -> &'static str {
+    ) {
         tokio::pin!(shutdown);
         let mut reconcile = tokio::time::interval(reconcile);
         let mut checkpoint_poll = tokio::time::interval(CHECKPOINT_POLL);
@@ -94,7 +100,7 @@ impl RunLoop {
             .ok();
         loop {
             tokio::select! {
-                signal = &mut shutdown => return signal,
+                () = &mut shutdown => return,
                 Some(event) = events.recv() => self.handle_batch(event, events),
                 () = sleep_until(timer.as_ref(), self.refresher.due()), if self.refresher.due().is_some() => self.refresh(),
                 _ = reconcile.tick() => self.reconcile(),
@@ -104,24 +110,32 @@ impl RunLoop {
         }
     }
 
-    /// Runs the loop on a thread of its own (see the module's documentation): `start` first,
-    /// on that thread (what it registers with the runtime, the probes' ring buffers, is polled
-    /// there), then [`RunLoop::run`] on its events until `stop` turns true; the probes are
-    /// detached as the thread ends. An error only when the thread or its runtime cannot be made.
-    pub fn spawn<E: Send + 'static>(
+    /// Runs the loop on a thread of its own (see the module's documentation), on a runtime made
+    /// there: `start` first, on that thread (what it registers with the runtime, the probes'
+    /// ring buffers, is polled there), then the loop on its events until `stop` turns true; the
+    /// probes are detached as the thread ends. A runtime that cannot be made is `start`'s error;
+    /// a thread that cannot be made is the error returned.
+    pub fn spawn<E: From<std::io::Error> + Send + 'static>(
         mut self,
         start: impl FnOnce(&mut RunLoop) -> Result<mpsc::Receiver<ProbeEvent>, E> + Send + 'static,
         mut stop: watch::Receiver<bool>,
         reconcile: Duration,
     ) -> std::io::Result<LoopThread<E>> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         let (started_tx, started) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
         std::thread::Builder::new()
             .name("map".to_owned())
             .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(err) => {
+                        let _ = started_tx.send(Err(E::from(err)));
+                        return;
+                    }
+                };
                 runtime.block_on(async move {
                     let mut events = match start(&mut self) {
                         Ok(events) => events,
@@ -133,7 +147,6 @@ impl RunLoop {
                     let _ = started_tx.send(Ok(()));
                     let stopped = async move {
                         let _ = stop.wait_for(|stop| *stop).await;
-                        "stop"
                     };
                     self.run(&mut events, stopped, reconcile).await;
                     self.stop();
@@ -229,6 +242,7 @@ impl RunLoop {
     /// The safety net: full cgroup rescan and sysfs re-read; a missed fault (-EBUSY) shows here.
     /// The loss counters are read first: what is lost after that read shows at the next tick.
     pub fn reconcile(&mut self) {
+        let _lowered = Lowered::for_the_scan(self.realtime);
         self.read_probe_losses();
         self.rescan_cgroups();
         if let Err(err) = self.refresher.reconcile() {

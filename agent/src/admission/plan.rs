@@ -56,12 +56,13 @@ pub fn plan(
     topology: Topology<'_>,
     all_nodes: &[NumaNode],
 ) -> Result<Plan, PlanError> {
-    let read = ContainerRequests::of(pod);
+    let read = ContainerRequests::default();
     plan_with(state, pod, &read, pages, topology, all_nodes)
 }
 
-/// [`plan`] with the containers' requests of `pod` read already ([`ContainerRequests::of`]):
-/// a pod planned on many states reads them once.
+/// [`plan`] with the containers' requests of `pod` read already ([`ContainerRequests::of`] of
+/// this very pod): a pod planned on many states reads them once. ([`plan`] reads each where the
+/// selection needs it.)
 pub fn plan_with(
     state: &MemoryManagerState,
     pod: &Pod,

@@ -146,7 +146,8 @@ pub fn container_requests(
 /// Each container's requests ([`container_requests`]), init containers first, read once for a
 /// pod that is selected on many states (the webhook's table: every candidate node): what depends
 /// on the pod alone is not read again for each. A container's error stays with it, an error only
-/// where a selection reads that container's requests.
+/// where a selection reads that container's requests. Empty (the default), each container's
+/// requests are read where a selection needs them.
 #[derive(Debug, Clone, Default)]
 pub struct ContainerRequests(Vec<Result<Requested, RequestError>>);
 

@@ -157,10 +157,12 @@ pub fn select(
     pod: &Pod,
     topology: Topology<'_>,
 ) -> Result<Selection, HintError> {
-    select_with(state, pod, &ContainerRequests::of(pod), topology)
+    select_with(state, pod, &ContainerRequests::default(), topology)
 }
 
-/// [`select`] with the containers' requests of `pod` read already (`read`).
+/// [`select`] with the containers' requests of `pod` read already (`read`, made by
+/// [`ContainerRequests::of`] of this very pod); a container `read` lacks (all, when it is empty)
+/// has its requests read where they are needed, as [`select`] does.
 pub fn select_with(
     state: &MemoryManagerState,
     pod: &Pod,

@@ -15,8 +15,9 @@ pub struct MapArgs {
     #[arg(long, env = "HUGEPAGE_AGENT_RECONCILE_INTERVAL", default_value = "10s")]
     pub reconcile_interval: String,
     /// Run the map's thread (the probes' events, the re-reads of sysfs they prompt) under
-    /// SCHED_FIFO at this real-time priority, 1 to 99 (needs CAP_SYS_NICE). A fault then reaches
-    /// the map without waiting for the scheduler to wake an idle CPU. Off by default.
+    /// SCHED_FIFO at this real-time priority, 1 to 99 (needs CAP_SYS_NICE); it drops to the
+    /// default policy for each full reconcile. A fault then reaches the map without waiting for
+    /// the scheduler to wake an idle CPU. Off by default.
     #[arg(long, env = "HUGEPAGE_AGENT_MAP_THREAD_PRIORITY", value_parser = clap::value_parser!(u8).range(1..=99))]
     pub map_thread_priority: Option<u8>,
 }

@@ -10,7 +10,7 @@ use std::io;
 /// Why the priority could not be set.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "--map-thread-priority {priority}: the kernel refused SCHED_FIFO for the map's thread: {source} (it needs CAP_SYS_NICE, or an RLIMIT_RTPRIO of at least {priority})"
+    "--map-thread-priority {priority}: the kernel refused SCHED_FIFO for the map's thread: {source} (it needs CAP_SYS_NICE, or an RLIMIT_RTPRIO of at least {priority}; with real-time group scheduling, a cgroup with real-time time: cpu.rt_runtime_us)"
 )]
 pub struct PriorityError {
     pub priority: u8,
@@ -20,17 +20,46 @@ pub struct PriorityError {
 
 /// Runs the calling thread under SCHED_FIFO at `priority` (1 to 99).
 pub fn realtime(priority: u8) -> Result<(), PriorityError> {
+    set(libc::SCHED_FIFO, i32::from(priority)).map_err(|source| PriorityError { priority, source })
+}
+
+/// The calling thread at the default policy until dropped, then under SCHED_FIFO again; nothing
+/// when it was not real-time.
+pub struct Lowered(Option<u8>);
+
+impl Lowered {
+    /// Lowers the calling thread if it runs under SCHED_FIFO at `realtime` (a thread may always
+    /// lower itself).
+    pub fn for_the_scan(realtime: Option<u8>) -> Lowered {
+        if realtime.is_some()
+            && let Err(err) = set(libc::SCHED_OTHER, 0)
+        {
+            tracing::warn!("the map thread stays real-time during the reconcile: {err}");
+        }
+        Lowered(realtime)
+    }
+}
+
+impl Drop for Lowered {
+    fn drop(&mut self) {
+        if let Some(priority) = self.0
+            && let Err(err) = realtime(priority)
+        {
+            tracing::warn!("{err}: the map thread goes on at the default policy");
+        }
+    }
+}
+
+/// `sched_setscheduler` for the calling thread.
+fn set(policy: i32, priority: i32) -> io::Result<()> {
     let param = libc::sched_param {
-        sched_priority: i32::from(priority),
+        sched_priority: priority,
     };
     // SAFETY: `param` is a valid sched_param that outlives the call; pid 0 is the calling thread.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    let rc = unsafe { libc::sched_setscheduler(0, policy, &param) };
     if rc == 0 {
         Ok(())
     } else {
-        Err(PriorityError {
-            priority,
-            source: io::Error::last_os_error(),
-        })
+        Err(io::Error::last_os_error())
     }
 }

@@ -36,7 +36,9 @@ fn two_nodes(free_huge: [u64; 2]) -> MemoryManagerState {
     ])
 }
 
-fn select_with(state: &MemoryManagerState, pod: &Pod, policy: Policy, scope: Scope) -> Selection {
+/// The selection of `pod` on `state` under `policy` and `scope`, the same whether the
+/// containers' requests are read where needed or once beforehand (as the webhook reads them).
+fn selected(state: &MemoryManagerState, pod: &Pod, policy: Policy, scope: Scope) -> Selection {
     let options = PolicyOptions::default();
     let info = NumaInfo::new(vec![0, 1], BTreeMap::new()).unwrap();
     let topology = Topology {
@@ -46,7 +48,14 @@ fn select_with(state: &MemoryManagerState, pod: &Pod, policy: Policy, scope: Sco
         scope,
         gates: FeatureGates::default(),
     };
-    select(state, pod, topology).unwrap()
+    let selection = select(state, pod, topology).unwrap();
+    let read = ContainerRequests::of(pod);
+    let read_once = select_with(state, pod, &read, topology).unwrap();
+    assert_eq!(
+        serde_json::to_value(&read_once).unwrap(),
+        serde_json::to_value(&selection).unwrap()
+    );
+    selection
 }
 
 fn allocated(selection: &Selection) -> Vec<Option<Vec<usize>>> {
@@ -61,7 +70,7 @@ fn allocated(selection: &Selection) -> Vec<Option<Vec<usize>>> {
 fn containers_take_the_free_node_in_turn() {
     let state = two_nodes([2 * GI, 2 * GI]);
     let pod = guaranteed(&[("a", "1Gi", "2Gi"), ("b", "1Gi", "2Gi")]);
-    let selection = select_with(&state, &pod, Policy::SingleNumaNode, Scope::Container);
+    let selection = selected(&state, &pod, Policy::SingleNumaNode, Scope::Container);
     assert!(selection.admit);
     assert_eq!(allocated(&selection), vec![Some(vec![0]), Some(vec![1])]);
 }
@@ -70,7 +79,7 @@ fn containers_take_the_free_node_in_turn() {
 fn single_numa_node_refuses_what_fits_only_across_nodes() {
     let state = two_nodes([GI, GI]);
     let pod = guaranteed(&[("a", "1Gi", "2Gi")]);
-    let selection = select_with(&state, &pod, Policy::SingleNumaNode, Scope::Container);
+    let selection = selected(&state, &pod, Policy::SingleNumaNode, Scope::Container);
     assert!(!selection.admit);
     assert_eq!(selection.reason, Some(REASON_TOPOLOGY));
     assert_eq!(
@@ -78,7 +87,7 @@ fn single_numa_node_refuses_what_fits_only_across_nodes() {
         Some("Resources cannot be allocated with Topology locality")
     );
     // best-effort takes both nodes instead.
-    let selection = select_with(&state, &pod, Policy::BestEffort, Scope::Container);
+    let selection = selected(&state, &pod, Policy::BestEffort, Scope::Container);
     assert!(selection.admit);
     assert_eq!(allocated(&selection), vec![Some(vec![0, 1])]);
 }
@@ -89,7 +98,7 @@ fn nothing_fitting_anywhere_fails_in_allocate_like_the_kubelet() {
     let pod = guaranteed(&[("a", "1Gi", "1Gi")]);
     // No hints is "no preference" to the Topology Manager; Allocate then finds nothing.
     // single-numa-node merges to no nodes at all: the default affinity is looked for.
-    let selection = select_with(&state, &pod, Policy::SingleNumaNode, Scope::Container);
+    let selection = selected(&state, &pod, Policy::SingleNumaNode, Scope::Container);
     assert!(!selection.admit);
     assert_eq!(selection.reason, Some(REASON_ALLOCATE));
     assert_eq!(
@@ -99,7 +108,7 @@ fn nothing_fitting_anywhere_fails_in_allocate_like_the_kubelet() {
         )
     );
     // best-effort merges to every node, which lacks the memory: the hint cannot be extended.
-    let selection = select_with(&state, &pod, Policy::BestEffort, Scope::Container);
+    let selection = selected(&state, &pod, Policy::BestEffort, Scope::Container);
     assert_eq!(selection.reason, Some(REASON_ALLOCATE));
     assert!(
         selection
@@ -124,7 +133,7 @@ fn a_node_pinned_alone_is_not_allocated_across_nodes_through_no_preference() {
     ]);
     let pod = guaranteed(&[("a", "1Gi", "2Gi")]);
     for policy in [Policy::Restricted, Policy::BestEffort] {
-        let selection = select_with(&pinned, &pod, policy, Scope::Container);
+        let selection = selected(&pinned, &pod, policy, Scope::Container);
         assert!(!selection.admit, "{policy:?}: {selection:?}");
         assert_eq!(selection.reason, Some(REASON_ALLOCATE));
         assert_eq!(
@@ -139,7 +148,7 @@ fn a_node_pinned_alone_is_not_allocated_across_nodes_through_no_preference() {
         (0, node(&[("memory", 8 * GI, 8 * GI), huge(GI)], &[0], 0)),
         (1, node(&[("memory", 8 * GI, 8 * GI), huge(GI)], &[1], 0)),
     ]);
-    let selection = select_with(&free, &pod, Policy::BestEffort, Scope::Container);
+    let selection = selected(&free, &pod, Policy::BestEffort, Scope::Container);
     assert_eq!(allocated(&selection), vec![Some(vec![0, 1])]);
 }
 
@@ -147,12 +156,12 @@ fn a_node_pinned_alone_is_not_allocated_across_nodes_through_no_preference() {
 fn pod_scope_places_the_sum_and_burstable_pods_get_no_hints() {
     let state = two_nodes([2 * GI, 2 * GI]);
     let pod = guaranteed(&[("a", "1Gi", "1Gi"), ("b", "1Gi", "1Gi")]);
-    let selection = select_with(&state, &pod, Policy::SingleNumaNode, Scope::Pod);
+    let selection = selected(&state, &pod, Policy::SingleNumaNode, Scope::Pod);
     assert!(selection.admit);
     assert_eq!(allocated(&selection), vec![Some(vec![0])]);
     let mut burstable = pod.clone();
     burstable.status.qos_class = Some("Burstable".into());
-    let selection = select_with(&state, &burstable, Policy::SingleNumaNode, Scope::Pod);
+    let selection = selected(&state, &burstable, Policy::SingleNumaNode, Scope::Pod);
     assert!(selection.admit);
     assert_eq!(selection.placements[0].hints, None);
     assert_eq!(selection.placements[0].merged.hint.affinity, None);
@@ -339,7 +348,16 @@ fn the_qos_class_is_computed_once_per_pod_not_once_per_container() {
     for n in [1, 10, 100] {
         let pod = wide(n);
         requests::QOS_COMPUTED.with(|c| c.set(0));
-        let selection = select_with(&state, &pod, Policy::SingleNumaNode, Scope::Container);
+        let options = PolicyOptions::default();
+        let info = NumaInfo::new(vec![0, 1], BTreeMap::new()).unwrap();
+        let topology = Topology {
+            info: &info,
+            policy: Policy::SingleNumaNode,
+            options: &options,
+            scope: Scope::Container,
+            gates: FeatureGates::default(),
+        };
+        let selection = select(&state, &pod, topology).unwrap();
         assert!(selection.admit, "{n} containers: {:?}", selection.message);
         assert_eq!(allocated(&selection).len(), n);
         assert_eq!(
@@ -347,5 +365,31 @@ fn the_qos_class_is_computed_once_per_pod_not_once_per_container() {
             1,
             "{n} containers"
         );
+    }
+}
+
+/// The Memory Manager's hints reach the merge as the lists the merge makes of them as its only
+/// provider: no hints at all, none for any resource, a resource without a hint, hints.
+#[test]
+fn the_hints_as_lists_are_the_merges_own_lists_of_one_provider() {
+    let on = |nodes: &[usize], preferred| TopologyHint {
+        affinity: Some(NumaMask::from_nodes(nodes).unwrap()),
+        preferred,
+    };
+    let some: BTreeMap<String, Vec<TopologyHint>> = BTreeMap::from([
+        ("hugepages-2Mi".to_owned(), vec![]),
+        (
+            "memory".to_owned(),
+            vec![on(&[0], true), on(&[0, 1], false)],
+        ),
+    ]);
+    for hints in [None, Some(BTreeMap::new()), Some(some)] {
+        let provider: crate::topologymanager::ProviderHints = hints
+            .clone()
+            .map(|h| h.into_iter().map(|(k, v)| (k, Some(v))).collect());
+        let expected = merge::provider_lists(&[provider]);
+        let lists: Vec<Vec<TopologyHint>> =
+            hint_lists(&hints).into_iter().map(<[_]>::to_vec).collect();
+        assert_eq!(lists, expected, "{hints:?}");
     }
 }
