@@ -30,6 +30,15 @@ fn thread_policy(pid: u32, name: &str) -> (u64, u64) {
         .unwrap_or_else(|| panic!("no thread named {name} in process {pid}: {threads:?}"))
 }
 
+/// Stops `agent` (SIGTERM), which must exit 0; its start-up line.
+fn stopped_cleanly(agent: Agent) -> Value {
+    let (status, log) = agent.terminate();
+    assert!(status.success(), "{status:?}");
+    log.into_iter()
+        .find(|l| l["message"] == "agent running")
+        .expect("the start-up line")
+}
+
 /// Whether `now` holds at some time within `within` (checked as fast as it can be).
 fn seen_within(within: Duration, now: impl Fn() -> bool) -> bool {
     let deadline = Instant::now() + within;
@@ -62,12 +71,7 @@ fn the_map_thread_runs_at_the_default_policy_unless_a_real_time_priority_is_aske
     let mut plain = probed_agent(&agent_bin(), &[]);
     assert_eq!(thread_policy(plain.pid(), "map"), (SCHED_OTHER, 0));
     fault_reaches_the_map(&mut plain, &cgroup);
-    let (status, log) = plain.terminate();
-    assert!(status.success(), "{status:?}");
-    let running = log
-        .iter()
-        .find(|l| l["message"] == "agent running")
-        .expect("the start-up line");
+    let running = stopped_cleanly(plain);
     assert_eq!(running["map_thread_priority"], "none", "{running}");
 
     // A reconcile every 100 ms, which the thread runs at the default policy: it is real-time
@@ -98,12 +102,7 @@ fn the_map_thread_runs_at_the_default_policy_unless_a_real_time_priority_is_aske
         (SCHED_OTHER, 0)
     );
     fault_reaches_the_map(&mut realtime, &cgroup);
-    let (status, log) = realtime.terminate();
-    assert!(status.success(), "{status:?}");
-    let running = log
-        .iter()
-        .find(|l| l["message"] == "agent running")
-        .expect("the start-up line");
+    let running = stopped_cleanly(realtime);
     assert_eq!(running["map_thread_priority"], "SCHED_FIFO 7", "{running}");
 }
 

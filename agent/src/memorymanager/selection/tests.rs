@@ -36,26 +36,32 @@ fn two_nodes(free_huge: [u64; 2]) -> MemoryManagerState {
     ])
 }
 
-/// The selection of `pod` on `state` under `policy` and `scope`, the same whether the
-/// containers' requests are read where needed or once beforehand (as the webhook reads them).
-fn selected(state: &MemoryManagerState, pod: &Pod, policy: Policy, scope: Scope) -> Selection {
+/// `f` of the Topology Manager's settings on two NUMA nodes under `policy` and `scope`.
+fn with_topology<R>(policy: Policy, scope: Scope, f: impl FnOnce(Topology<'_>) -> R) -> R {
     let options = PolicyOptions::default();
     let info = NumaInfo::new(vec![0, 1], BTreeMap::new()).unwrap();
-    let topology = Topology {
+    f(Topology {
         info: &info,
         policy,
         options: &options,
         scope,
         gates: FeatureGates::default(),
-    };
-    let selection = select(state, pod, topology).unwrap();
-    let read = ContainerRequests::of(pod);
-    let read_once = select_with(state, pod, &read, topology).unwrap();
-    assert_eq!(
-        serde_json::to_value(&read_once).unwrap(),
-        serde_json::to_value(&selection).unwrap()
-    );
-    selection
+    })
+}
+
+/// The selection of `pod` on `state` under `policy` and `scope`, the same whether the
+/// containers' requests are read where needed or once beforehand (as the webhook reads them).
+fn selected(state: &MemoryManagerState, pod: &Pod, policy: Policy, scope: Scope) -> Selection {
+    with_topology(policy, scope, |topology| {
+        let selection = select(state, pod, topology).unwrap();
+        let read = ContainerRequests::of(pod);
+        let read_once = select_with(state, pod, &read, topology).unwrap();
+        assert_eq!(
+            serde_json::to_value(&read_once).unwrap(),
+            serde_json::to_value(&selection).unwrap()
+        );
+        selection
+    })
 }
 
 fn allocated(selection: &Selection) -> Vec<Option<Vec<usize>>> {
@@ -348,16 +354,9 @@ fn the_qos_class_is_computed_once_per_pod_not_once_per_container() {
     for n in [1, 10, 100] {
         let pod = wide(n);
         requests::QOS_COMPUTED.with(|c| c.set(0));
-        let options = PolicyOptions::default();
-        let info = NumaInfo::new(vec![0, 1], BTreeMap::new()).unwrap();
-        let topology = Topology {
-            info: &info,
-            policy: Policy::SingleNumaNode,
-            options: &options,
-            scope: Scope::Container,
-            gates: FeatureGates::default(),
-        };
-        let selection = select(&state, &pod, topology).unwrap();
+        let selection = with_topology(Policy::SingleNumaNode, Scope::Container, |topology| {
+            select(&state, &pod, topology).unwrap()
+        });
         assert!(selection.admit, "{n} containers: {:?}", selection.message);
         assert_eq!(allocated(&selection).len(), n);
         assert_eq!(
