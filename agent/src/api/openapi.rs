@@ -365,7 +365,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                 "generation": {"type": "integer"},
                 "updatedAt": {"type": "string", "format": "date-time"},
                 "source": {"enum": ["ebpf+sysfs", "sysfs"]},
-                "faultToMapMicros": {"type": "integer", "description": "delay from the hugetlb fault that prompted this snapshot"},
+                "faultToMapMicros": {"type": "integer", "description": "delay from a hugetlb fault to the snapshot that first showed the change it prompted: the last change, kept by the re-reads that change nothing after it; absent when the last change was found by a reconcile"},
                 "nodes": {"type": "array", "items": {"type": "object", "properties": {
                     "node": {"type": "integer"}, "cpus": {"type": "array", "items": {"type": "integer"}}, "distances": {"type": "array", "items": {"type": "integer"}},
                     "sizes": {"type": "array", "items": {"type": "object", "properties": {

@@ -169,6 +169,9 @@ pub struct MapWriter {
     source: Source,
     /// Pools whose last read failed (those with figures keep them).
     stale: BTreeMap<PoolKey, Stale>,
+    /// The delay from its fault to the last change a fault prompted, while no other change
+    /// came after it: a re-read that changes nothing keeps it.
+    fault_to_map: Option<Duration>,
 }
 
 /// What one re-read found: the pools that changed, and those whose files turned unreadable or
@@ -207,6 +210,7 @@ impl MapWriter {
             generation: 1,
             source,
             stale,
+            fault_to_map: None,
         };
         Ok((writer, MapReader { shared, published }))
     }
@@ -218,7 +222,7 @@ impl MapWriter {
 
     pub fn set_source(&mut self, source: Source) {
         self.source = source;
-        self.publish(None);
+        self.publish(self.fault_to_map);
     }
 
     /// Re-reads topology and every pool. A failed topology read changes nothing; a pool that
@@ -323,14 +327,20 @@ impl MapWriter {
             })
             .collect();
         self.table = table;
-        // The delay is the fault's only if this read saw what it did.
-        self.publish(fault_at.filter(|_| !changes.is_empty()));
+        // The delay is the fault's only if this read saw what it did; a read that saw nothing
+        // new (a later fault of pages an earlier read saw taken) keeps the last change's.
+        let delay = if changes.is_empty() {
+            self.fault_to_map
+        } else {
+            fault_at.map(|at| monotonic_now().saturating_sub(at))
+        };
+        self.publish(delay);
         changes
     }
 
-    fn publish(&mut self, fault_at: Option<Duration>) {
+    fn publish(&mut self, delay: Option<Duration>) {
         self.generation += 1;
-        let delay = fault_at.map(|at| monotonic_now().saturating_sub(at));
+        self.fault_to_map = delay;
         let snapshot = build(
             self.generation,
             self.source,

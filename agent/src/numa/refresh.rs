@@ -125,7 +125,11 @@ impl Refresher {
                     };
                     return Refreshed::Again;
                 }
-                let fault_to_map = self.writer.current().fault_to_map;
+                // A read that changed nothing has no delay of its own (the snapshot keeps the
+                // last change's).
+                let fault_to_map = (!changes.is_empty())
+                    .then(|| self.writer.current().fault_to_map)
+                    .flatten();
                 if let Some(delay) = fault_to_map {
                     span.record("hugepage_agent.event_to_map_us", delay.as_micros() as i64);
                 }

@@ -97,6 +97,35 @@ fn a_prompted_refresh_rereads_only_the_touched_size() {
     assert_eq!(free(&reader.load(), 0, GI1), Some(0));
 }
 
+/// A fault whose page an earlier re-read already saw taken prompts a re-read that changes
+/// nothing: the snapshot keeps the earlier change's delay; a change the reconcile finds has none.
+#[test]
+fn a_reread_that_changes_nothing_keeps_the_delay_of_the_change_a_fault_prompted() {
+    let (_d, host) = host();
+    let (mut writer, reader) = MapWriter::new(host.clone(), Source::EbpfSysfs).expect("map");
+    let sizes = BTreeSet::from([MI2]);
+    set_free(&host, 0, MI2, 5);
+    writer
+        .refresh(Some(&sizes), Some(monotonic_now()))
+        .expect("refresh");
+    let delay = reader.load().fault_to_map;
+    assert!(delay.is_some());
+    let later = writer
+        .refresh(Some(&sizes), Some(monotonic_now()))
+        .expect("refresh");
+    assert!(later.changes.is_empty());
+    assert_eq!(reader.load().fault_to_map, delay);
+    writer.reconcile().expect("reconcile");
+    assert_eq!(reader.load().fault_to_map, delay, "nothing changed");
+    set_free(&host, 0, MI2, 4);
+    writer.reconcile().expect("reconcile");
+    assert_eq!(
+        reader.load().fault_to_map,
+        None,
+        "a change no fault prompted"
+    );
+}
+
 #[test]
 fn readers_keep_their_snapshot_while_the_writer_publishes() {
     let (_d, host) = host();
