@@ -173,7 +173,6 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
         kubelet,
         faults,
         metrics,
-        realtime: config.map_thread_priority,
     };
     agent.update_discrepancy();
     let started = {

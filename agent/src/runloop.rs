@@ -76,8 +76,6 @@ pub struct RunLoop {
     /// Hugetlb faults per cgroup, for `GET /v1/consumers`.
     pub faults: FaultBook,
     pub metrics: Arc<Metrics>,
-    /// The loop's SCHED_FIFO priority (`--map-thread-priority`), which a reconcile leaves.
-    pub realtime: Option<u8>,
 }
 
 impl RunLoop {
@@ -242,7 +240,7 @@ impl RunLoop {
     /// The safety net: full cgroup rescan and sysfs re-read; a missed fault (-EBUSY) shows here.
     /// The loss counters are read first: what is lost after that read shows at the next tick.
     pub fn reconcile(&mut self) {
-        let _lowered = Lowered::for_the_scan(self.realtime);
+        let _lowered = Lowered::for_the_scan();
         self.read_probe_losses();
         self.rescan_cgroups();
         if let Err(err) = self.refresher.reconcile() {

@@ -183,6 +183,8 @@ pub struct Reread {
     pub unreadable: Vec<(PoolKey, SysfsError)>,
     /// Pools read again after failing, with what their mark said.
     pub recovered: Vec<(PoolKey, Stale)>,
+    /// From the fault that prompted this read to its snapshot, when the read saw a change.
+    pub fault_to_map: Option<Duration>,
 }
 
 /// A pool whose counts differ from the previous snapshot.
@@ -306,11 +308,16 @@ impl MapWriter {
         }
         table.nodes.sort_by_key(|p| (p.node, p.size));
         table.global.sort_by_key(|g| g.size);
-        out.changes = self.replace(table, fault_at);
+        (out.changes, out.fault_to_map) = self.replace(table, fault_at);
         Ok(out)
     }
 
-    fn replace(&mut self, table: HugepageTable, fault_at: Option<Duration>) -> Vec<Change> {
+    /// Publishes `table`; what changed, and the delay from `fault_at` when something did.
+    fn replace(
+        &mut self,
+        table: HugepageTable,
+        fault_at: Option<Duration>,
+    ) -> (Vec<Change>, Option<Duration>) {
         let changes: Vec<Change> = table
             .nodes
             .iter()
@@ -327,15 +334,19 @@ impl MapWriter {
             })
             .collect();
         self.table = table;
-        // The delay is the fault's only if this read saw what it did; a read that saw nothing
-        // new (a later fault of pages an earlier read saw taken) keeps the last change's.
-        let delay = if changes.is_empty() {
+        // The delay is the fault's only if this read saw what it did; the snapshot of a read
+        // that saw nothing new (a later fault of pages an earlier read saw taken) keeps the
+        // last change's.
+        let measured = fault_at
+            .filter(|_| !changes.is_empty())
+            .map(|at| monotonic_now().saturating_sub(at));
+        let shown = if changes.is_empty() {
             self.fault_to_map
         } else {
-            fault_at.map(|at| monotonic_now().saturating_sub(at))
+            measured
         };
-        self.publish(delay);
-        changes
+        self.publish(shown);
+        (changes, measured)
     }
 
     fn publish(&mut self, delay: Option<Duration>) {

@@ -23,20 +23,22 @@ pub fn realtime(priority: u8) -> Result<(), PriorityError> {
     set(libc::SCHED_FIFO, i32::from(priority)).map_err(|source| PriorityError { priority, source })
 }
 
-/// The calling thread at the default policy until dropped, then under SCHED_FIFO again; nothing
-/// when it was not real-time.
+/// The calling thread at the default policy until dropped, then under SCHED_FIFO at its
+/// priority again; nothing when it was not under SCHED_FIFO.
 pub struct Lowered(Option<u8>);
 
 impl Lowered {
-    /// Lowers the calling thread if it runs under SCHED_FIFO at `realtime` (a thread may always
-    /// lower itself).
-    pub fn for_the_scan(realtime: Option<u8>) -> Lowered {
-        if realtime.is_some()
-            && let Err(err) = set(libc::SCHED_OTHER, 0)
-        {
+    /// Lowers the calling thread if it runs under SCHED_FIFO (a thread may always lower
+    /// itself).
+    pub fn for_the_scan() -> Lowered {
+        let Some(priority) = fifo_priority() else {
+            return Lowered(None);
+        };
+        if let Err(err) = set(libc::SCHED_OTHER, 0) {
             tracing::warn!("the map thread stays real-time during the reconcile: {err}");
+            return Lowered(None);
         }
-        Lowered(realtime)
+        Lowered(Some(priority))
     }
 }
 
@@ -48,6 +50,20 @@ impl Drop for Lowered {
             tracing::warn!("{err}: the map thread goes on at the default policy");
         }
     }
+}
+
+/// The calling thread's SCHED_FIFO priority, if it runs under SCHED_FIFO.
+fn fifo_priority() -> Option<u8> {
+    // SAFETY: pid 0 is the calling thread; no pointer argument.
+    if unsafe { libc::sched_getscheduler(0) } != libc::SCHED_FIFO {
+        return None;
+    }
+    let mut param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param the call writes; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_getparam(0, &mut param) };
+    (rc == 0)
+        .then(|| u8::try_from(param.sched_priority).ok())
+        .flatten()
 }
 
 /// `sched_setscheduler` for the calling thread.

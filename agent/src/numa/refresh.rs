@@ -115,7 +115,7 @@ impl Refresher {
         match self.writer.refresh(sizes, pending.first_fault) {
             Ok(reread) => {
                 log_transitions(&reread);
-                let changes = reread.changes;
+                let (changes, fault_to_map) = (reread.changes, reread.fault_to_map);
                 span.record("hugepage_agent.pools_changed", changes.len() as i64);
                 if changes.is_empty() && pending.started && pending.follow_ups < FOLLOW_UPS {
                     self.pending = Pending {
@@ -125,11 +125,6 @@ impl Refresher {
                     };
                     return Refreshed::Again;
                 }
-                // A read that changed nothing has no delay of its own (the snapshot keeps the
-                // last change's).
-                let fault_to_map = (!changes.is_empty())
-                    .then(|| self.writer.current().fault_to_map)
-                    .flatten();
                 if let Some(delay) = fault_to_map {
                     span.record("hugepage_agent.event_to_map_us", delay.as_micros() as i64);
                 }

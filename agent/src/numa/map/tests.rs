@@ -105,15 +105,17 @@ fn a_reread_that_changes_nothing_keeps_the_delay_of_the_change_a_fault_prompted(
     let (mut writer, reader) = MapWriter::new(host.clone(), Source::EbpfSysfs).expect("map");
     let sizes = BTreeSet::from([MI2]);
     set_free(&host, 0, MI2, 5);
-    writer
+    let first = writer
         .refresh(Some(&sizes), Some(monotonic_now()))
         .expect("refresh");
     let delay = reader.load().fault_to_map;
     assert!(delay.is_some());
+    assert_eq!(first.fault_to_map, delay);
     let later = writer
         .refresh(Some(&sizes), Some(monotonic_now()))
         .expect("refresh");
     assert!(later.changes.is_empty());
+    assert_eq!(later.fault_to_map, None, "no delay of its own");
     assert_eq!(reader.load().fault_to_map, delay);
     writer.reconcile().expect("reconcile");
     assert_eq!(reader.load().fault_to_map, delay, "nothing changed");
