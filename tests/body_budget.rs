@@ -1,13 +1,14 @@
 //! Bug (#38): anyone who could reach the webhook could make it exceed its memory limit (six
-//! 50 MB bodies at once took it to 351 MiB, over the Deployment's 256Mi). The real webhook, with
-//! the shipped defaults (`--body-budget` 64Mi, `--max-connections` 256, the endpoints' limits),
-//! is flooded from many threads over real TLS sockets ([`flood`]) while its two real callers
-//! (the scheduler's filter over HTTP/1.1, the API server's reviews over HTTP/2) ask every 100 ms
-//! for a node whose real agent answers (the floods on one CPU of their own, as an attacker's
-//! machine is its own); the kernel's count of the webhook's peak memory
-//! (`VmHWM`) must stay under the Deployment's limit, every call of the callers be answered 200,
-//! and every refusal be one the documentation names. The API server is the stand-in of
-//! `apiserver.rs` (the Node list), the one peer that cannot run here.
+//! 50 MB bodies at once took it to 351 MiB, over the Deployment's 256Mi). The webhook the image
+//! ships (the statically linked release build), with the shipped defaults (`--body-budget`
+//! 64Mi, `--max-connections` 256, the endpoints' limits), is flooded from many threads over real
+//! TLS sockets ([`flood`]) while its two real callers (the scheduler's filter over HTTP/1.1, the
+//! API server's reviews over HTTP/2) ask every 100 ms for a node whose real agent answers (the
+//! floods on one CPU of their own, as an attacker's machine is its own); the kernel's count of
+//! the webhook's peak memory (`VmHWM`) must stay under the Deployment's limit, every call of the
+//! callers be answered 200 within the callers' deadline, and every refusal be one the
+//! documentation names. The API server is the stand-in of `apiserver.rs` (the Node list), the
+//! one peer that cannot run here.
 
 use std::{
     net::Ipv4Addr,
@@ -20,11 +21,11 @@ use std::{
 };
 
 use hugepage_agent_tests::{
-    Footprint, agent_bin,
+    Footprint,
     apiserver::StandInApiServer,
     cluster::{self, Pki},
     flood::{self, Caller, Calls, Flood, Tally, Target},
-    free_port,
+    free_port, shipped_agent_bin,
 };
 
 /// How long the floods run.
@@ -42,26 +43,33 @@ fn metric(pki: &Pki, webhook: &hugepage_agent_tests::Agent, series: &str) -> f64
         .unwrap_or_else(|| panic!("{series} in\n{}", answer.body))
 }
 
-/// The longest a caller may go without an answer while the floods run. The debug build the
-/// tests run decrypts and parses the floods' 120 MiB a round some twenty times slower than the
-/// release build (`cargo xtask bench body-flood`: the callers' p99 there is the figure), on two
-/// CPUs shared with the floods' clients: seconds, not the release build's tenths.
-const LONGEST_GAP: Duration = Duration::from_secs(5);
+/// The callers' deadline in the shipped manifests: the scheduler's `httpTimeout: 5s` for the
+/// extender and the API server's `timeoutSeconds: 5` for the review. A call answered later is
+/// one the caller gave up on. Not a speed target (`cargo xtask bench body-flood` prints the
+/// callers' latencies under the same floods): the shipped build answers them in tenths of a
+/// second at p99, the debug build (twenty times slower at decrypting and parsing the floods'
+/// 120 MiB a round) in up to 4.4 s, which is why this test runs the shipped one.
+const CALLERS_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Every call answered 200, and never [`LONGEST_GAP`] without an answer while the floods ran.
+/// Every call answered 200 within [`CALLERS_DEADLINE`], and never that long without an answer
+/// while the floods ran.
 fn answered_throughout(who: &str, calls: &Calls, flooding: std::ops::Range<Instant>) {
     assert!(
         calls.statuses.len() > 10,
         "{who}: only {} calls",
         calls.statuses.len()
     );
-    for (i, status) in calls.statuses.iter().enumerate() {
+    for (i, (status, took)) in calls.statuses.iter().zip(&calls.took).enumerate() {
         assert_eq!(*status, 200, "{who}: call {i} answered {status}");
+        assert!(
+            *took < CALLERS_DEADLINE,
+            "{who}: call {i} answered after {took:?}, past the caller's deadline"
+        );
     }
     let mut last = flooding.start;
     for at in calls.at.iter().filter(|at| flooding.contains(*at)) {
         assert!(
-            *at - last < LONGEST_GAP,
+            *at - last < CALLERS_DEADLINE,
             "{who}: no answer for {:?}",
             *at - last
         );
@@ -82,12 +90,12 @@ fn a_flood_of_large_chunked_and_slow_bodies_keeps_the_webhook_under_its_memory_l
     api.put_node(cluster::node("worker-1", ip, "8Gi"));
     let port = free_port();
     let tree = cluster::host_tree(2048);
-    let agent_cmd = cluster::tree_agent_command(&agent_bin(), &pki, tree.path(), &[]);
+    let agent_cmd = cluster::tree_agent_command(&shipped_agent_bin(), &pki, tree.path(), &[]);
     let _agent = cluster::start_agent(agent_cmd, ip, port, |_| true);
     // The shipped flags, but a body time-out the test can wait for (the default is 30 s).
     let body_timeout = [("HUGEPAGE_AGENT_BODY_READ_TIMEOUT", "5s")];
     let webhook = cluster::webhook(
-        &agent_bin(),
+        &shipped_agent_bin(),
         &pki,
         &api,
         port,

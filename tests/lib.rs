@@ -389,6 +389,24 @@ impl Drop for Toucher {
     }
 }
 
+/// The agent the image ships: the statically linked release build `cargo xtask image` makes
+/// (and `cargo xtask test` before every test), for the tests whose figures are the shipped
+/// build's. Built by hand after a change, it is as old as the last `cargo xtask image`.
+pub fn shipped_agent_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let path = exe
+        .ancestors()
+        .nth(3)
+        .map(|target| target.join("x86_64-unknown-linux-gnu/release/hugepage-agent"))
+        .expect("target directory");
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (cargo xtask image), or run cargo xtask test",
+        path.display()
+    );
+    path
+}
+
 /// The `hugepage-agent` binary: `HUGEPAGE_AGENT_BIN`, else the one cargo built beside the tests.
 pub fn agent_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("HUGEPAGE_AGENT_BIN") {
