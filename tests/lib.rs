@@ -20,6 +20,7 @@ mod flags;
 pub mod flood;
 mod host_tree;
 pub mod https;
+pub mod hugetlbfs;
 mod log;
 pub mod manifests;
 pub mod mbind;
@@ -96,6 +97,21 @@ impl HugepagePool {
             "asked the kernel for {pages} pages in {file}, it gave {now} (memory too fragmented?)"
         );
         pool
+    }
+}
+
+impl HugepagePool {
+    /// [`HugepagePool::reserve_in`] where the kernel may not have the pages (1 GiB pages at
+    /// runtime need that much contiguous memory): `None`, the pool restored, when it gave fewer.
+    pub fn try_reserve_in(_lock: &HostLock, file: &str, pages: u64) -> Option<HugepagePool> {
+        let previous = read_u64(file);
+        let pool = HugepagePool {
+            file: file.to_owned(),
+            previous,
+        };
+        fs::write(file, pages.max(previous).to_string())
+            .unwrap_or_else(|e| panic!("writing {file}: {e}"));
+        (read_u64(file) >= pages).then_some(pool)
     }
 }
 

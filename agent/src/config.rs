@@ -55,6 +55,10 @@ pub enum CliCommand {
     Run(Box<RunArgs>),
     /// Print the per-NUMA hugepage table of this host, or of a running agent.
     Status(StatusArgs),
+    /// Print what holds the hugepages that are not a running process's private mapping (hugetlbfs
+    /// files, SysV segments, memfds), who uses each one, and those held by nothing that runs, on
+    /// this host or a running agent's; it never deletes or detaches anything.
+    Holders(HoldersArgs),
     /// Verify one request against this host's sysfs: exit 0 admitted, 1 rejected, 2 bad input.
     Check(Box<CheckArgs>),
     /// The kubelet Memory Manager's topology hints for a pod on a given state, as JSON.
@@ -83,6 +87,18 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
     /// Show a running agent's map instead of reading this host, e.g. http://127.0.0.1:9820.
+    #[arg(long, value_name = "URL")]
+    pub from: Option<String>,
+    #[command(flatten)]
+    pub host: HostArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct HoldersArgs {
+    /// JSON (`GET /v1/consumers`'s holders, accounts and unread parts) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Ask a running agent instead of walking this host, e.g. http://127.0.0.1:9820.
     #[arg(long, value_name = "URL")]
     pub from: Option<String>,
     #[command(flatten)]
@@ -198,6 +214,11 @@ pub enum Command {
         json: bool,
         from: Option<AgentUrl>,
     },
+    Holders {
+        host: HostFs,
+        json: bool,
+        from: Option<AgentUrl>,
+    },
     Check(Box<CheckConfig>),
     Hints {
         state: PathBuf,
@@ -276,6 +297,11 @@ impl TryFrom<Cli> for Config {
                 let from = args.from.as_deref().map(AgentUrl::parse).transpose()?;
                 let (host, json) = (args.host.host()?, args.json);
                 (Command::Status { host, json, from }, LogFormat::Text)
+            }
+            CliCommand::Holders(args) => {
+                let from = args.from.as_deref().map(AgentUrl::parse).transpose()?;
+                let (host, json) = (args.host.host()?, args.json);
+                (Command::Holders { host, json, from }, LogFormat::Text)
             }
             CliCommand::Check(args) => {
                 let host = args.host.host()?;

@@ -14,6 +14,7 @@ pub mod config;
 pub mod consumers;
 pub mod flags;
 pub mod footprint;
+pub mod holders;
 pub mod host;
 pub mod kube;
 pub mod kubelet;

@@ -7,7 +7,7 @@ use clap::Parser;
 use hugepage_agent::{
     check,
     config::{Cli, Command, Config},
-    footprint, run, status, telemetry, webhook, whatif,
+    footprint, holders, run, status, telemetry, webhook, whatif,
 };
 
 fn main() -> ExitCode {
@@ -42,6 +42,11 @@ fn main() -> ExitCode {
             json,
             ref from,
         } => status::print(host, from.as_ref(), json).map_err(|e| e.to_string()),
+        Command::Holders {
+            ref host,
+            json,
+            ref from,
+        } => holders::view::print(host, from.as_ref(), json).map_err(|e| e.to_string()),
         Command::Check(ref check) => return check::run(check),
         Command::Hints {
             ref state,

@@ -150,6 +150,7 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
         heavy: Lane::start().map_err(|e| RunError::State(e.to_string()))?,
         bodies: BodyBudget::shared(config.limits.body_budget, &metrics.api_connections),
         watch: hub,
+        held: Default::default(),
     };
     tokio::spawn(publisher);
     let (stop_server, stopped) = watch::channel(false);

@@ -273,6 +273,7 @@ fn live() -> &'static Live {
             heavy: Lane::start().expect("the heavy lane"),
             bodies: Arc::new(BodyBudget::new(Limits::DEFAULT.body_budget, Arc::default())),
             watch,
+            held: Default::default(),
         };
         state.readiness.release("off");
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -22,6 +22,7 @@ use clap::CommandFactory;
 use hugepage_agent::{
     api::openapi,
     config::Cli,
+    holders::{Account, Holders},
     host::{NumaNode, PageSize},
     kubeletconfig::settings::KubeletSettings,
     numa::map::{MapWriter, Source},
@@ -278,7 +279,17 @@ fn agent_exposition() -> String {
     let (mut monitor, psi) = Monitor::new(host, config);
     monitor.evaluate(std::time::SystemTime::now());
     let rows = KubeletSettings::resolve(&[]).rows();
+    // The holders' families have series only with a walk's accounts.
+    let held = Holders {
+        accounts: vec![Account {
+            page_size_bytes: 2 << 20,
+            held_by_nothing_that_runs_per_node: [(NumaNode(0), 2 << 20)].into(),
+            ..Account::default()
+        }],
+        ..Holders::default()
+    };
     let sources = Sources {
+        holders: Some(&held),
         snapshot: &snapshot,
         reservations: &[],
         psi: &psi.load(),

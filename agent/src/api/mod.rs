@@ -13,6 +13,7 @@ pub mod body;
 pub mod budget;
 pub mod error;
 pub mod flags;
+pub mod held;
 pub mod lane;
 pub mod openapi;
 pub mod reservations;
@@ -43,6 +44,7 @@ use crate::{
         verify::{Settings, Verifier},
     },
     consumers::{self, FaultBook},
+    holders,
     host::PageSize,
     kubeletconfig::live::KubeletView,
     memorymanager::live::MemoryManagerView,
@@ -101,6 +103,8 @@ pub struct AppState {
     pub bodies: Arc<budget::BodyBudget>,
     /// The map watch's states and watchers (`GET /v1/hugepages?watch=true`).
     pub watch: watch::Hub,
+    /// The latest walk of the hugepages' holders, for `GET /metrics`.
+    pub held: held::LatestWalk,
 }
 
 impl AppState {
@@ -365,14 +369,25 @@ async fn hints_handler(State(state): State<AppState>, headers: HeaderMap, body: 
 async fn discrepancy_handler(State(state): State<AppState>) -> Response {
     // The explanation walks the cgroup tree: off the runtime's worker threads.
     let inventory = state.clone();
-    let consumers = tokio::task::spawn_blocking(move || {
-        let pools = hugepages::read_table(&inventory.host).ok()?;
-        consumers::list(&inventory.host, &pools, &inventory.faults).ok()
+    let (consumers, held) = tokio::task::spawn_blocking(move || {
+        let Ok(pools) = hugepages::read_table(&inventory.host) else {
+            return (None, None);
+        };
+        let consumers = consumers::list(&inventory.host, &pools, &inventory.faults).ok();
+        let held = holders::walk(&inventory.host, &pools).ok();
+        if let Some(held) = &held {
+            inventory.held.keep(held.clone());
+        }
+        (consumers, held)
     })
     .await
-    .ok()
-    .flatten();
-    Json(topology::discrepancy(&state, consumers.as_deref())).into_response()
+    .unwrap_or_default();
+    Json(topology::discrepancy(
+        &state,
+        consumers.as_deref(),
+        held.as_ref(),
+    ))
+    .into_response()
 }
 
 async fn kubelet_handler(State(state): State<AppState>) -> Response {
@@ -382,16 +397,21 @@ async fn kubelet_handler(State(state): State<AppState>) -> Response {
 }
 
 async fn consumers_handler(State(state): State<AppState>) -> Response {
-    // A walk of the cgroup tree: off the runtime's worker threads.
-    let listed = tokio::task::spawn_blocking(move || {
-        let pools = hugepages::read_table(&state.host)?;
-        consumers::list(&state.host, &pools, &state.faults)
+    // Walks of the cgroup tree and of the host's mounts and processes: off the runtime's worker
+    // threads.
+    let listed = tokio::task::spawn_blocking(move || -> Result<_, String> {
+        let pools = hugepages::read_table(&state.host).map_err(|e| e.to_string())?;
+        let list =
+            consumers::list(&state.host, &pools, &state.faults).map_err(|e| e.to_string())?;
+        let held = holders::walk(&state.host, &pools).map_err(|e| e.to_string())?;
+        state.held.keep(held.clone());
+        Ok(consumers::Answer::new(list, held))
     })
     .await;
     match listed {
-        Ok(Ok(list)) => Json(serde_json::json!({ "consumers": list })).into_response(),
-        Ok(Err(err)) => ApiError::internal(err.to_string()).into_response(),
-        Err(err) => ApiError::internal(format!("the cgroup walk failed: {err}")).into_response(),
+        Ok(Ok(answer)) => Json(answer).into_response(),
+        Ok(Err(err)) => ApiError::internal(err).into_response(),
+        Err(err) => ApiError::internal(format!("the walk failed: {err}")).into_response(),
     }
 }
 
@@ -458,7 +478,9 @@ async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> R
     };
     let kubelet = state.kubelet.load();
     let refused = state.kubelet_refusal().is_some();
+    let held = state.held.fresh(&state.host).await;
     let sources = scrape::Sources {
+        holders: held.as_deref(),
         snapshot: &state.map.load(),
         reservations: &reservations,
         psi: &state.psi.load(),

@@ -141,7 +141,7 @@ fn hints_path() -> Value {
 fn discrepancy_path() -> Value {
     json!({"get": {
         "summary": "The kubelet Memory Manager's free hugepages against the kernel's, per NUMA node and size (KEP-5759's proposed discrepancy)",
-        "description": "discrepancyBytes = the checkpoint's free minus free_hugepages x page size; positive means the kubelet would admit against pages that are gone. `untracked` names the cgroups holding pages on that node that the Memory Manager does not track (pods absent from its assignments, system cgroups, pages outside any cgroup), and `explanation` says it in a sentence. Without a usable checkpoint `nodes` is empty and `note` says why.",
+        "description": "discrepancyBytes = the checkpoint's free minus free_hugepages x page size; positive means the kubelet would admit against pages that are gone. `untracked` names the cgroups holding pages on that node that the Memory Manager does not track (pods absent from its assignments, system cgroups, pages outside any cgroup), `heldByNothingThatRuns` names, as a cause of its own, the hugetlbfs files and SysV segments of that size that hold pages while no process maps, holds or attaches them (the kubelet never counts them; their node is often not known), and `explanation` says it in a sentence. Without a usable checkpoint `nodes` is empty and `note` says why.",
         "responses": {"200": {"description": "Per node and size", "content": {"application/json": {"schema": {"type": "object", "properties": {
             "source": {"enum": ["checkpoint", "sysfs"]},
             "machineState": {"type": "object", "description": "The Memory Manager's view per NUMA node: memoryMap (per resource: total, systemReserved, allocatable, reserved, free) and cells (the node's group)"},
@@ -150,6 +150,7 @@ fn discrepancy_path() -> Value {
                 "numaNode": {"type": "integer"}, "resource": {"type": "string"}, "pageSizeBytes": {"type": "integer"},
                 "memoryManagerFreeBytes": {"type": "integer"}, "osFreeBytes": {"type": "integer"}, "discrepancyBytes": {"type": "integer"},
                 "untracked": {"type": "array", "items": {"type": "object", "properties": {"cgroup": {"type": "string"}, "podUid": {"type": "string"}, "qos": {"type": "string"}, "bytes": {"type": "integer"}}}},
+                "heldByNothingThatRuns": {"type": "array", "items": {"type": "object", "required": ["kind", "name", "bytes", "nodeKnown"], "properties": {"kind": {"enum": ["hugetlbfsFile", "sysvSegment", "memfd"]}, "name": {"type": "string", "description": "the file's path, or shmid <id>"}, "bytes": {"type": "integer", "description": "on this node, or in all when nodeKnown is false"}, "nodeKnown": {"type": "boolean"}}}},
                 "explanation": {"type": "string"}
             }}}
         }}}}}}
@@ -255,6 +256,40 @@ fn request_schemas(nodes: &[u32]) -> Value {
 }
 
 /// The whole document, for an agent on a machine whose NUMA nodes are `nodes`.
+/// The holders of `GET /v1/consumers` (`crate::holders`).
+fn holder_schemas() -> Value {
+    json!({
+            "Holder": {"type": "object", "required": ["kind", "pageSizeBytes", "heldBytes", "heldByNothingThatRuns", "nodesFrom"], "properties": {
+                "kind": {"enum": ["hugetlbfsFile", "sysvSegment", "memfd", "unexplained"]},
+                "pageSizeBytes": {"type": "integer"}, "heldBytes": {"type": "integer", "description": "bytes of hugepages it holds"},
+                "heldByNothingThatRuns": {"type": "boolean", "description": "no process maps it, holds it open or attaches it"},
+                "perNode": {"type": "object", "additionalProperties": {"type": "integer"}, "description": "NUMA node to bytes, as far as nodesFrom says"},
+                "nodesFrom": {"enum": ["mappings", "someMappings", "unknown"], "description": "mappings: every page is mapped by a process and numa_maps places it; someMappings: only the mapped pages are placed; unknown: no process maps a page of it, and the kernel does not say where they are"},
+                "path": {"type": "string"}, "mountPoint": {"type": "string"}, "inode": {"type": "integer"},
+                "deleted": {"type": "boolean", "description": "unlinked, held by the processes that map it or hold it open"},
+                "podVolume": {"type": "object", "required": ["podUid", "volume"], "properties": {"podUid": {"type": "string"}, "volume": {"type": "string"}}, "description": "the kubelet's emptyDir of medium HugePages the mount is"},
+                "shmid": {"type": "integer"}, "key": {"type": "string"}, "sizeBytes": {"type": "integer"}, "attached": {"type": "integer", "description": "nattch"},
+                "creator": {"$ref": "#/components/schemas/NamedPid"}, "lastAttach": {"$ref": "#/components/schemas/NamedPid"},
+                "knownBy": {"enum": ["mapping", "rss"], "description": "how the segment is known to be hugepages': a process attaches it (numa_maps marks it huge), or its rss is above its size"},
+                "candidateShmids": {"type": "array", "items": {"type": "integer"}, "description": "unexplained: SysV segments not attached whose backing the kernel does not show"},
+                "users": {"type": "array", "items": {"type": "object", "required": ["pid", "command", "maps"], "properties": {
+                    "pid": {"type": "integer"}, "command": {"type": "string"}, "maps": {"type": "boolean"},
+                    "openFds": {"type": "array", "items": {"type": "integer"}},
+                    "cgroup": {"type": "string"}, "podUid": {"type": "string"}, "containerId": {"type": "string"}
+                }}}
+            }},
+            "NamedPid": {"type": "object", "required": ["pid", "running"], "properties": {"pid": {"type": "integer"}, "running": {"type": "boolean", "description": "a process of that pid runs now (pids are reused)"}}},
+            "Account": {"type": "object", "required": ["pageSizeBytes", "inUseBytes", "privateBytes", "sharedAnonymousBytes", "filesBytes", "segmentsBytes", "memfdsBytes", "heldByNothingThatRunsBytes", "unexplainedBytes"], "properties": {
+                "pageSizeBytes": {"type": "integer"}, "inUseBytes": {"type": "integer", "description": "(nr_hugepages - free_hugepages) x size"},
+                "privateBytes": {"type": "integer"}, "sharedAnonymousBytes": {"type": "integer"}, "filesBytes": {"type": "integer"},
+                "segmentsBytes": {"type": "integer"}, "memfdsBytes": {"type": "integer"},
+                "heldByNothingThatRunsBytes": {"type": "integer"},
+                "heldByNothingThatRunsPerNode": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "unexplainedBytes": {"type": "integer"}
+            }}
+    })
+}
+
 pub fn document(nodes: &[NumaNode]) -> Value {
     let nodes: Vec<u32> = nodes.iter().map(|n| n.0).collect();
     let mut doc = json!({
@@ -288,11 +323,16 @@ pub fn document(nodes: &[NumaNode]) -> Value {
             "/v1/kubelet": kubelet_path(),
             "/v1/hugepages": hugepages_path(),
             "/v1/consumers": {"get": {
-                "summary": "Who holds the hugepages: pods, containers and system cgroups, read fresh, largest first",
-                "description": "Every pod and container cgroup (pod UID, QoS and container id from the kubelet's cgroup path, either driver) and every other top-level cgroup charged with hugepages by the hugetlb controller, per size and NUMA node, with the hugetlb faults the probes saw there. A 'system' entry for '/' holds what the pools show in use beyond every top-level cgroup.",
+                "summary": "Who holds the hugepages: pods, containers and system cgroups, and the files, SysV segments and memfds that hold pages, held by nothing that runs or not, read fresh, largest first",
+                "description": "consumers: every pod and container cgroup (pod UID, QoS and container id from the kubelet's cgroup path, either driver) and every other top-level cgroup charged with hugepages by the hugetlb controller, per size and NUMA node, with the hugetlb faults the probes saw there. A 'system' entry for '/' holds what the pools show in use beyond every top-level cgroup. holders: every hugetlbfs file of the host's mounts that holds pages, every SysV segment hugepages back, every hugetlb memfd still open, with the processes that map or hold each one (pid, command, cgroup, pod) and heldByNothingThatRuns when none does; an 'unexplained' holder per size for what the pools show in use and nothing explains. accounts: per size, what is in use and what explains it. unread: what the walk could not read (the agent without CAP_SYS_PTRACE cannot read other processes' mappings). The agent never deletes, detaches or maps what it finds.",
                 "responses": {
-                    "200": {"description": "Consumers", "content": {"application/json": {"schema": {"type": "object", "properties": {"consumers": {"type": "array", "items": {"$ref": "#/components/schemas/Consumer"}}}}}}},
-                    "500": problem("A hugetlb file could not be read (named in detail)")
+                    "200": {"description": "Consumers and holders", "content": {"application/json": {"schema": {"type": "object", "required": ["consumers", "holders", "accounts"], "properties": {
+                        "consumers": {"type": "array", "items": {"$ref": "#/components/schemas/Consumer"}},
+                        "holders": {"type": "array", "items": {"$ref": "#/components/schemas/Holder"}},
+                        "accounts": {"type": "array", "items": {"$ref": "#/components/schemas/Account"}},
+                        "unread": {"type": "array", "items": {"type": "object", "required": ["what", "error"], "properties": {"what": {"type": "string"}, "error": {"type": "string"}}}}
+                    }}}}},
+                    "500": problem("A hugetlb file, the host's /proc or a pool could not be read (named in detail)")
                 }
             }},
             "/v1/reservations": {"get": {
@@ -433,6 +473,12 @@ pub fn document(nodes: &[NumaNode]) -> Value {
         request_schemas(&nodes),
     ) {
         schemas.extend(requests);
+    }
+    if let (Some(schemas), Value::Object(holders)) = (
+        doc["components"]["schemas"].as_object_mut(),
+        holder_schemas(),
+    ) {
+        schemas.extend(holders);
     }
     doc
 }

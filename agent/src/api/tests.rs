@@ -156,6 +156,7 @@ fn state() -> (tempfile::TempDir, AppState) {
         heavy: lane::Lane::start().expect("the heavy lane"),
         watch,
         metrics,
+        held: Default::default(),
     };
     (dir, state)
 }

@@ -11,6 +11,7 @@ use super::{
 };
 use crate::{
     consumers::Consumer,
+    holders::Holders,
     kube::pod::RequestError,
     memorymanager::{
         discrepancy::{self, Discrepancy},
@@ -113,7 +114,11 @@ pub struct DiscrepancyAnswer {
 }
 
 /// `GET /v1/discrepancy`; `consumers` from the cgroup inventory explain it when available.
-pub fn discrepancy(state: &AppState, consumers: Option<&[Consumer]>) -> DiscrepancyAnswer {
+pub fn discrepancy(
+    state: &AppState,
+    consumers: Option<&[Consumer]>,
+    held: Option<&Holders>,
+) -> DiscrepancyAnswer {
     let view = state.memory_manager.load();
     let snapshot = state.map.load();
     if view.source != crate::memorymanager::live::StateSource::Checkpoint {
@@ -127,7 +132,7 @@ pub fn discrepancy(state: &AppState, consumers: Option<&[Consumer]>) -> Discrepa
         };
     }
     DiscrepancyAnswer {
-        nodes: discrepancy::compute(&view.state, &snapshot, consumers),
+        nodes: discrepancy::compute(&view.state, &snapshot, consumers, held),
         state: (**view).clone(),
         note: None,
     }

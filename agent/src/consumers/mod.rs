@@ -20,6 +20,7 @@ use std::{
 use serde::{Serialize, Serializer};
 
 use crate::{
+    holders::Holders,
     host::{HugepageTable, NumaNode, PageSize},
     kubelet::{
         cgroup_path::{Owner, Qos, classify},
@@ -222,6 +223,22 @@ pub fn list(
             .then_with(|| a.cgroup.cmp(&b.cgroup))
     });
     Ok(out)
+}
+
+/// The answer of `GET /v1/consumers`: who is charged with the pages (the cgroups), and what
+/// holds the pages that are not a running process's private mapping ([`crate::holders`]),
+/// which is where the `system` entry's pages are named.
+#[derive(Debug, Clone, Serialize)]
+pub struct Answer {
+    pub consumers: Vec<Consumer>,
+    #[serde(flatten)]
+    pub held: Holders,
+}
+
+impl Answer {
+    pub fn new(consumers: Vec<Consumer>, held: Holders) -> Answer {
+        Answer { consumers, held }
+    }
 }
 
 /// Bytes charged to top-level cgroups, per size, in all and per node.

@@ -2,7 +2,9 @@
 //! state believes is free against what the kernel has free (`free_hugepages` × size), in bytes.
 //! Positive means the kubelet would admit against pages that are gone. The explanation names
 //! the cgroups holding hugepages on that node that the Memory Manager does not track (pods absent
-//! from its assignments, system cgroups, and pages outside any cgroup).
+//! from its assignments, system cgroups, and pages outside any cgroup), and, as a cause of its
+//! own, the files and segments that hold pages while nothing that runs maps, holds or attaches
+//! them ([`crate::holders`]), which the kubelet never counts.
 
 use std::collections::BTreeSet;
 
@@ -11,6 +13,7 @@ use serde::Serialize;
 use super::state::MemoryManagerState;
 use crate::{
     consumers::{Consumer, Kind},
+    holders::{self, Holders, NodesFrom},
     host::NumaNode,
     numa::map::Snapshot,
     quantity::format_binary,
@@ -31,7 +34,25 @@ pub struct Discrepancy {
     pub discrepancy_bytes: i128,
     /// Who holds hugepages of this size on this node without the Memory Manager knowing.
     pub untracked: Vec<Holder>,
+    /// Files and segments of this size that hold pages while nothing that runs maps, holds or
+    /// attaches them, on this node or on a node the kernel does not show.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_by_nothing_that_runs: Vec<Orphan>,
     pub explanation: String,
+}
+
+/// A holder that nothing that runs uses ([`crate::holders::Holder`]), as a cause.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Orphan {
+    pub kind: holders::Kind,
+    /// The file's path, or `shmid <id>`.
+    pub name: String,
+    /// Bytes on this node, or in all when the node is not known.
+    pub bytes: u64,
+    /// Whether the pages are known to be on this node; `false`: on a node the kernel does not
+    /// show.
+    pub node_known: bool,
 }
 
 /// A cgroup (or the rest outside any cgroup) holding hugepages.
@@ -47,11 +68,12 @@ pub struct Holder {
 }
 
 /// Compares `state` with the kernel's pools in `snapshot`; `consumers` (from the cgroup
-/// inventory), when given, explain the difference.
+/// inventory) and `held` (the holders' walk), when given, explain the difference.
 pub fn compute(
     state: &MemoryManagerState,
     snapshot: &Snapshot,
     consumers: Option<&[Consumer]>,
+    held: Option<&Holders>,
 ) -> Vec<Discrepancy> {
     let tracked: BTreeSet<&str> = state
         .entries
@@ -75,7 +97,11 @@ pub fn compute(
                 .map(|all| holders(all, &tracked, node.info.node, size.page_size_bytes))
                 .unwrap_or_default();
             let discrepancy = i128::from(table.free) - i128::from(os_free);
-            let explanation = explain(discrepancy, &untracked, consumers.is_some());
+            let orphans = held
+                .map(|h| orphans(h, node.info.node, size.page_size_bytes))
+                .unwrap_or_default();
+            let mut explanation = explain(discrepancy, &untracked, consumers.is_some());
+            explanation.push_str(&explain_orphans(&orphans));
             out.push(Discrepancy {
                 numa_node: id,
                 resource,
@@ -84,6 +110,7 @@ pub fn compute(
                 os_free_bytes: os_free,
                 discrepancy_bytes: discrepancy,
                 untracked,
+                held_by_nothing_that_runs: orphans,
                 explanation,
             });
         }
@@ -136,6 +163,59 @@ fn holders(
         .collect();
     out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.cgroup.cmp(&b.cgroup)));
     out
+}
+
+/// The holders of `page_size` held by nothing that runs that are, or may be, on `node`.
+fn orphans(held: &Holders, node: NumaNode, page_size: u64) -> Vec<Orphan> {
+    held.holders
+        .iter()
+        .filter(|h| h.held_by_nothing_that_runs && h.page_size_bytes == page_size)
+        .filter_map(|h| {
+            let node_known = matches!(h.nodes_from, NodesFrom::Mappings | NodesFrom::Queried);
+            let bytes = if node_known {
+                h.per_node.get(&node).copied().unwrap_or(0)
+            } else {
+                h.held_bytes
+            };
+            let name = match (&h.path, h.shmid) {
+                (Some(path), _) => path.clone(),
+                (None, Some(id)) => format!("shmid {id}"),
+                (None, None) => return None,
+            };
+            (bytes > 0).then_some(Orphan {
+                kind: h.kind,
+                name,
+                bytes,
+                node_known,
+            })
+        })
+        .collect()
+}
+
+fn explain_orphans(orphans: &[Orphan]) -> String {
+    if orphans.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = orphans
+        .iter()
+        .map(|o| {
+            let kind = match o.kind {
+                holders::Kind::SysvSegment => "SysV segment",
+                holders::Kind::Memfd => "memfd",
+                _ => "hugetlbfs file",
+            };
+            let node = if o.node_known {
+                ""
+            } else {
+                " (its node not known)"
+            };
+            format!("{kind} {} {}{node}", o.name, format_binary(o.bytes))
+        })
+        .collect();
+    format!(
+        "; held by nothing that runs, which the kubelet never counts: {}",
+        each.join(", ")
+    )
 }
 
 fn explain(discrepancy: i128, untracked: &[Holder], inventory: bool) -> String {

@@ -248,7 +248,7 @@ impl LiveState {
     pub fn discrepancy(&self, snapshot: &Snapshot) -> Option<Vec<Discrepancy>> {
         let view = self.view.load();
         (view.source == StateSource::Checkpoint)
-            .then(|| discrepancy::compute(&view.state, snapshot, None))
+            .then(|| discrepancy::compute(&view.state, snapshot, None, None))
     }
 }
 

@@ -139,6 +139,31 @@ impl HostFs {
         )
     }
 
+    /// `stat` of a host path, following links (`/proc/<pid>/fd/<n>` to its file); `None` when
+    /// it does not exist.
+    pub fn stat(&self, abs: impl AsRef<Path>) -> Result<Option<fs::Metadata>, SysfsError> {
+        let path = self.path(abs);
+        not_found_is_none(fs::metadata(&path).map_err(|source| SysfsError::Read { path, source }))
+    }
+
+    /// `statfs` of a host path, following links: the file system's type (`f_type`) and block
+    /// size (`f_bsize`, a hugetlbfs mount's page size).
+    pub fn statfs(&self, abs: impl AsRef<Path>) -> Result<(i64, u64), SysfsError> {
+        let path = self.path(abs);
+        let read = || -> io::Result<(i64, u64)> {
+            let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            // SAFETY: a zeroed `statfs` is a valid out-parameter, filled by the call.
+            let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+            // SAFETY: a NUL-terminated path and a valid out-pointer.
+            if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok((stat.f_type, stat.f_bsize as u64))
+        };
+        read().map_err(|source| SysfsError::Read { path, source })
+    }
+
     /// Names of the entries of a host directory, sorted.
     pub fn list(&self, abs: impl AsRef<Path>) -> Result<Vec<String>, SysfsError> {
         let path = self.path(abs);

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::{
     admission::reservations::Reservation,
+    holders::Holders,
     host::PageSize,
     kubeletconfig::settings::Row,
     numa::map::{Snapshot, Stale},
@@ -33,6 +34,8 @@ pub struct Sources<'a> {
     pub kubelet: &'a BTreeMap<String, Row>,
     /// Whether the kubelet would not start with them on this machine.
     pub kubelet_refused: bool,
+    /// The latest walk of the hugepages' holders, when one could be made.
+    pub holders: Option<&'a Holders>,
 }
 
 /// The whole exposition.
@@ -74,6 +77,7 @@ pub fn render(format: Format, metrics: &Metrics, s: &Sources<'_>) -> String {
     e.family(REFUSED, Kind::Gauge, "1 while the kubelet would not start with the settings above on this machine (its Topology Manager refuses them: GET /v1/kubelet says why); the agent then verifies only requests that name their NUMA nodes. 0 otherwise.");
     e.sample(REFUSED, &[], f64::from(u8::from(s.kubelet_refused)));
     psi(&mut e, s.psi);
+    holders(&mut e, s.holders);
     metrics.encode(&mut e);
     e.finish()
 }
@@ -243,4 +247,51 @@ fn psi(e: &mut Encoder, view: &PsiView) {
             );
         }
     }
+}
+
+/// The holders' families: bytes held by nothing that runs per size and node, bytes per kind of
+/// holder, and how many parts of the host the walk could not read.
+fn holders(e: &mut Encoder, held: Option<&Holders>) {
+    const NOTHING: &str = "hugepage_agent_hugepages_held_by_nothing_that_runs_bytes";
+    e.family(NOTHING, Kind::Gauge, "Bytes of hugepages that hugetlbfs files and SysV segments hold while no process maps them, holds them open or attaches them (GET /v1/consumers names each), per page size and NUMA node; numa_node=\"unknown\" for the pages no process maps, whose node the kernel does not show.");
+    const HELD: &str = "hugepage_agent_hugepages_held_bytes";
+    e.family(HELD, Kind::Gauge, "Bytes of hugepages in use per page size and holder: private (running processes' private mappings), shared_anonymous, files (hugetlbfs), segments (SysV), memfds, and unexplained (in use, explained by none of these).");
+    const UNREAD: &str = "hugepage_agent_hugepage_holders_unread";
+    e.family(UNREAD, Kind::Gauge, "Parts of the host the walk of the holders could not read (the host's mounts, a mount, other processes' mappings without CAP_SYS_PTRACE, /proc/sysvipc/shm; GET /v1/consumers says which): what they hold may be counted as unexplained. 0 when it read everything.");
+    let Some(held) = held else {
+        return;
+    };
+    for a in &held.accounts {
+        let size = PageSize(a.page_size_bytes).to_string();
+        let placed: u64 = a.held_by_nothing_that_runs_per_node.values().sum();
+        for (node, bytes) in &a.held_by_nothing_that_runs_per_node {
+            let node = node.0.to_string();
+            e.sample(
+                NOTHING,
+                &[("hugepage_size", &size), ("numa_node", &node)],
+                *bytes as f64,
+            );
+        }
+        let unknown = a.held_by_nothing_that_runs_bytes.saturating_sub(placed);
+        e.sample(
+            NOTHING,
+            &[("hugepage_size", &size), ("numa_node", "unknown")],
+            unknown as f64,
+        );
+        for (holder, bytes) in [
+            ("private", a.private_bytes),
+            ("shared_anonymous", a.shared_anonymous_bytes),
+            ("files", a.files_bytes),
+            ("segments", a.segments_bytes),
+            ("memfds", a.memfds_bytes),
+            ("unexplained", a.unexplained_bytes),
+        ] {
+            e.sample(
+                HELD,
+                &[("hugepage_size", &size), ("holder", holder)],
+                bytes as f64,
+            );
+        }
+    }
+    e.sample(UNREAD, &[], held.unread.len() as f64);
 }

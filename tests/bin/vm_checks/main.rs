@@ -10,6 +10,7 @@
 
 mod admit;
 mod cgroup_events;
+mod holders;
 mod kep5759;
 mod kernel;
 mod numa_consumer;
@@ -269,6 +270,9 @@ fn run(bin: PathBuf, work: &Path) -> Result<u32, String> {
     });
     runner.check_agent("cgroup-events", &mut agent, |agent| {
         cgroup_events::kubepods_shaped(&guest, &lock, agent)
+    });
+    runner.check_agent("held-by-nothing-that-runs", &mut agent, |agent| {
+        holders::orphans(&lock, agent)
     });
     runner.check("psi-conditions", || psi::memory_high(&guest, &lock));
     Ok(runner.failed)

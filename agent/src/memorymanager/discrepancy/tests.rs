@@ -81,7 +81,7 @@ fn the_issue_134395_node_shows_twelve_gigabytes_the_kubelet_cannot_see() {
     // A top-level cgroup above the pod counts the pod's pages too: only its own share is named.
     let above = holder(Kind::System, None, "/kubepods", 8 * GI);
     let consumers = [burstable, container, system, above];
-    let found = compute(&state, &snapshot(os_free_pages), Some(&consumers));
+    let found = compute(&state, &snapshot(os_free_pages), Some(&consumers), None);
     assert_eq!(found.len(), 1);
     let d = &found[0];
     assert_eq!(d.resource, "hugepages-2Mi");
@@ -131,10 +131,10 @@ fn tracked_pods_are_not_blamed_and_agreement_says_so() {
         .entries
         .insert("guaranteed-uid".into(), BTreeMap::new());
     let tracked = holder(Kind::Pod, Some("guaranteed-uid"), "/kubepods/podg", 2 * GI);
-    let found = compute(&state, &snapshot(7168), Some(&[tracked]));
+    let found = compute(&state, &snapshot(7168), Some(&[tracked]), None);
     assert_eq!(found[0].discrepancy_bytes, i128::from(2 * GI));
     assert!(found[0].untracked.is_empty());
-    let agree = compute(&state, &snapshot(8192), None);
+    let agree = compute(&state, &snapshot(8192), None, None);
     assert_eq!(agree[0].discrepancy_bytes, 0);
     assert_eq!(
         agree[0].explanation,

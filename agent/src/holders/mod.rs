@@ -1,0 +1,747 @@
+//! Who holds the hugepages that are not a running process's private mapping: the files of every
+//! hugetlbfs mount, the SysV segments hugepages back, and the `memfd`s still open; which
+//! processes map each one or hold it open; and those **held by nothing that runs**, which no
+//! process maps, holds open or attaches. What the walk explains is accounted per page size
+//! against what the pools show in use, and the rest is said to be unexplained, with the
+//! segments that may hold it.
+//!
+//! One walk ([`walk`]) reads, through `--host-root`: the host's mounts (`/proc/1/mountinfo`), the
+//! files of each hugetlbfs mount (`st_blocks`, which hugetlbfs counts per page a file holds; the
+//! mount read where `--host-root` shows it, else through `/proc/1/root`),
+//! every process's hugetlb mappings and descriptors ([`procs`]), and `/proc/sysvipc/shm`
+//! ([`sysv`]). Pages are placed on their NUMA node where a process maps them (`numa_maps`); the
+//! pages of a file no process maps are placed by a private read-only mapping of the agent's own
+//! for the time of one query ([`nodes`]); a segment nothing attaches cannot be placed, and the
+//! answer says so. The agent never deletes, detaches or writes anything it finds.
+
+pub mod mounts;
+pub mod nodes;
+pub mod procs;
+pub mod sysv;
+pub mod view;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    os::unix::fs::MetadataExt,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    host::{HugepageTable, NumaNode},
+    kubelet::cgroup_path::{Owner, classify},
+    sysfs::{HostFs, SysfsError},
+};
+use mounts::{Dev, Mount};
+use procs::{HugeVma, Process};
+use sysv::Segment;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HoldersError {
+    #[error(transparent)]
+    Sysfs(#[from] SysfsError),
+}
+
+/// What holds the pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Kind {
+    /// A file in a hugetlbfs mount (or one a process maps or holds open from a mount it alone
+    /// sees).
+    HugetlbfsFile,
+    /// A SysV shared memory segment created with `SHM_HUGETLB`.
+    SysvSegment,
+    /// A `memfd_create(MFD_HUGETLB)` file.
+    Memfd,
+    /// What the pools show in use and nothing above explains.
+    Unexplained,
+}
+
+/// How the answer knows the NUMA nodes of a holder's pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NodesFrom {
+    /// Every page is mapped by a process, and `numa_maps` places it.
+    Mappings,
+    /// Some pages are mapped and placed; the others are not mapped by any process.
+    SomeMappings,
+    /// No process maps every page of it, and the agent asked the kernel where each page is
+    /// through a private read-only mapping of its own ([`nodes`]).
+    Queried,
+    /// Neither: [`Holder::nodes_note`] says why.
+    Unknown,
+}
+
+/// One process that maps a holder or holds it open.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct User {
+    pub pid: u32,
+    pub command: String,
+    /// It maps the holder (or attaches the segment).
+    pub maps: bool,
+    /// Its descriptors open on the holder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub open_fds: Vec<u32>,
+    /// Its cgroup (v2), when readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+}
+
+/// A pid a segment names, and whether a process of that pid runs now (pids are reused: a
+/// running one may not be the same process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedPid {
+    pub pid: u32,
+    pub running: bool,
+}
+
+/// The kubelet's `emptyDir: {medium: HugePages}` volume a mount is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodVolume {
+    pub pod_uid: String,
+    pub volume: String,
+}
+
+/// How a segment is known to be hugepages'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SegmentKnownBy {
+    /// A process attaches it, and `numa_maps` marks the mapping `huge`.
+    Mapping,
+    /// Its `rss` is above its size, which only hugetlb segments show ([`sysv`]).
+    Rss,
+}
+
+/// One holder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    pub kind: Kind,
+    pub page_size_bytes: u64,
+    /// Bytes of hugepages it holds.
+    pub held_bytes: u64,
+    /// No process maps it, holds it open or attaches it.
+    pub held_by_nothing_that_runs: bool,
+    /// Bytes per NUMA node, as far as [`Holder::nodes_from`] says.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub per_node: BTreeMap<NumaNode, u64>,
+    pub nodes_from: NodesFrom,
+    /// Why the nodes are not known, or known only in part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_note: Option<String>,
+    /// A file's path: in the host's mount namespace for the files of its mounts, else as the
+    /// first process that maps or holds it sees it. A memfd's `/memfd:<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The hugetlbfs mount it is in, as the host sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_point: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
+    /// Unlinked, and held by the processes that still map it or hold it open.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_volume: Option<PodVolume>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shmid: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// A segment's attach count (`nattch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creator: Option<NamedPid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attach: Option<NamedPid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known_by: Option<SegmentKnownBy>,
+    /// For `unexplained`: the segments not attached whose backing the kernel does not show,
+    /// which may hold it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidate_shmids: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<User>,
+}
+
+impl Holder {
+    fn new(kind: Kind, page_size_bytes: u64, held_bytes: u64) -> Holder {
+        Holder {
+            kind,
+            page_size_bytes,
+            held_bytes,
+            held_by_nothing_that_runs: false,
+            per_node: BTreeMap::new(),
+            nodes_from: NodesFrom::Unknown,
+            nodes_note: None,
+            path: None,
+            mount_point: None,
+            inode: None,
+            deleted: false,
+            pod_volume: None,
+            shmid: None,
+            key: None,
+            size_bytes: None,
+            attached: None,
+            creator: None,
+            last_attach: None,
+            known_by: None,
+            candidate_shmids: Vec::new(),
+            users: Vec::new(),
+        }
+    }
+}
+
+/// The pages of one size in use, and what holds them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Account {
+    pub page_size_bytes: u64,
+    /// `(nr_hugepages - free_hugepages) × size`: pages taken from the pool.
+    pub in_use_bytes: u64,
+    /// Running processes' private mappings (the cgroups' consumers hold these).
+    pub private_bytes: u64,
+    /// `MAP_SHARED | MAP_ANONYMOUS` mappings of running processes, each counted once.
+    pub shared_anonymous_bytes: u64,
+    pub files_bytes: u64,
+    pub segments_bytes: u64,
+    pub memfds_bytes: u64,
+    /// Of the files' and segments': held by nothing that runs.
+    pub held_by_nothing_that_runs_bytes: u64,
+    /// Per node where known; [`NodesFrom::Unknown`] pages under no node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub held_by_nothing_that_runs_per_node: BTreeMap<NumaNode, u64>,
+    /// In use and explained by none of the above.
+    pub unexplained_bytes: u64,
+}
+
+/// What the walk could not read, and what that leaves unseen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unread {
+    pub what: String,
+    pub error: String,
+}
+
+/// The answer of one walk.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Holders {
+    /// Largest first.
+    pub holders: Vec<Holder>,
+    pub accounts: Vec<Account>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unread: Vec<Unread>,
+}
+
+/// `/pods/<uid>/volumes/kubernetes.io~empty-dir/<name>` in a mount point: the kubelet's
+/// `emptyDir` of medium `HugePages` (under any `--root-dir`).
+pub fn pod_volume(mount_point: &str) -> Option<PodVolume> {
+    let (_, rest) = mount_point.split_once("/pods/")?;
+    let (uid, rest) = rest.split_once('/')?;
+    let volume = rest.strip_prefix("volumes/kubernetes.io~empty-dir/")?;
+    (!uid.is_empty() && !volume.is_empty() && !volume.contains('/')).then(|| PodVolume {
+        pod_uid: uid.to_owned(),
+        volume: volume.to_owned(),
+    })
+}
+
+/// A file's identity: its superblock's device and its inode.
+type FileKey = (Dev, u64);
+
+/// A file met in a mount or through a process.
+struct FileSeen {
+    page_size: u64,
+    /// Where the agent can open it (under `--host-root`), for the files of the mounts.
+    read_at: Option<String>,
+    /// From `st_blocks` when it was `stat`ed; else `None`.
+    held: Option<u64>,
+    path: String,
+    mount: Option<usize>,
+    deleted: bool,
+    memfd: bool,
+}
+
+/// Users and mapped pages of one file or segment, gathered from the processes.
+#[derive(Default)]
+struct Use {
+    users: BTreeMap<u32, (bool, Vec<u32>)>,
+    /// Per node, the most pages any one process maps there: a lower bound of the pages there.
+    mapped: BTreeMap<NumaNode, u64>,
+}
+
+impl Use {
+    fn map(&mut self, pid: u32, vma: &HugeVma) {
+        self.users.entry(pid).or_default().0 = true;
+        for (&node, &pages) in &vma.pages {
+            let bytes = pages.saturating_mul(vma.page_size);
+            let most = self.mapped.entry(node).or_default();
+            *most = (*most).max(bytes);
+        }
+    }
+}
+
+/// Walks the host once (see the module's note). `pools` gives the sizes and what is in use.
+pub fn walk(host: &HostFs, pools: &HugepageTable) -> Result<Holders, HoldersError> {
+    let mut unread = Vec::new();
+    let mounts = match host.read_string("/proc/1/mountinfo") {
+        Ok(text) => mounts::hugetlbfs(&text),
+        Err(e) => {
+            unread.push(Unread {
+                what: "the host's mounts: the files of its hugetlbfs mounts are not listed".into(),
+                error: e.to_string(),
+            });
+            Vec::new()
+        }
+    };
+    let mut files: BTreeMap<FileKey, FileSeen> = BTreeMap::new();
+    let mut page_sizes: HashMap<Dev, u64> = HashMap::new();
+    for (index, mount) in mounts.iter().enumerate() {
+        if let Err(e) = mount_files(host, mount, index, &mut files, &mut page_sizes) {
+            unread.push(Unread {
+                what: format!("the files of the hugetlbfs mount {}", mount.mount_point),
+                error: e.to_string(),
+            });
+        }
+    }
+    let skip = host
+        .read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_string_lossy().parse().ok());
+    let (processes, unreadable) = procs::walk(host, skip, &page_sizes)?;
+    if unreadable.processes > 0 {
+        unread.push(Unread {
+            what: format!(
+                "the mappings and descriptors of {} processes: what they hold is not listed \
+                 and may be counted as unexplained",
+                unreadable.processes
+            ),
+            error: unreadable.example.unwrap_or_default(),
+        });
+    }
+    let segments = match host.read_string("/proc/sysvipc/shm") {
+        Ok(text) => sysv::parse(&text).unwrap_or_default(),
+        Err(e) => {
+            unread.push(Unread {
+                what: "the SysV segments (/proc/sysvipc/shm)".into(),
+                error: e.to_string(),
+            });
+            Vec::new()
+        }
+    };
+    let mut found = Found::default();
+    found.gather(&processes, &mut files);
+    let mut holders = found.files(host, &mounts, files);
+    let (segment_holders, candidates) = found.segments(host, &segments, pools);
+    holders.extend(segment_holders);
+    let accounts = account(pools, &holders, &found);
+    for a in &accounts {
+        if a.unexplained_bytes > 0 {
+            let mut h = Holder::new(Kind::Unexplained, a.page_size_bytes, a.unexplained_bytes);
+            h.candidate_shmids.clone_from(&candidates);
+            holders.push(h);
+        }
+    }
+    let mut commands = HashMap::new();
+    for h in &mut holders {
+        for u in &mut h.users {
+            describe(host, u, &mut commands);
+        }
+    }
+    holders.sort_by(|a, b| {
+        b.held_bytes
+            .cmp(&a.held_bytes)
+            .then_with(|| a.kind.cmp(&b.kind))
+            .then_with(|| a.path.cmp(&b.path))
+            .then_with(|| a.shmid.cmp(&b.shmid))
+    });
+    Ok(Holders {
+        holders,
+        accounts,
+        unread,
+    })
+}
+
+/// The regular files under a mount, with what each holds.
+fn mount_files(
+    host: &HostFs,
+    mount: &Mount,
+    index: usize,
+    files: &mut BTreeMap<FileKey, FileSeen>,
+    page_sizes: &mut HashMap<Dev, u64>,
+) -> Result<(), SysfsError> {
+    let root = mount_root(host, mount)?;
+    let page_size = match mount.page_size {
+        Some(size) => size,
+        None => host.statfs(&root)?.1,
+    };
+    page_sizes.insert(mount.dev, page_size);
+    let mut dirs = vec![String::new()];
+    while let Some(rel) = dirs.pop() {
+        for name in host.list(format!("{root}{rel}"))? {
+            let rel = format!("{rel}/{name}");
+            let Some(meta) = host.metadata(format!("{root}{rel}"))? else {
+                continue;
+            };
+            if meta.is_dir() {
+                dirs.push(rel);
+            } else if meta.is_file() {
+                files.insert(
+                    (mount.dev, meta.ino()),
+                    FileSeen {
+                        page_size,
+                        read_at: Some(format!("{root}{rel}")),
+                        held: Some(meta.blocks().saturating_mul(512)),
+                        path: format!("{}{rel}", mount.mount_point),
+                        mount: Some(index),
+                        deleted: false,
+                        memfd: false,
+                    },
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where the agent reads a mount of the host: its mount point under `--host-root` when that is
+/// the mount (the agent shares the host's mount namespace, or the DaemonSet mounts it there),
+/// else through the host's first process (`/proc/1/root`, which takes `CAP_SYS_PTRACE`). The
+/// directory's device tells that it is the mount and not a directory below it.
+fn mount_root(host: &HostFs, mount: &Mount) -> Result<String, SysfsError> {
+    let through_init = format!("/proc/1/root{}", mount.mount_point);
+    let mut last = None;
+    for root in [mount.mount_point.clone(), through_init] {
+        match host.stat(&root) {
+            Ok(Some(meta)) if Dev::from_st_dev(meta.dev()) == mount.dev => return Ok(root),
+            Ok(found) => {
+                last = Some(SysfsError::Malformed {
+                    path: host.path(&root),
+                    expected: "the hugetlbfs mount",
+                    found: found.map_or("nothing".into(), |m| {
+                        format!("device {}", Dev::from_st_dev(m.dev()))
+                    }),
+                });
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| SysfsError::Malformed {
+        path: host.path(&mount.mount_point),
+        expected: "the hugetlbfs mount",
+        found: "nothing".into(),
+    }))
+}
+
+/// What the processes hold, gathered by holder.
+#[derive(Default)]
+struct Found {
+    files: HashMap<FileKey, Use>,
+    segments: HashMap<u64, (u64, Use)>,
+    /// Per size: bytes of private mappings, in all and per node.
+    private: BTreeMap<u64, u64>,
+    /// Per size and shared anonymous mapping: the most bytes one process maps.
+    shared_anonymous: BTreeMap<u64, HashMap<FileKey, u64>>,
+}
+
+impl Found {
+    fn gather(&mut self, processes: &[Process], files: &mut BTreeMap<FileKey, FileSeen>) {
+        for p in processes {
+            for vma in &p.vmas {
+                self.vma(p.pid, vma, files);
+            }
+            for fd in &p.fds {
+                let seen = files.entry((fd.dev, fd.inode)).or_insert_with(|| FileSeen {
+                    page_size: fd.page_size,
+                    read_at: None,
+                    held: None,
+                    path: fd.path.trim_end_matches(" (deleted)").to_owned(),
+                    mount: None,
+                    deleted: fd.path.ends_with(" (deleted)") && !fd.path.starts_with("/memfd:"),
+                    memfd: fd.path.starts_with("/memfd:"),
+                });
+                seen.held = Some(fd.held);
+                let user = self.files.entry((fd.dev, fd.inode)).or_default();
+                user.users.entry(p.pid).or_default().1.push(fd.fd);
+            }
+        }
+    }
+
+    fn vma(&mut self, pid: u32, vma: &HugeVma, files: &mut BTreeMap<FileKey, FileSeen>) {
+        let private = vma.anon_pages.saturating_mul(vma.page_size);
+        *self.private.entry(vma.page_size).or_default() += private;
+        if vma.path.starts_with("/anon_hugepage") {
+            if vma.shared {
+                let mapped: u64 = vma.pages.values().sum::<u64>() * vma.page_size;
+                let most = self
+                    .shared_anonymous
+                    .entry(vma.page_size)
+                    .or_default()
+                    .entry((vma.dev, vma.inode))
+                    .or_default();
+                *most = (*most).max(mapped);
+            }
+            return;
+        }
+        if vma.path.starts_with("/SYSV") {
+            let (size, user) = self.segments.entry(vma.inode).or_default();
+            *size = vma.page_size;
+            user.map(pid, vma);
+            return;
+        }
+        files
+            .entry((vma.dev, vma.inode))
+            .or_insert_with(|| FileSeen {
+                page_size: vma.page_size,
+                read_at: None,
+                held: None,
+                path: vma.path.trim_end_matches(" (deleted)").to_owned(),
+                mount: None,
+                deleted: vma.path.ends_with(" (deleted)") && !vma.path.starts_with("/memfd:"),
+                memfd: vma.path.starts_with("/memfd:"),
+            });
+        self.files
+            .entry((vma.dev, vma.inode))
+            .or_default()
+            .map(pid, vma);
+    }
+
+    /// A holder for each file that holds pages or that a process uses.
+    fn files(
+        &mut self,
+        host: &HostFs,
+        mounts: &[Mount],
+        files: BTreeMap<FileKey, FileSeen>,
+    ) -> Vec<Holder> {
+        let mut out = Vec::new();
+        for (key, seen) in files {
+            let used = self.files.remove(&key).unwrap_or_default();
+            let mapped: u64 = used.mapped.values().sum();
+            let held = seen.held.unwrap_or(mapped);
+            if held == 0 && used.users.is_empty() {
+                continue;
+            }
+            let kind = if seen.memfd {
+                Kind::Memfd
+            } else {
+                Kind::HugetlbfsFile
+            };
+            let mut h = Holder::new(kind, seen.page_size, held);
+            h.inode = Some(key.1);
+            h.path = Some(seen.path);
+            h.deleted = seen.deleted;
+            if let Some(m) = seen.mount.and_then(|i| mounts.get(i)) {
+                h.mount_point = Some(m.mount_point.clone());
+                h.pod_volume = pod_volume(&m.mount_point);
+            }
+            place(&mut h, used);
+            if h.nodes_from != NodesFrom::Mappings
+                && let Some(at) = &seen.read_at
+            {
+                query_nodes(&mut h, &host.path(at));
+            }
+            out.push(h);
+        }
+        out
+    }
+
+    /// A holder for each segment hugepages are known to back, and the ids of the resident
+    /// segments nothing attaches whose backing the kernel does not show.
+    fn segments(
+        &mut self,
+        host: &HostFs,
+        segments: &[Segment],
+        pools: &HugepageTable,
+    ) -> (Vec<Holder>, Vec<u64>) {
+        let sizes: Vec<u64> = pools.global.iter().map(|g| g.size.0).collect();
+        let mut out = Vec::new();
+        let mut candidates = Vec::new();
+        for s in segments {
+            let mapped = self.segments.remove(&s.shmid);
+            let (page_size, known_by, used) = match mapped {
+                Some((size, used)) => (size, SegmentKnownBy::Mapping, used),
+                None => match rss_page_size(s, &sizes) {
+                    Some(size) => (size, SegmentKnownBy::Rss, Use::default()),
+                    None => {
+                        if s.rss > 0 && s.nattch == 0 {
+                            candidates.push(s.shmid);
+                        }
+                        continue;
+                    }
+                },
+            };
+            let mut h = Holder::new(Kind::SysvSegment, page_size, segment_held(s, page_size));
+            h.shmid = Some(s.shmid);
+            h.key = Some(format!("0x{:08x}", s.key));
+            h.size_bytes = Some(s.size);
+            h.attached = Some(s.nattch);
+            h.known_by = Some(known_by);
+            let named = |pid: u32| {
+                (pid != 0).then(|| NamedPid {
+                    pid,
+                    running: host.exists(format!("/proc/{pid}")),
+                })
+            };
+            h.creator = named(s.cpid);
+            h.last_attach = named(s.lpid);
+            place(&mut h, used);
+            if h.nodes_from != NodesFrom::Mappings {
+                h.nodes_note = Some(
+                    "a segment's pages are placed only through a process that attaches it".into(),
+                );
+            }
+            h.held_by_nothing_that_runs = s.nattch == 0 && h.users.is_empty() && h.held_bytes > 0;
+            out.push(h);
+        }
+        (out, candidates)
+    }
+}
+
+/// The page size a segment's `rss` shows it has, when it shows one: the size whose pages make
+/// `rss` a whole number of them, no more than the segment's size allows ([`sysv`]).
+fn rss_page_size(s: &Segment, sizes: &[u64]) -> Option<u64> {
+    if !s.rss_shows_hugetlb() {
+        return None;
+    }
+    sizes.iter().copied().find(|&size| {
+        let held = s.rss / (size / 4096).max(1);
+        held > 0 && held.is_multiple_of(size) && held <= s.size.div_ceil(size) * size
+    })
+}
+
+/// The bytes a hugetlb segment holds, from its `rss` ([`sysv`]).
+fn segment_held(s: &Segment, page_size: u64) -> u64 {
+    if s.rss_shows_hugetlb() {
+        s.rss / (page_size / 4096).max(1)
+    } else {
+        s.rss
+    }
+}
+
+/// The holder's users and NUMA placement from what the processes map.
+fn place(h: &mut Holder, used: Use) {
+    let mapped: u64 = used.mapped.values().sum();
+    h.per_node = used.mapped.into_iter().filter(|(_, b)| *b > 0).collect();
+    h.nodes_from = if mapped == 0 {
+        NodesFrom::Unknown
+    } else if mapped >= h.held_bytes {
+        NodesFrom::Mappings
+    } else {
+        NodesFrom::SomeMappings
+    };
+    h.users = used
+        .users
+        .into_iter()
+        .map(|(pid, (maps, open_fds))| User {
+            pid,
+            command: String::new(),
+            maps,
+            open_fds,
+            cgroup: None,
+            pod_uid: None,
+            container_id: None,
+        })
+        .collect();
+    h.held_by_nothing_that_runs = h.users.is_empty() && h.held_bytes > 0;
+}
+
+/// Places a file's pages by asking the kernel through a mapping of the agent's own
+/// ([`nodes`]); on failure the nodes stay as the mappings left them, and the note says why.
+fn query_nodes(h: &mut Holder, path: &std::path::Path) {
+    match nodes::of_file(path, h.page_size_bytes) {
+        Ok(per_node) => {
+            h.per_node = per_node;
+            h.nodes_from = NodesFrom::Queried;
+        }
+        Err(e) => h.nodes_note = Some(format!("not asked of the kernel: {e}")),
+    }
+}
+
+/// A user's command, cgroup and pod, read once per pid.
+fn describe(host: &HostFs, u: &mut User, seen: &mut HashMap<u32, (String, Option<String>)>) {
+    let (command, cgroup) = seen
+        .entry(u.pid)
+        .or_insert_with(|| {
+            let command = host
+                .read_string(format!("/proc/{}/comm", u.pid))
+                .map(|c| c.trim_end().to_owned())
+                .unwrap_or_default();
+            let cgroup = host
+                .read_string(format!("/proc/{}/cgroup", u.pid))
+                .ok()
+                .and_then(|text| {
+                    text.lines()
+                        .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+                });
+            (command, cgroup)
+        })
+        .clone();
+    u.command = command;
+    if let Some(cgroup) = &cgroup
+        && let Owner::Pod { uid, container, .. } = classify(cgroup)
+    {
+        u.pod_uid = Some(uid.0);
+        u.container_id = container.map(|c| c.id);
+    }
+    u.cgroup = cgroup;
+}
+
+/// Per page size of the pools: what is in use, and what the holders and the processes explain.
+fn account(pools: &HugepageTable, holders: &[Holder], found: &Found) -> Vec<Account> {
+    let sizes: BTreeSet<u64> = pools.global.iter().map(|g| g.size.0).collect();
+    sizes
+        .into_iter()
+        .map(|size| {
+            let in_use = pools
+                .global
+                .iter()
+                .filter(|g| g.size.0 == size)
+                .map(|g| g.total.saturating_sub(g.free).saturating_mul(size))
+                .sum();
+            let mut a = Account {
+                page_size_bytes: size,
+                in_use_bytes: in_use,
+                private_bytes: found.private.get(&size).copied().unwrap_or(0),
+                shared_anonymous_bytes: found
+                    .shared_anonymous
+                    .get(&size)
+                    .map_or(0, |m| m.values().sum()),
+                ..Account::default()
+            };
+            for h in holders.iter().filter(|h| h.page_size_bytes == size) {
+                match h.kind {
+                    Kind::HugetlbfsFile => a.files_bytes += h.held_bytes,
+                    Kind::SysvSegment => a.segments_bytes += h.held_bytes,
+                    Kind::Memfd => a.memfds_bytes += h.held_bytes,
+                    Kind::Unexplained => {}
+                }
+                if h.held_by_nothing_that_runs {
+                    a.held_by_nothing_that_runs_bytes += h.held_bytes;
+                    for (&node, &bytes) in &h.per_node {
+                        *a.held_by_nothing_that_runs_per_node
+                            .entry(node)
+                            .or_default() += bytes;
+                    }
+                }
+            }
+            let explained = a.private_bytes
+                + a.shared_anonymous_bytes
+                + a.files_bytes
+                + a.segments_bytes
+                + a.memfds_bytes;
+            a.unexplained_bytes = a.in_use_bytes.saturating_sub(explained);
+            a
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

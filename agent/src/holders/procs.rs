@@ -1,0 +1,344 @@
+//! What each process of the host holds in hugepages, from `/proc/<pid>`: its hugetlb mappings
+//! (`maps` for the file behind each one, `numa_maps` for the `huge` mark, the page size and the
+//! pages mapped per NUMA node, joined by their start address) and its open descriptors on
+//! hugetlbfs files (`fd/*`, followed with `stat`, a device first seen asked with `statfs`).
+//! `numa_maps` walks the page tables, so it is read only for processes whose `maps` shows a
+//! mapping hugepages may back.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io,
+    os::unix::fs::MetadataExt,
+};
+
+use super::mounts::Dev;
+use crate::{
+    host::NumaNode,
+    sysfs::{HostFs, SysfsError},
+};
+
+/// `statfs`'s `f_type` of hugetlbfs.
+pub const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+
+/// One hugetlb mapping of a process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HugeVma {
+    pub start: u64,
+    pub end: u64,
+    /// `MAP_SHARED` (`s` in `maps`): its pages are the file's, not the process's.
+    pub shared: bool,
+    pub dev: Dev,
+    pub inode: u64,
+    /// As `maps` shows it: `/anon_hugepage (deleted)`, `/SYSV00001234 (deleted)`,
+    /// `/memfd:name (deleted)`, or the file's path in the process's mount namespace.
+    pub path: String,
+    pub page_size: u64,
+    /// Pages mapped per node (`N<node>=`), in hugepages.
+    pub pages: BTreeMap<NumaNode, u64>,
+    /// Pages of the mapping that are anonymous (`anon=`): a private mapping's own copies.
+    pub anon_pages: u64,
+}
+
+/// A descriptor open on a hugetlbfs file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HugeFd {
+    pub fd: u32,
+    pub dev: Dev,
+    pub inode: u64,
+    /// The link's target: the path in the process's mount namespace, or `/memfd:name
+    /// (deleted)`.
+    pub path: String,
+    /// Bytes of hugepages the file holds (`st_blocks`, which hugetlbfs counts per page taken).
+    pub held: u64,
+    pub page_size: u64,
+}
+
+/// What one process holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Process {
+    pub pid: u32,
+    pub vmas: Vec<HugeVma>,
+    pub fds: Vec<HugeFd>,
+}
+
+/// What a walk of `/proc` could not read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unreadable {
+    /// Processes whose `maps` or `fd/` was refused (a ptrace access check: the agent needs
+    /// `CAP_SYS_PTRACE` for processes whose capabilities are not a subset of its own).
+    pub processes: u64,
+    /// The first refusal, to name in the answer.
+    pub example: Option<String>,
+}
+
+/// Every process of the host (its `/proc`, all but `skip`) that maps hugepages or holds a
+/// hugetlbfs file open. `hugetlbfs_devs` are the devices already known to be hugetlbfs (the
+/// mounts'); others are asked once each.
+pub fn walk(
+    host: &HostFs,
+    skip: Option<u32>,
+    hugetlbfs_devs: &HashMap<Dev, u64>,
+) -> Result<(Vec<Process>, Unreadable), SysfsError> {
+    let mut devs = DevKinds(
+        hugetlbfs_devs
+            .iter()
+            .map(|(&d, &size)| (d, Some(size)))
+            .collect(),
+    );
+    let mut out = Vec::new();
+    let mut unreadable = Unreadable::default();
+    for name in host.list("/proc")? {
+        let Ok(pid) = name.parse::<u32>() else {
+            continue;
+        };
+        if Some(pid) == skip {
+            continue;
+        }
+        match process(host, pid, &mut devs) {
+            Ok(Some(p)) => out.push(p),
+            Ok(None) => {}
+            Err(e) if gone(&e) => {}
+            Err(e) => {
+                unreadable.processes += 1;
+                unreadable.example.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    Ok((out, unreadable))
+}
+
+/// The process ended while it was read.
+fn gone(e: &SysfsError) -> bool {
+    matches!(e, SysfsError::Read { source, .. }
+        if source.kind() == io::ErrorKind::NotFound || source.raw_os_error() == Some(libc::ESRCH))
+}
+
+/// Devices seen so far: hugetlbfs with its page size, or not.
+struct DevKinds(HashMap<Dev, Option<u64>>);
+
+impl DevKinds {
+    fn page_size(&mut self, host: &HostFs, dev: Dev, path: &str) -> Option<u64> {
+        *self
+            .0
+            .entry(dev)
+            .or_insert_with(|| match host.statfs(path) {
+                Ok((kind, block)) if kind == HUGETLBFS_MAGIC => Some(block),
+                _ => None,
+            })
+    }
+}
+
+fn process(host: &HostFs, pid: u32, devs: &mut DevKinds) -> Result<Option<Process>, SysfsError> {
+    let maps = host.read_string(format!("/proc/{pid}/maps"))?;
+    let candidates = maps_candidates(&maps, |dev| devs.0.get(&dev).copied().flatten().is_some());
+    let vmas = if candidates.is_empty() {
+        Vec::new()
+    } else {
+        let numa = host.read_string(format!("/proc/{pid}/numa_maps"))?;
+        join(candidates, &numa)
+    };
+    let mut fds = Vec::new();
+    for name in host.list(format!("/proc/{pid}/fd"))? {
+        let Ok(fd) = name.parse::<u32>() else {
+            continue;
+        };
+        let link = format!("/proc/{pid}/fd/{fd}");
+        let Ok(target) = host.read_link(&link) else {
+            continue;
+        };
+        let target = target.to_string_lossy().into_owned();
+        // Sockets, pipes and anonymous inodes (`socket:[…]`) are no file's.
+        if !target.starts_with('/') {
+            continue;
+        }
+        let Ok(Some(meta)) = host.stat(&link) else {
+            continue;
+        };
+        if !meta.is_file() {
+            continue;
+        }
+        let dev = Dev::from_st_dev(meta.dev());
+        if let Some(page_size) = devs.page_size(host, dev, &link) {
+            fds.push(HugeFd {
+                fd,
+                dev,
+                inode: meta.ino(),
+                path: target,
+                held: meta.blocks().saturating_mul(512),
+                page_size,
+            });
+        }
+    }
+    Ok((!vmas.is_empty() || !fds.is_empty()).then_some(Process { pid, vmas, fds }))
+}
+
+/// A mapping of `maps` that hugepages may back: an anonymous hugetlb mapping, a SysV segment, a
+/// memfd, or a file on a device `hugetlbfs` says is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapsLine {
+    pub start: u64,
+    pub end: u64,
+    pub shared: bool,
+    pub dev: Dev,
+    pub inode: u64,
+    pub path: String,
+}
+
+/// The lines of a `maps` text hugepages may back.
+pub fn maps_candidates(maps: &str, hugetlbfs: impl Fn(Dev) -> bool) -> Vec<MapsLine> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(6, ' ');
+            let (start, end) = fields.next()?.split_once('-')?;
+            let perms = fields.next()?;
+            let _offset = fields.next()?;
+            let (major, minor) = fields.next()?.split_once(':')?;
+            let dev = Dev {
+                major: u32::from_str_radix(major, 16).ok()?,
+                minor: u32::from_str_radix(minor, 16).ok()?,
+            };
+            let inode: u64 = fields.next()?.parse().ok()?;
+            let path = fields.next().unwrap_or("").trim_start().to_owned();
+            let special = ["/anon_hugepage", "/SYSV", "/memfd:"]
+                .iter()
+                .any(|p| path.starts_with(p));
+            if inode == 0 || !(special || hugetlbfs(dev)) {
+                return None;
+            }
+            Some(MapsLine {
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                shared: perms.as_bytes().get(3) == Some(&b's'),
+                dev,
+                inode,
+                path,
+            })
+        })
+        .collect()
+}
+
+/// The candidates `numa_maps` marks `huge`, with its page size and pages per node.
+pub fn join(candidates: Vec<MapsLine>, numa_maps: &str) -> Vec<HugeVma> {
+    let huge: HashMap<u64, (u64, BTreeMap<NumaNode, u64>, u64)> = numa_maps
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split(' ');
+            let start = u64::from_str_radix(words.next()?, 16).ok()?;
+            let mut is_huge = false;
+            let mut page_kb = 0;
+            let mut pages = BTreeMap::new();
+            let mut anon = 0;
+            for word in words {
+                if word == "huge" {
+                    is_huge = true;
+                } else if let Some(kb) = word.strip_prefix("kernelpagesize_kB=") {
+                    page_kb = kb.parse().ok()?;
+                } else if let Some(n) = word.strip_prefix("anon=") {
+                    anon = n.parse().ok()?;
+                } else if let Some((node, n)) =
+                    word.strip_prefix('N').and_then(|w| w.split_once('='))
+                    && let Ok(node) = node.parse()
+                {
+                    pages.insert(NumaNode(node), n.parse().ok()?);
+                }
+            }
+            (is_huge && page_kb > 0).then_some((start, (page_kb * 1024, pages, anon)))
+        })
+        .collect();
+    candidates
+        .into_iter()
+        .filter_map(|c| {
+            let (page_size, pages, anon_pages) = huge.get(&c.start)?.clone();
+            Some(HugeVma {
+                start: c.start,
+                end: c.end,
+                shared: c.shared,
+                dev: c.dev,
+                inode: c.inode,
+                path: c.path,
+                page_size,
+                pages,
+                anon_pages,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c0000000-55d0c0021000 r--p 00000000 08:01 1311 /usr/bin/dpdk-app
+7f0000000000-7f0000800000 rw-s 00000000 00:2d 7 /dev/hugepages/rtemap_0
+7f0000800000-7f0000c00000 rw-s 00000000 00:10 3 /SYSV00001234 (deleted)
+7f0000c00000-7f0001000000 rw-p 00000000 00:0f 1025 /anon_hugepage (deleted)
+7f0001000000-7f0001200000 rw-s 00000000 00:01 2050 /memfd:pool (deleted)
+7f0001200000-7f0001400000 rw-s 00000000 00:01 2051 /memfd:shm (deleted)
+7f0002000000-7f0002021000 rw-p 00000000 00:00 0 
+";
+
+    const NUMA_MAPS: &str = "\
+55d0c0000000 default file=/usr/bin/dpdk-app mapped=20 N0=20 kernelpagesize_kB=4
+7f0000000000 default file=/dev/hugepages/rtemap_0 huge dirty=4 N0=3 N1=1 kernelpagesize_kB=2048
+7f0000800000 default file=/SYSV00001234\\040(deleted) huge dirty=2 N1=2 kernelpagesize_kB=2048
+7f0000c00000 default file=/anon_hugepage\\040(deleted) huge anon=2 dirty=2 N0=2 kernelpagesize_kB=2048
+7f0001000000 default file=/memfd:pool\\040(deleted) huge dirty=1 N0=1 kernelpagesize_kB=1048576
+7f0001200000 default file=/memfd:shm\\040(deleted) dirty=1 N0=1 kernelpagesize_kB=4
+7f0002000000 default anon=1 dirty=1 N0=1 kernelpagesize_kB=4
+";
+
+    #[test]
+    fn maps_and_numa_maps_join_on_the_start_of_each_hugetlb_mapping() {
+        let hugetlbfs = |d: Dev| {
+            d == Dev {
+                major: 0,
+                minor: 0x2d,
+            }
+        };
+        let candidates = maps_candidates(MAPS, hugetlbfs);
+        assert_eq!(
+            candidates.len(),
+            5,
+            "the binary and the heap are no candidates"
+        );
+        let vmas = join(candidates, NUMA_MAPS);
+        let paths: Vec<_> = vmas.iter().map(|v| v.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/dev/hugepages/rtemap_0",
+                "/SYSV00001234 (deleted)",
+                "/anon_hugepage (deleted)",
+                "/memfd:pool (deleted)"
+            ],
+            "the memfd of ordinary pages is not huge"
+        );
+        let file = &vmas[0];
+        assert!(file.shared);
+        assert_eq!(
+            file.dev,
+            Dev {
+                major: 0,
+                minor: 45
+            }
+        );
+        assert_eq!(file.inode, 7);
+        assert_eq!(file.page_size, 2 << 20);
+        assert_eq!(
+            file.pages,
+            BTreeMap::from([(NumaNode(0), 3), (NumaNode(1), 1)])
+        );
+        assert_eq!(vmas[1].inode, 3, "a segment's inode is its shmid");
+        assert!(!vmas[2].shared);
+        assert_eq!(vmas[2].anon_pages, 2);
+        assert_eq!(vmas[3].page_size, 1 << 30);
+    }
+
+    #[test]
+    fn lines_that_are_not_maps_are_passed_over() {
+        assert!(maps_candidates("garbage\n7f-80 rw-s 0 zz:01 3 /SYSV1\n", |_| true).is_empty());
+        let one = maps_candidates("7f-80 rw-s 0 00:01 3 /SYSV1\n", |_| false);
+        assert!(join(one, "7f default huge N0=x kernelpagesize_kB=2048\n").is_empty());
+    }
+}
