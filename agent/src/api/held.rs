@@ -61,5 +61,5 @@ impl LatestWalk {
 
 fn walk(host: &HostFs) -> Option<Holders> {
     let pools = hugepages::read_table(host).ok()?;
-    holders::walk(host, &pools).ok()
+    Some(holders::walk(host, &pools))
 }

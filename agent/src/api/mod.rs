@@ -374,11 +374,9 @@ async fn discrepancy_handler(State(state): State<AppState>) -> Response {
             return (None, None);
         };
         let consumers = consumers::list(&inventory.host, &pools, &inventory.faults).ok();
-        let held = holders::walk(&inventory.host, &pools).ok();
-        if let Some(held) = &held {
-            inventory.held.keep(held.clone());
-        }
-        (consumers, held)
+        let held = holders::walk(&inventory.host, &pools);
+        inventory.held.keep(held.clone());
+        (consumers, Some(held))
     })
     .await
     .unwrap_or_default();
@@ -403,7 +401,7 @@ async fn consumers_handler(State(state): State<AppState>) -> Response {
         let pools = hugepages::read_table(&state.host).map_err(|e| e.to_string())?;
         let list =
             consumers::list(&state.host, &pools, &state.faults).map_err(|e| e.to_string())?;
-        let held = holders::walk(&state.host, &pools).map_err(|e| e.to_string())?;
+        let held = holders::walk(&state.host, &pools);
         state.held.keep(held.clone());
         Ok(consumers::Answer::new(list, held))
     })

@@ -270,7 +270,7 @@ fn holder_schemas() -> Value {
                 "podVolume": {"type": "object", "required": ["podUid", "volume"], "properties": {"podUid": {"type": "string"}, "volume": {"type": "string"}}, "description": "the kubelet's emptyDir of medium HugePages the mount is"},
                 "shmid": {"type": "integer"}, "key": {"type": "string"}, "sizeBytes": {"type": "integer"}, "attached": {"type": "integer", "description": "nattch"},
                 "creator": {"$ref": "#/components/schemas/NamedPid"}, "lastAttach": {"$ref": "#/components/schemas/NamedPid"},
-                "knownBy": {"enum": ["mapping", "rss"], "description": "how the segment is known to be hugepages': a process attaches it (numa_maps marks it huge), or its rss is above its size"},
+                "knownBy": {"enum": ["mapping", "rss", "accounting"], "description": "how the segment is known to be hugepages': a process attaches it (numa_maps marks it huge); its rss is above its size (kernels that count a hugepage's base pages twice over there); or the pages in use that nothing else explains add up to the rss of it (with the other segments so found) and of no other set of segments nothing attaches"},
                 "candidateShmids": {"type": "array", "items": {"type": "integer"}, "description": "unexplained: SysV segments not attached whose backing the kernel does not show"},
                 "users": {"type": "array", "items": {"type": "object", "required": ["pid", "command", "maps"], "properties": {
                     "pid": {"type": "integer"}, "command": {"type": "string"}, "maps": {"type": "boolean"},

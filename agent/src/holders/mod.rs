@@ -36,12 +36,6 @@ use mounts::{Dev, Mount};
 use procs::{HugeVma, Process};
 use sysv::Segment;
 
-#[derive(Debug, thiserror::Error)]
-pub enum HoldersError {
-    #[error(transparent)]
-    Sysfs(#[from] SysfsError),
-}
-
 /// What holds the pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -116,6 +110,10 @@ pub enum SegmentKnownBy {
     Mapping,
     /// Its `rss` is above its size, which only hugetlb segments show ([`sysv`]).
     Rss,
+    /// Nothing attaches it and its `rss` shows nothing, but the pages in use that nothing else
+    /// explains add up to its `rss` (with the other segments so found), and no other set of
+    /// such segments adds up to them.
+    Accounting,
 }
 
 /// One holder.
@@ -290,7 +288,8 @@ impl Use {
 }
 
 /// Walks the host once (see the module's note). `pools` gives the sizes and what is in use.
-pub fn walk(host: &HostFs, pools: &HugepageTable) -> Result<Holders, HoldersError> {
+/// What cannot be read is named in [`Holders::unread`], and the rest still answered.
+pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
     let mut unread = Vec::new();
     let mounts = match host.read_string("/proc/1/mountinfo") {
         Ok(text) => mounts::hugetlbfs(&text),
@@ -316,7 +315,16 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Result<Holders, HoldersErro
         .read_link("/proc/self")
         .ok()
         .and_then(|p| p.to_string_lossy().parse().ok());
-    let (processes, unreadable) = procs::walk(host, skip, &page_sizes)?;
+    let (processes, unreadable) = match procs::walk(host, skip, &page_sizes) {
+        Ok(walked) => walked,
+        Err(e) => {
+            unread.push(Unread {
+                what: "the host's processes: what they map and hold open is not listed".into(),
+                error: e.to_string(),
+            });
+            Default::default()
+        }
+    };
     if unreadable.processes > 0 {
         unread.push(Unread {
             what: format!(
@@ -340,13 +348,22 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Result<Holders, HoldersErro
     let mut found = Found::default();
     found.gather(&processes, &mut files);
     let mut holders = found.files(host, &mounts, files);
-    let (segment_holders, candidates) = found.segments(host, &segments, pools);
+    let (segment_holders, mut candidates) = found.segments(host, &segments, pools);
     holders.extend(segment_holders);
-    let accounts = account(pools, &holders, &found);
+    let mut accounts = account(pools, &holders, &found);
+    let inferred = by_accounting(&accounts, &candidates);
+    if !inferred.is_empty() {
+        for (s, size) in &inferred {
+            let known = SegmentKnownBy::Accounting;
+            holders.push(segment_holder(host, s, *size, known, Use::default()));
+        }
+        candidates.retain(|c| inferred.iter().all(|(s, _)| s.shmid != c.shmid));
+        accounts = account(pools, &holders, &found);
+    }
     for a in &accounts {
         if a.unexplained_bytes > 0 {
             let mut h = Holder::new(Kind::Unexplained, a.page_size_bytes, a.unexplained_bytes);
-            h.candidate_shmids.clone_from(&candidates);
+            h.candidate_shmids = candidates.iter().map(|s| s.shmid).collect();
             holders.push(h);
         }
     }
@@ -363,11 +380,11 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Result<Holders, HoldersErro
             .then_with(|| a.path.cmp(&b.path))
             .then_with(|| a.shmid.cmp(&b.shmid))
     });
-    Ok(Holders {
+    Holders {
         holders,
         accounts,
         unread,
-    })
+    }
 }
 
 /// The regular files under a mount, with what each holds.
@@ -553,14 +570,14 @@ impl Found {
         out
     }
 
-    /// A holder for each segment hugepages are known to back, and the ids of the resident
-    /// segments nothing attaches whose backing the kernel does not show.
-    fn segments(
+    /// A holder for each segment hugepages are known to back, and the resident segments
+    /// nothing attaches whose backing the kernel does not show.
+    fn segments<'s>(
         &mut self,
         host: &HostFs,
-        segments: &[Segment],
+        segments: &'s [Segment],
         pools: &HugepageTable,
-    ) -> (Vec<Holder>, Vec<u64>) {
+    ) -> (Vec<Holder>, Vec<&'s Segment>) {
         let sizes: Vec<u64> = pools.global.iter().map(|g| g.size.0).collect();
         let mut out = Vec::new();
         let mut candidates = Vec::new();
@@ -572,37 +589,94 @@ impl Found {
                     Some(size) => (size, SegmentKnownBy::Rss, Use::default()),
                     None => {
                         if s.rss > 0 && s.nattch == 0 {
-                            candidates.push(s.shmid);
+                            candidates.push(s);
                         }
                         continue;
                     }
                 },
             };
-            let mut h = Holder::new(Kind::SysvSegment, page_size, segment_held(s, page_size));
-            h.shmid = Some(s.shmid);
-            h.key = Some(format!("0x{:08x}", s.key));
-            h.size_bytes = Some(s.size);
-            h.attached = Some(s.nattch);
-            h.known_by = Some(known_by);
-            let named = |pid: u32| {
-                (pid != 0).then(|| NamedPid {
-                    pid,
-                    running: host.exists(format!("/proc/{pid}")),
-                })
-            };
-            h.creator = named(s.cpid);
-            h.last_attach = named(s.lpid);
-            place(&mut h, used);
-            if h.nodes_from != NodesFrom::Mappings {
-                h.nodes_note = Some(
-                    "a segment's pages are placed only through a process that attaches it".into(),
-                );
-            }
-            h.held_by_nothing_that_runs = s.nattch == 0 && h.users.is_empty() && h.held_bytes > 0;
-            out.push(h);
+            out.push(segment_holder(host, s, page_size, known_by, used));
         }
         (out, candidates)
     }
+}
+
+/// A segment's holder.
+fn segment_holder(
+    host: &HostFs,
+    s: &Segment,
+    page_size: u64,
+    known_by: SegmentKnownBy,
+    used: Use,
+) -> Holder {
+    let mut h = Holder::new(Kind::SysvSegment, page_size, segment_held(s, page_size));
+    h.shmid = Some(s.shmid);
+    h.key = Some(format!("0x{:08x}", s.key));
+    h.size_bytes = Some(s.size);
+    h.attached = Some(s.nattch);
+    h.known_by = Some(known_by);
+    let named = |pid: u32| {
+        (pid != 0).then(|| NamedPid {
+            pid,
+            running: host.exists(format!("/proc/{pid}")),
+        })
+    };
+    h.creator = named(s.cpid);
+    h.last_attach = named(s.lpid);
+    place(&mut h, used);
+    if h.nodes_from != NodesFrom::Mappings {
+        h.nodes_note =
+            Some("a segment's pages are placed only through a process that attaches it".into());
+    }
+    h.held_by_nothing_that_runs = s.nattch == 0 && h.users.is_empty() && h.held_bytes > 0;
+    h
+}
+
+/// The most candidates [`by_accounting`] weighs at once (2^20 sums).
+const MOST_CANDIDATES: usize = 20;
+
+/// The candidates the accounts explain alone: for each size with bytes unexplained, the one
+/// set of candidates whose `rss` (each a whole number of pages of that size, within its
+/// segment's size) adds up to exactly those bytes. Two sets that do, or none, leave them all
+/// candidates. Each segment goes to one size at most.
+fn by_accounting<'s>(accounts: &[Account], candidates: &[&'s Segment]) -> Vec<(&'s Segment, u64)> {
+    let mut left: Vec<&Segment> = candidates.to_vec();
+    let mut out = Vec::new();
+    for a in accounts.iter().filter(|a| a.unexplained_bytes > 0) {
+        let size = a.page_size_bytes;
+        let fits: Vec<&Segment> = left
+            .iter()
+            .copied()
+            .filter(|s| s.rss.is_multiple_of(size) && s.rss <= s.size.div_ceil(size) * size)
+            .collect();
+        if fits.is_empty() || fits.len() > MOST_CANDIDATES {
+            continue;
+        }
+        let mut found = None;
+        let mut matches = 0;
+        for mask in 1u32..(1 << fits.len()) {
+            let sum: u64 = (0..fits.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| fits[i].rss)
+                .sum();
+            if sum == a.unexplained_bytes {
+                matches += 1;
+                found = Some(mask);
+                if matches > 1 {
+                    break;
+                }
+            }
+        }
+        if let (1, Some(mask)) = (matches, found) {
+            for (i, s) in fits.iter().enumerate() {
+                if mask & (1 << i) != 0 {
+                    out.push((*s, size));
+                    left.retain(|l| l.shmid != s.shmid);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The page size a segment's `rss` shows it has, when it shows one: the size whose pages make

@@ -4,10 +4,11 @@
 //! The file does not say which segments hugepages back (`perms` holds only the permission bits
 //! and `SHM_DEST`/`SHM_LOCKED`), so [`super`] learns it from the mappings of the processes that
 //! attach them (`/SYSV<key>` with the `huge` mark of `numa_maps`) and, for those no process
-//! attaches, from `rss`: the kernel counts a hugetlb segment's resident memory as its base pages
-//! times the pages of one hugepage (`shm_add_rss_swap`), which since Linux 6.7 counts each
-//! hugepage's base pages twice over and comes out above the segment's size, something no
-//! segment of ordinary pages can show.
+//! attaches, from `rss` where it shows it: the kernel counts a hugetlb segment's resident memory
+//! as the pages of its file times the base pages of one hugepage (`shm_add_rss_swap`), and
+//! where the page cache counts a hugepage in base pages (seen on 6.18; not on 6.1 or 6.12) that
+//! counts each one twice over and comes out above the segment's size, which no segment of
+//! ordinary pages can show. Elsewhere the accounts decide ([`super`]).
 
 use std::collections::HashMap;
 
@@ -31,7 +32,8 @@ pub struct Segment {
 
 impl Segment {
     /// The kernel's `rss` can only exceed the segment's size (rounded up to a base page) when
-    /// hugepages back it, on kernels that count a hugepage's base pages twice over.
+    /// hugepages back it, on kernels that count a hugepage's base pages twice over (see the
+    /// module's note).
     pub fn rss_shows_hugetlb(&self) -> bool {
         self.rss > self.size.div_ceil(BASE_PAGE) * BASE_PAGE
     }

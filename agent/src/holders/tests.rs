@@ -65,7 +65,7 @@ fn by_path<'a>(held: &'a Holders, path: &str) -> &'a Holder {
 #[test]
 fn a_file_nothing_maps_is_held_by_nothing_that_runs_and_empty_files_are_no_holders() {
     let (_dir, host, _) = host(SHM_HEADER, HUGEPAGES);
-    let held = walk(&host, &pools(8, 0)).expect("walk");
+    let held = walk(&host, &pools(8, 0));
     let file = by_path(&held, "/dev/hugepages/rtemap_0");
     assert_eq!(file.kind, Kind::HugetlbfsFile);
     assert_eq!(file.held_bytes, 8192, "st_blocks × 512");
@@ -130,7 +130,7 @@ fn a_process_that_maps_a_file_is_its_user_with_its_pod_and_places_its_pages() {
     fake::write(dir.path(), "/proc/4242/comm", "dpdk-app\n");
     fake::write(dir.path(), "/proc/4242/cgroup", &format!("0::{pod}\n"));
     fs::create_dir_all(dir.path().join("proc/4242/fd")).expect("fd dir");
-    let held = walk(&host, &pools(8, 0)).expect("walk");
+    let held = walk(&host, &pools(8, 0));
     let file = by_path(&held, "/dev/hugepages/rtemap_0");
     assert!(!file.held_by_nothing_that_runs);
     assert_eq!(file.users.len(), 1);
@@ -178,7 +178,7 @@ fn segments_are_hugepages_when_attached_as_huge_or_when_rss_says_and_else_candid
         "7f0000800000 default file=/SYSV00001234\\040(deleted) huge dirty=1 N0=1 kernelpagesize_kB=2048\n",
     );
     fs::create_dir_all(dir.path().join("proc/4250/fd")).expect("fd dir");
-    let held = walk(&host, &pools(16, 0)).expect("walk");
+    let held = walk(&host, &pools(16, 0));
     let segment = |id: u64| held.holders.iter().find(|h| h.shmid == Some(id));
     let orphan = segment(3).expect("segment 3, by its rss");
     assert_eq!(orphan.known_by, Some(SegmentKnownBy::Rss));
@@ -224,7 +224,7 @@ fn what_cannot_be_read_is_said_and_the_rest_still_answered() {
     let (dir, host, _) = host(SHM_HEADER, HUGEPAGES);
     fs::remove_file(dir.path().join("proc/1/mountinfo")).expect("rm");
     fs::remove_file(dir.path().join("proc/sysvipc/shm")).expect("rm");
-    let held = walk(&host, &pools(1, 0)).expect("walk");
+    let held = walk(&host, &pools(1, 0));
     let what: Vec<_> = held.unread.iter().map(|u| u.what.as_str()).collect();
     assert_eq!(what.len(), 2, "{what:?}");
     assert!(what[0].contains("mounts"), "{what:?}");
@@ -236,7 +236,7 @@ fn what_cannot_be_read_is_said_and_the_rest_still_answered() {
 fn the_files_of_a_pod_s_empty_dir_name_the_pod_and_its_volume() {
     let mount = "/var/lib/kubelet/pods/p-1/volumes/kubernetes.io~empty-dir/hp";
     let (_dir, host, _) = host(SHM_HEADER, mount);
-    let held = walk(&host, &pools(8, 0)).expect("walk");
+    let held = walk(&host, &pools(8, 0));
     let file = by_path(&held, &format!("{mount}/sub/f"));
     assert_eq!(
         file.pod_volume,
@@ -265,5 +265,57 @@ fn pod_volumes_are_recognised_by_the_kubelet_s_path_under_any_root() {
     assert_eq!(
         pod_volume("/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/a/b"),
         None
+    );
+}
+
+fn segment(shmid: u64, size: u64, rss: u64) -> Segment {
+    Segment {
+        key: 0,
+        shmid,
+        size,
+        cpid: 1,
+        lpid: 1,
+        nattch: 0,
+        uid: 0,
+        rss,
+        ctime: 0,
+    }
+}
+
+fn unexplained(size: u64, bytes: u64) -> Account {
+    Account {
+        page_size_bytes: size,
+        unexplained_bytes: bytes,
+        ..Account::default()
+    }
+}
+
+#[test]
+fn the_accounts_name_the_one_set_of_segments_that_adds_up_to_what_is_unexplained() {
+    let hugetlb = segment(7, 6 << 20, 6 << 20);
+    let ordinary = segment(8, 1 << 20, 1 << 20);
+    let other = segment(9, 4 << 20, 4 << 20);
+    let found = by_accounting(
+        &[unexplained(MIB2, 10 << 20)],
+        &[&hugetlb, &ordinary, &other],
+    );
+    let ids: Vec<_> = found.iter().map(|(s, size)| (s.shmid, *size)).collect();
+    assert_eq!(
+        ids,
+        [(7, MIB2), (9, MIB2)],
+        "6 + 4 MiB, the 1 MiB one fits no 2 MiB page"
+    );
+    assert!(
+        by_accounting(&[unexplained(MIB2, 2 << 20)], &[&hugetlb, &ordinary]).is_empty(),
+        "no set adds up"
+    );
+    let twin = segment(10, 6 << 20, 6 << 20);
+    assert!(
+        by_accounting(&[unexplained(MIB2, 6 << 20)], &[&hugetlb, &twin]).is_empty(),
+        "two sets add up: neither is named"
+    );
+    assert!(
+        by_accounting(&[unexplained(1 << 30, 6 << 20)], &[&hugetlb]).is_empty(),
+        "6 MiB is no whole number of 1 GiB pages"
     );
 }

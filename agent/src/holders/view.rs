@@ -16,15 +16,13 @@ pub enum ViewError {
     #[error(transparent)]
     Sysfs(#[from] SysfsError),
     #[error(transparent)]
-    Walk(#[from] super::HoldersError),
-    #[error(transparent)]
     Client(#[from] ClientError),
 }
 
 /// Walks this host (or asks the agent at `from`) and prints the holders to stdout.
 pub fn print(host: &HostFs, from: Option<&AgentUrl>, json: bool) -> Result<(), ViewError> {
     let held = match from {
-        None => super::walk(host, &hugepages::read_table(host)?)?,
+        None => super::walk(host, &hugepages::read_table(host)?),
         Some(url) => client::get_json(url, "/v1/consumers")?,
     };
     if json {
