@@ -4,7 +4,8 @@
 //!
 //! * its root filesystem is the image's, read-only, in a mount namespace of its own (`unshare`),
 //!   with a new `/proc` (a PID namespace of its own), a read-only `/sys`, a network namespace
-//!   with its loopback, and every volume the manifest mounts bound at the manifest's path,
+//!   with its loopback, an IPC namespace of its own unless the manifest asks `hostIPC`, and
+//!   every volume the manifest mounts bound at the manifest's path,
 //!   read-only where the manifest says so (recursively where it asks `recursiveReadOnly`);
 //! * the user and group the manifest names, no supplementary groups, and exactly the added
 //!   capabilities as the effective, permitted and bounding sets (a container runtime's
@@ -34,7 +35,10 @@
 use std::{
     collections::BTreeSet,
     fs,
-    os::unix::fs::PermissionsExt,
+    os::{
+        fd::{AsRawFd, FromRawFd},
+        unix::fs::PermissionsExt,
+    },
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     time::{Duration, Instant},
@@ -42,7 +46,8 @@ use std::{
 
 use hugepage_agent::quantity::format_binary;
 use hugepage_agent_tests::{
-    HostLock, HugepagePool, LogLines, TestCgroup, Toucher, host_lock, node0_checkpoint, read_u64,
+    HostLock, HugepagePool, LogLines, TestCgroup, Toucher, host_lock, hugetlbfs, node0_checkpoint,
+    read_u64,
     rendered::{AgentPod, Mount, Source, render},
     thread_schedules, v2,
 };
@@ -485,10 +490,12 @@ impl Pod {
             .trim()
             .to_owned();
         let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--pid", "--net"]);
+        // An IPC namespace of its own, as every pod has, unless the manifest asks the host's.
+        if self.agent.pod["hostIPC"] != true {
+            cmd.arg("--ipc");
+        }
         cmd.args([
-            "--mount",
-            "--pid",
-            "--net",
             "--fork",
             "--propagation",
             "private",
@@ -1042,4 +1049,71 @@ fn the_realtime_map_thread_component_runs_the_map_thread_under_sched_fifo_with_s
     }
     let (status, _) = running.terminate(grace(&pod.agent));
     assert!(status.success(), "{status:?}");
+}
+
+/// The `holders` component: `hostIPC` and the capabilities SYS_PTRACE and DAC_READ_SEARCH added.
+/// Under exactly those the agent names a segment nothing attaches in the host's IPC namespace,
+/// and a memfd this test holds open with the test as its user; under the base DaemonSet the
+/// same walk sees neither, and says what it could not read.
+#[test]
+fn the_holders_component_sees_the_host_s_segments_and_other_processes_descriptors() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 8);
+    let mut segment = hugetlbfs::Segment::touched(2, 2, None);
+    segment.detach();
+    // SAFETY: a NUL-terminated name; the descriptor is checked and owned.
+    let memfd = unsafe {
+        let fd = libc::memfd_create(c"daemonset-holders".as_ptr(), libc::MFD_HUGETLB);
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        std::os::fd::OwnedFd::from_raw_fd(fd)
+    };
+    hugetlbfs::fault_file(&memfd, 1, MI2, None);
+    let seen = |components: &[&str]| {
+        let agent = rendered_agent_with(components);
+        let kubepods_dir = kubepods_dir(&agent);
+        let _kubepods = Kubepods::create(&lock, &kubepods_dir);
+        let pod = Pod::new(agent);
+        let declared = pod.agent.capabilities.clone();
+        let mut running = pod.start(&declared);
+        running.wait_for("agent running", Duration::from_secs(20), |_| true);
+        assert_eq!(running.status("CapEff"), mask(&declared));
+        let (status, answer) = pod.api(&running, "GET", "/v1/consumers", None);
+        assert_eq!(status, 200, "{answer:#}");
+        let (status, _) = running.terminate(grace(&pod.agent));
+        assert!(status.success(), "{status:?}");
+        (declared, answer)
+    };
+
+    let (declared, with) = seen(&["holders"]);
+    assert_eq!(
+        declared,
+        ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"]
+    );
+    let holders = with["holders"].as_array().expect("holders");
+    let s = holders
+        .iter()
+        .find(|h| h["shmid"] == segment.id)
+        .unwrap_or_else(|| panic!("the segment in {with:#}"));
+    assert_eq!(s["heldBytes"], 2 * MI2);
+    assert_eq!(s["heldByNothingThatRuns"], true);
+    let m = holders
+        .iter()
+        .find(|h| h["path"] == "/memfd:daemonset-holders")
+        .unwrap_or_else(|| panic!("the memfd in {with:#}"));
+    assert_eq!(m["users"][0]["pid"], std::process::id());
+    assert_eq!(m["users"][0]["openFds"][0], memfd.as_raw_fd());
+
+    let (_, without) = seen(&[]);
+    let holders = without["holders"].as_array().expect("holders");
+    assert!(
+        holders
+            .iter()
+            .all(|h| h["shmid"] != segment.id && h["kind"] != "memfd"),
+        "{without:#}"
+    );
+    let unread = without["unread"].to_string();
+    assert!(
+        unread.contains("the mappings and descriptors of") && unread.contains("Permission denied"),
+        "{without:#}"
+    );
 }

@@ -52,6 +52,7 @@ fn every_rendering_validates_strictly_for_the_oldest_and_newest_kubernetes() {
         "eks-kubelet-config",
         "gke-kubelet-config",
         "realtime-map-thread",
+        "holders",
         "webhook",
     ] {
         renderings.push((vec![one], render(&[one])));
