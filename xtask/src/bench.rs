@@ -18,6 +18,10 @@ pub enum Bench {
     Psi,
     /// The cgroup inventory: a 5,000-cgroup tree, and cgroup events at 10,000/s on the kernel.
     Inventory,
+    /// One walk of the hugepages' holders (files, segments, memfds, every process's mappings
+    /// and descriptors) with 64 files held by nothing that runs, as the host's processes grow
+    /// to 2,000: median, p99, CPU per walk.
+    Holders,
     /// POST /v1/admit over loopback under `oha`: a fixed rate, then unthrottled.
     AdmitLoad,
     /// Hint generation and merge for 8 NUMA nodes x 3 memory types.
@@ -60,6 +64,7 @@ pub fn run(env: &Env, which: Bench, args: &[String]) -> Result<()> {
         Bench::Verify => ("verify-latency", Vec::new()),
         Bench::Psi => ("psi-latency", Vec::new()),
         Bench::Hints => ("hints-latency", Vec::new()),
+        Bench::Holders => ("holders-walk", Vec::new()),
         Bench::Inventory
         | Bench::AdmitSize
         | Bench::Extender
