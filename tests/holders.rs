@@ -119,7 +119,7 @@ fn fallocated_fd_only_pod_volume_attached_memfd_and_gigantic_holders_are_each_to
     // 1 GiB pages at runtime need 1 GiB of contiguous memory, which this machine's kernel does
     // not find (23 GiB free, none of it in one piece): the VM check `held-by-nothing-that-runs`
     // places a 1 GiB file on its node where the guest booted with them.
-    let gigantic = HugepagePool::try_reserve_in(&lock, POOL_1G, 1);
+    let gigantic = HugepagePool::try_reserve_in(&lock, POOL_1G, 1).ok();
     if gigantic.is_none() {
         println!(
             "skipping the 1 GiB file: the kernel gave no 1 GiB page ({POOL_1G} stays below 1); \

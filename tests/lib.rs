@@ -83,7 +83,18 @@ impl HugepagePool {
         HugepagePool::reserve_in(lock, NR_HUGEPAGES, pages)
     }
 
-    pub fn reserve_in(_lock: &HostLock, file: &str, pages: u64) -> HugepagePool {
+    pub fn reserve_in(lock: &HostLock, file: &str, pages: u64) -> HugepagePool {
+        HugepagePool::try_reserve_in(lock, file, pages).unwrap_or_else(|gave| {
+            panic!(
+                "asked the kernel for {pages} pages in {file}, it gave {gave} (memory too fragmented?)"
+            )
+        })
+    }
+
+    /// [`HugepagePool::reserve_in`] where the kernel may not have the pages (1 GiB pages at
+    /// runtime need that much contiguous memory): how many it gave, the pool restored, when it
+    /// gave fewer.
+    pub fn try_reserve_in(_lock: &HostLock, file: &str, pages: u64) -> Result<HugepagePool, u64> {
         let previous = read_u64(file);
         let pool = HugepagePool {
             file: file.to_owned(),
@@ -92,26 +103,10 @@ impl HugepagePool {
         fs::write(file, pages.max(previous).to_string())
             .unwrap_or_else(|e| panic!("writing {file}: {e}"));
         let now = read_u64(file);
-        assert!(
-            now >= pages,
-            "asked the kernel for {pages} pages in {file}, it gave {now} (memory too fragmented?)"
-        );
-        pool
-    }
-}
-
-impl HugepagePool {
-    /// [`HugepagePool::reserve_in`] where the kernel may not have the pages (1 GiB pages at
-    /// runtime need that much contiguous memory): `None`, the pool restored, when it gave fewer.
-    pub fn try_reserve_in(_lock: &HostLock, file: &str, pages: u64) -> Option<HugepagePool> {
-        let previous = read_u64(file);
-        let pool = HugepagePool {
-            file: file.to_owned(),
-            previous,
-        };
-        fs::write(file, pages.max(previous).to_string())
-            .unwrap_or_else(|e| panic!("writing {file}: {e}"));
-        (read_u64(file) >= pages).then_some(pool)
+        if now < pages {
+            return Err(now);
+        }
+        Ok(pool)
     }
 }
 

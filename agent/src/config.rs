@@ -54,11 +54,11 @@ pub enum CliCommand {
     /// conditions, telemetry (the default).
     Run(Box<RunArgs>),
     /// Print the per-NUMA hugepage table of this host, or of a running agent.
-    Status(StatusArgs),
+    Status(ReadArgs),
     /// Print what holds the hugepages that are not a running process's private mapping (hugetlbfs
     /// files, SysV segments, memfds), who uses each one, and those held by nothing that runs, on
     /// this host or a running agent's; it never deletes or detaches anything.
-    Holders(HoldersArgs),
+    Holders(ReadArgs),
     /// Verify one request against this host's sysfs: exit 0 admitted, 1 rejected, 2 bad input.
     Check(Box<CheckArgs>),
     /// The kubelet Memory Manager's topology hints for a pod on a given state, as JSON.
@@ -81,24 +81,14 @@ impl CliCommand {
     }
 }
 
+/// `status`'s and `holders`' flags: what they read and how they print it.
 #[derive(Debug, Args)]
-pub struct StatusArgs {
-    /// JSON instead of a table.
+pub struct ReadArgs {
+    /// JSON instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Show a running agent's map instead of reading this host, e.g. http://127.0.0.1:9820.
-    #[arg(long, value_name = "URL")]
-    pub from: Option<String>,
-    #[command(flatten)]
-    pub host: HostArgs,
-}
-
-#[derive(Debug, Args)]
-pub struct HoldersArgs {
-    /// JSON (`GET /v1/consumers`'s holders, accounts and unread parts) instead of tables.
-    #[arg(long)]
-    pub json: bool,
-    /// Ask a running agent instead of walking this host, e.g. http://127.0.0.1:9820.
+    /// Ask a running agent (plain HTTP) instead of reading this host, e.g.
+    /// http://127.0.0.1:9820.
     #[arg(long, value_name = "URL")]
     pub from: Option<String>,
     #[command(flatten)]

@@ -495,38 +495,39 @@ impl Found {
     fn vma(&mut self, pid: u32, vma: &HugeVma, files: &mut BTreeMap<FileKey, FileSeen>) {
         let private = vma.anon_pages.saturating_mul(vma.page_size);
         *self.private.entry(vma.page_size).or_default() += private;
-        if vma.path.starts_with("/anon_hugepage") {
-            if vma.shared {
+        if vma.map.path.starts_with("/anon_hugepage") {
+            if vma.map.shared {
                 let mapped: u64 = vma.pages.values().sum::<u64>() * vma.page_size;
                 let most = self
                     .shared_anonymous
                     .entry(vma.page_size)
                     .or_default()
-                    .entry((vma.dev, vma.inode))
+                    .entry((vma.map.dev, vma.map.inode))
                     .or_default();
                 *most = (*most).max(mapped);
             }
             return;
         }
-        if vma.path.starts_with("/SYSV") {
-            let (size, user) = self.segments.entry(vma.inode).or_default();
+        if vma.map.path.starts_with("/SYSV") {
+            let (size, user) = self.segments.entry(vma.map.inode).or_default();
             *size = vma.page_size;
             user.map(pid, vma);
             return;
         }
         files
-            .entry((vma.dev, vma.inode))
+            .entry((vma.map.dev, vma.map.inode))
             .or_insert_with(|| FileSeen {
                 page_size: vma.page_size,
                 read_at: None,
                 held: None,
-                path: vma.path.trim_end_matches(" (deleted)").to_owned(),
+                path: vma.map.path.trim_end_matches(" (deleted)").to_owned(),
                 mount: None,
-                deleted: vma.path.ends_with(" (deleted)") && !vma.path.starts_with("/memfd:"),
-                memfd: vma.path.starts_with("/memfd:"),
+                deleted: vma.map.path.ends_with(" (deleted)")
+                    && !vma.map.path.starts_with("/memfd:"),
+                memfd: vma.map.path.starts_with("/memfd:"),
             });
         self.files
-            .entry((vma.dev, vma.inode))
+            .entry((vma.map.dev, vma.map.inode))
             .or_default()
             .map(pid, vma);
     }

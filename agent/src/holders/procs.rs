@@ -20,18 +20,10 @@ use crate::{
 /// `statfs`'s `f_type` of hugetlbfs.
 pub const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
 
-/// One hugetlb mapping of a process.
+/// One hugetlb mapping of a process: its line of `maps`, and what `numa_maps` adds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HugeVma {
-    pub start: u64,
-    pub end: u64,
-    /// `MAP_SHARED` (`s` in `maps`): its pages are the file's, not the process's.
-    pub shared: bool,
-    pub dev: Dev,
-    pub inode: u64,
-    /// As `maps` shows it: `/anon_hugepage (deleted)`, `/SYSV00001234 (deleted)`,
-    /// `/memfd:name (deleted)`, or the file's path in the process's mount namespace.
-    pub path: String,
+    pub map: MapsLine,
     pub page_size: u64,
     /// Pages mapped per node (`N<node>=`), in hugepages.
     pub pages: BTreeMap<NumaNode, u64>,
@@ -178,9 +170,12 @@ fn process(host: &HostFs, pid: u32, devs: &mut DevKinds) -> Result<Option<Proces
 pub struct MapsLine {
     pub start: u64,
     pub end: u64,
+    /// `MAP_SHARED` (`s` in `maps`): its pages are the file's, not the process's.
     pub shared: bool,
     pub dev: Dev,
     pub inode: u64,
+    /// As `maps` shows it: `/anon_hugepage (deleted)`, `/SYSV00001234 (deleted)`,
+    /// `/memfd:name (deleted)`, or the file's path in the process's mount namespace.
     pub path: String,
 }
 
@@ -250,12 +245,7 @@ pub fn join(candidates: Vec<MapsLine>, numa_maps: &str) -> Vec<HugeVma> {
         .filter_map(|c| {
             let (page_size, pages, anon_pages) = huge.get(&c.start)?.clone();
             Some(HugeVma {
-                start: c.start,
-                end: c.end,
-                shared: c.shared,
-                dev: c.dev,
-                inode: c.inode,
-                path: c.path,
+                map: c,
                 page_size,
                 pages,
                 anon_pages,
@@ -303,7 +293,7 @@ mod tests {
             "the binary and the heap are no candidates"
         );
         let vmas = join(candidates, NUMA_MAPS);
-        let paths: Vec<_> = vmas.iter().map(|v| v.path.as_str()).collect();
+        let paths: Vec<_> = vmas.iter().map(|v| v.map.path.as_str()).collect();
         assert_eq!(
             paths,
             [
@@ -315,22 +305,22 @@ mod tests {
             "the memfd of ordinary pages is not huge"
         );
         let file = &vmas[0];
-        assert!(file.shared);
+        assert!(file.map.shared);
         assert_eq!(
-            file.dev,
+            file.map.dev,
             Dev {
                 major: 0,
                 minor: 45
             }
         );
-        assert_eq!(file.inode, 7);
+        assert_eq!(file.map.inode, 7);
         assert_eq!(file.page_size, 2 << 20);
         assert_eq!(
             file.pages,
             BTreeMap::from([(NumaNode(0), 3), (NumaNode(1), 1)])
         );
-        assert_eq!(vmas[1].inode, 3, "a segment's inode is its shmid");
-        assert!(!vmas[2].shared);
+        assert_eq!(vmas[1].map.inode, 3, "a segment's inode is its shmid");
+        assert!(!vmas[2].map.shared);
         assert_eq!(vmas[2].anon_pages, 2);
         assert_eq!(vmas[3].page_size, 1 << 30);
     }
