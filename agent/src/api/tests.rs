@@ -1303,3 +1303,43 @@ async fn a_large_request_waits_for_the_heavy_lane_and_a_typical_one_does_not() {
         assert_eq!(status, StatusCode::OK, "{answer}");
     }
 }
+
+#[test]
+fn the_openapi_document_names_every_value_of_the_holders_enums() {
+    use crate::holders::{Kind, NodesFrom, SegmentKnownBy};
+
+    let doc = super::openapi::document(&[crate::host::NumaNode(0)]);
+    let schema = &doc["components"]["schemas"]["Holder"]["properties"];
+    let named = |field: &str, value: serde_json::Value| {
+        assert!(
+            schema[field]["enum"]
+                .as_array()
+                .is_some_and(|e| e.contains(&value)),
+            "{field}: {value} not in {}",
+            schema[field]
+        );
+    };
+    for kind in [
+        Kind::HugetlbfsFile,
+        Kind::SysvSegment,
+        Kind::Memfd,
+        Kind::Unexplained,
+    ] {
+        named("kind", serde_json::json!(kind));
+    }
+    for from in [
+        NodesFrom::Mappings,
+        NodesFrom::SomeMappings,
+        NodesFrom::Queried,
+        NodesFrom::Unknown,
+    ] {
+        named("nodesFrom", serde_json::json!(from));
+    }
+    for by in [
+        SegmentKnownBy::Mapping,
+        SegmentKnownBy::Rss,
+        SegmentKnownBy::Accounting,
+    ] {
+        named("knownBy", serde_json::json!(by));
+    }
+}
