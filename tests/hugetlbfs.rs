@@ -174,7 +174,11 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        self.detach();
+        // No assertion here: a panic while a test unwinds would abort it before IPC_RMID.
+        if let Some(at) = self.attached.take() {
+            // SAFETY: the address shmat returned.
+            unsafe { libc::shmdt(at) };
+        }
         // SAFETY: removing our own segment.
         if unsafe { libc::shmctl(self.id, libc::IPC_RMID, std::ptr::null_mut()) } != 0 {
             eprintln!(

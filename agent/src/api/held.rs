@@ -1,6 +1,7 @@
 //! The latest walk of the hugepages' holders ([`crate::holders`]) for `GET /metrics`: walked
 //! again at a scrape when the last one is older than [`FRESH_FOR`], off the API threads, one
-//! walk at a time. `GET /v1/consumers` always walks afresh and leaves its walk here too.
+//! walk at a time, waited for at most [`WALK_WITHIN`]. `GET /v1/consumers` always walks afresh
+//! and leaves its walk here too.
 
 use std::{
     sync::{Arc, Mutex},
@@ -17,30 +18,38 @@ use crate::{
 /// walks at most once per this.
 pub const FRESH_FOR: Duration = Duration::from_secs(5);
 
+/// How long a scrape waits for a walk before it answers with the latest one.
+pub const WALK_WITHIN: Duration = Duration::from_secs(5);
+
 /// A walk and when it was made.
 type Walked = Option<(Instant, Arc<Holders>)>;
 
 /// The latest walk and when it was made.
 #[derive(Debug, Clone, Default)]
 pub struct LatestWalk {
-    /// Held by the scrape that walks, so that scrapes at once make one walk.
+    /// Held by the scrape that walks: scrapes meanwhile answer with the latest walk.
     walking: Arc<tokio::sync::Mutex<()>>,
     latest: Arc<Mutex<Walked>>,
 }
 
 impl LatestWalk {
-    /// The latest walk younger than [`FRESH_FOR`], or a new one; `None` when the pools cannot
-    /// be read or the walk fails (the metrics then leave the holders out).
+    /// The latest walk younger than [`FRESH_FOR`], or a new one. While another scrape walks,
+    /// or when a walk takes longer than [`WALK_WITHIN`] (a process whose `maps` blocks on its
+    /// memory lock), the latest walk however old; `None` when there is none yet (the metrics
+    /// then leave the holders out).
     pub async fn fresh(&self, host: &HostFs) -> Option<Arc<Holders>> {
-        let _one_at_a_time = self.walking.lock().await;
         if let Some(held) = self.young() {
             return Some(held);
         }
+        let Ok(_walking) = self.walking.try_lock() else {
+            return self.latest();
+        };
         let host = host.clone();
-        let walked = tokio::task::spawn_blocking(move || walk(&host))
-            .await
-            .ok()??;
-        Some(self.keep(walked))
+        let walk = tokio::task::spawn_blocking(move || walk(&host));
+        match tokio::time::timeout(WALK_WITHIN, walk).await {
+            Ok(Ok(Some(walked))) => Some(self.keep(walked)),
+            _ => self.latest(),
+        }
     }
 
     /// Keeps `held` as the latest walk, and returns it shared.
@@ -50,6 +59,11 @@ impl LatestWalk {
             *latest = Some((Instant::now(), held.clone()));
         }
         held
+    }
+
+    fn latest(&self) -> Option<Arc<Holders>> {
+        let latest = self.latest.lock().ok()?;
+        latest.as_ref().map(|(_, held)| held.clone())
     }
 
     fn young(&self) -> Option<Arc<Holders>> {

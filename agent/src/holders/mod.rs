@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     host::{HugepageTable, NumaNode},
     kubelet::cgroup_path::{Owner, classify},
-    sysfs::{HostFs, SysfsError},
+    sysfs::{HostFs, SysfsError, hugepages},
 };
 use mounts::{Dev, Mount};
 use procs::{HugeVma, Process};
@@ -149,6 +149,10 @@ pub struct Holder {
     pub pod_volume: Option<PodVolume>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shmid: Option<u64>,
+    /// A segment of an IPC namespace other than the agent's (`ipc:[…]`, a pod's), seen through
+    /// the processes that attach it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc_namespace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -186,6 +190,7 @@ impl Holder {
             deleted: false,
             pod_volume: None,
             shmid: None,
+            ipc_namespace: None,
             key: None,
             size_bytes: None,
             attached: None,
@@ -279,6 +284,10 @@ struct Use {
 impl Use {
     fn map(&mut self, pid: u32, vma: &HugeVma) {
         self.users.entry(pid).or_default().0 = true;
+        // A private mapping's pages may be its own copies: only a shared one places the file's.
+        if !vma.map.shared {
+            return;
+        }
         for (&node, &pages) in &vma.pages {
             let bytes = pages.saturating_mul(vma.page_size);
             let most = self.mapped.entry(node).or_default();
@@ -291,8 +300,12 @@ impl Use {
 /// What cannot be read is named in [`Holders::unread`], and the rest still answered.
 pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
     let mut unread = Vec::new();
+    let mut known = procs::KnownDevs::new();
     let mounts = match host.read_string("/proc/1/mountinfo") {
-        Ok(text) => mounts::hugetlbfs(&text),
+        Ok(text) => {
+            known.extend(mounts::others(&text).into_iter().map(|d| (d, None)));
+            mounts::hugetlbfs(&text)
+        }
         Err(e) => {
             unread.push(Unread {
                 what: "the host's mounts: the files of its hugetlbfs mounts are not listed".into(),
@@ -311,32 +324,66 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
             });
         }
     }
+    known.extend(page_sizes.iter().map(|(&d, &size)| (d, Some(size))));
     let skip = host
         .read_link("/proc/self")
         .ok()
         .and_then(|p| p.to_string_lossy().parse().ok());
-    let (processes, unreadable) = match procs::walk(host, skip, &page_sizes) {
+    let default_page = pools
+        .global
+        .iter()
+        .map(|g| g.size.0)
+        .min()
+        .unwrap_or(2 << 20);
+    // Whether every process that may map a holder was read: only then is a holder no process
+    // uses said to be held by nothing that runs.
+    let mut all_read = true;
+    let (processes, unreadable) = match procs::walk(host, skip, &known, default_page) {
         Ok(walked) => walked,
         Err(e) => {
+            all_read = false;
             unread.push(Unread {
-                what: "the host's processes: what they map and hold open is not listed".into(),
+                what: "the host's processes: what they map and hold open is not listed, and no \
+                       holder is said to be held by nothing that runs"
+                    .into(),
                 error: e.to_string(),
             });
             Default::default()
         }
     };
     if unreadable.processes > 0 {
-        unread.push(Unread {
-            what: format!(
-                "the mappings and descriptors of {} processes: what they hold is not listed \
-                 and may be counted as unexplained",
+        let what = if unreadable.mapping_hugepages > 0 {
+            all_read = false;
+            format!(
+                "the mappings and descriptors of {} processes, {} of them mapping hugepages \
+                 (HugetlbPages in their status): what they hold is not listed and may be \
+                 counted as unexplained, and no holder is said to be held by nothing that runs",
+                unreadable.processes, unreadable.mapping_hugepages
+            )
+        } else {
+            format!(
+                "the mappings and descriptors of {} processes, none of them mapping hugepages \
+                 (HugetlbPages 0 in their status): a file one of them holds open without \
+                 mapping it is not seen",
                 unreadable.processes
-            ),
+            )
+        };
+        unread.push(Unread {
+            what,
             error: unreadable.example.unwrap_or_default(),
         });
     }
     let segments = match host.read_string("/proc/sysvipc/shm") {
-        Ok(text) => sysv::parse(&text).unwrap_or_default(),
+        Ok(text) => match sysv::parse(&text) {
+            Some(segments) => segments,
+            None => {
+                unread.push(Unread {
+                    what: "the SysV segments (/proc/sysvipc/shm)".into(),
+                    error: "its header lacks a column the walk reads".into(),
+                });
+                Vec::new()
+            }
+        },
         Err(e) => {
             unread.push(Unread {
                 what: "the SysV segments (/proc/sysvipc/shm)".into(),
@@ -345,13 +392,29 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
             Vec::new()
         }
     };
-    let mut found = Found::default();
+    let own_ipc = host
+        .read_link("/proc/self/ns/ipc")
+        .ok()
+        .map(|l| l.to_string_lossy().into_owned());
+    let mut found = Found {
+        own_ipc,
+        ..Found::default()
+    };
     found.gather(&processes, &mut files);
     let mut holders = found.files(host, &mounts, files);
     let (segment_holders, mut candidates) = found.segments(host, &segments, pools);
     holders.extend(segment_holders);
+    holders.extend(found.other_namespaces());
     let mut accounts = account(pools, &holders, &found);
-    let inferred = by_accounting(&accounts, &candidates);
+    // The accounts single a segment out only when every process was read and the pools did not
+    // move while the walk ran.
+    let settled =
+        all_read && in_use(&hugepages::read_table(host).unwrap_or_default()) == in_use(pools);
+    let inferred = if settled {
+        by_accounting(&accounts, &candidates)
+    } else {
+        Vec::new()
+    };
     if !inferred.is_empty() {
         for (s, size) in &inferred {
             let known = SegmentKnownBy::Accounting;
@@ -366,6 +429,12 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
             h.candidate_shmids = candidates.iter().map(|s| s.shmid).collect();
             holders.push(h);
         }
+    }
+    if !all_read {
+        for h in &mut holders {
+            h.held_by_nothing_that_runs = false;
+        }
+        accounts = account(pools, &holders, &found);
     }
     let mut commands = HashMap::new();
     for h in &mut holders {
@@ -385,6 +454,15 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
         accounts,
         unread,
     }
+}
+
+/// Pages in use per size (`nr_hugepages - free_hugepages`).
+fn in_use(pools: &HugepageTable) -> Vec<(u64, u64)> {
+    pools
+        .global
+        .iter()
+        .map(|g| (g.size.0, g.total.saturating_sub(g.free)))
+        .collect()
 }
 
 /// The regular files under a mount, with what each holds.
@@ -461,8 +539,14 @@ fn mount_root(host: &HostFs, mount: &Mount) -> Result<String, SysfsError> {
 /// What the processes hold, gathered by holder.
 #[derive(Default)]
 struct Found {
+    /// The agent's IPC namespace: the one whose segments `/proc/sysvipc/shm` lists.
+    own_ipc: Option<String>,
     files: HashMap<FileKey, Use>,
+    /// The segments of the agent's IPC namespace processes attach: page size and users.
     segments: HashMap<u64, (u64, Use)>,
+    /// Segments of other IPC namespaces (a pod's), by namespace and shmid: their key, page
+    /// size and users.
+    foreign: BTreeMap<(String, u64), (String, u64, Use)>,
     /// Per size: bytes of private mappings, in all and per node.
     private: BTreeMap<u64, u64>,
     /// Per size and shared anonymous mapping: the most bytes one process maps.
@@ -473,7 +557,7 @@ impl Found {
     fn gather(&mut self, processes: &[Process], files: &mut BTreeMap<FileKey, FileSeen>) {
         for p in processes {
             for vma in &p.vmas {
-                self.vma(p.pid, vma, files);
+                self.vma(p.pid, p.ipc_ns.as_deref(), vma, files);
             }
             for fd in &p.fds {
                 let seen = files.entry((fd.dev, fd.inode)).or_insert_with(|| FileSeen {
@@ -492,7 +576,13 @@ impl Found {
         }
     }
 
-    fn vma(&mut self, pid: u32, vma: &HugeVma, files: &mut BTreeMap<FileKey, FileSeen>) {
+    fn vma(
+        &mut self,
+        pid: u32,
+        ipc_ns: Option<&str>,
+        vma: &HugeVma,
+        files: &mut BTreeMap<FileKey, FileSeen>,
+    ) {
         let private = vma.anon_pages.saturating_mul(vma.page_size);
         *self.private.entry(vma.page_size).or_default() += private;
         if vma.map.path.starts_with("/anon_hugepage") {
@@ -509,7 +599,21 @@ impl Found {
             return;
         }
         if vma.map.path.starts_with("/SYSV") {
-            let (size, user) = self.segments.entry(vma.map.inode).or_default();
+            let (size, user) = match ipc_ns {
+                Some(ns) if self.own_ipc.as_deref().is_some_and(|own| own != ns) => {
+                    let key = vma.map.path.trim_start_matches("/SYSV");
+                    let key = key.split(' ').next().unwrap_or("").to_owned();
+                    let (_, size, user) = self
+                        .foreign
+                        .entry((ns.to_owned(), vma.map.inode))
+                        .or_insert_with(|| (key, 0, Use::default()));
+                    (size, user)
+                }
+                _ => {
+                    let (size, user) = self.segments.entry(vma.map.inode).or_default();
+                    (size, user)
+                }
+            };
             *size = vma.page_size;
             user.map(pid, vma);
             return;
@@ -564,7 +668,7 @@ impl Found {
             if h.nodes_from != NodesFrom::Mappings
                 && let Some(at) = &seen.read_at
             {
-                query_nodes(&mut h, &host.path(at));
+                query_nodes(&mut h, &host.path(at), key.1);
             }
             out.push(h);
         }
@@ -599,6 +703,29 @@ impl Found {
             out.push(segment_holder(host, s, page_size, known_by, used));
         }
         (out, candidates)
+    }
+}
+
+impl Found {
+    /// A holder for each segment of another IPC namespace a process attaches: what its mappings
+    /// show (the namespace's segment table is not the agent's to read).
+    fn other_namespaces(&mut self) -> Vec<Holder> {
+        std::mem::take(&mut self.foreign)
+            .into_iter()
+            .map(|((ns, shmid), (key, page_size, used))| {
+                let mapped: u64 = used.mapped.values().sum();
+                let mut h = Holder::new(Kind::SysvSegment, page_size, mapped);
+                h.shmid = Some(shmid);
+                h.key = Some(format!("0x{key}"));
+                h.ipc_namespace = Some(ns);
+                h.known_by = Some(SegmentKnownBy::Mapping);
+                place(&mut h, used);
+                h.nodes_note = Some(
+                    "a segment of another IPC namespace: its pages are those its users map".into(),
+                );
+                h
+            })
+            .collect()
     }
 }
 
@@ -648,7 +775,13 @@ fn by_accounting<'s>(accounts: &[Account], candidates: &[&'s Segment]) -> Vec<(&
         let fits: Vec<&Segment> = left
             .iter()
             .copied()
-            .filter(|s| s.rss.is_multiple_of(size) && s.rss <= s.size.div_ceil(size) * size)
+            .filter(|s| {
+                s.rss.is_multiple_of(size)
+                    && s.size
+                        .div_ceil(size)
+                        .checked_mul(size)
+                        .is_some_and(|most| s.rss <= most)
+            })
             .collect();
         if fits.is_empty() || fits.len() > MOST_CANDIDATES {
             continue;
@@ -656,11 +789,10 @@ fn by_accounting<'s>(accounts: &[Account], candidates: &[&'s Segment]) -> Vec<(&
         let mut found = None;
         let mut matches = 0;
         for mask in 1u32..(1 << fits.len()) {
-            let sum: u64 = (0..fits.len())
+            let sum = (0..fits.len())
                 .filter(|i| mask & (1 << i) != 0)
-                .map(|i| fits[i].rss)
-                .sum();
-            if sum == a.unexplained_bytes {
+                .try_fold(0u64, |sum, i| sum.checked_add(fits[i].rss));
+            if sum == Some(a.unexplained_bytes) {
                 matches += 1;
                 found = Some(mask);
                 if matches > 1 {
@@ -688,7 +820,12 @@ fn rss_page_size(s: &Segment, sizes: &[u64]) -> Option<u64> {
     }
     sizes.iter().copied().find(|&size| {
         let held = s.rss / (size / 4096).max(1);
-        held > 0 && held.is_multiple_of(size) && held <= s.size.div_ceil(size) * size
+        held > 0
+            && held.is_multiple_of(size)
+            && s.size
+                .div_ceil(size)
+                .checked_mul(size)
+                .is_some_and(|most| held <= most)
     })
 }
 
@@ -730,8 +867,8 @@ fn place(h: &mut Holder, used: Use) {
 
 /// Places a file's pages by asking the kernel through a mapping of the agent's own
 /// ([`nodes`]); on failure the nodes stay as the mappings left them, and the note says why.
-fn query_nodes(h: &mut Holder, path: &std::path::Path) {
-    match nodes::of_file(path, h.page_size_bytes) {
+fn query_nodes(h: &mut Holder, path: &std::path::Path, inode: u64) {
+    match nodes::of_file(path, inode, h.page_size_bytes) {
         Ok(per_node) => {
             h.per_node = per_node;
             h.nodes_from = NodesFrom::Queried;

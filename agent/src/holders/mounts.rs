@@ -73,6 +73,19 @@ pub fn hugetlbfs(mountinfo: &str) -> Vec<Mount> {
     mounts
 }
 
+/// The devices of every mount in a `mountinfo` text that is not hugetlbfs: a mapping of a file
+/// on one of them is no hugetlb mapping.
+pub fn others(mountinfo: &str) -> Vec<Dev> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let dev = Dev::parse(before.split(' ').nth(2)?)?;
+            (after.split(' ').next()? != "hugetlbfs").then_some(dev)
+        })
+        .collect()
+}
+
 /// `36 35 0:32 / /dev/hugepages rw,relatime shared:20 - hugetlbfs hugetlbfs rw,pagesize=2M`:
 /// the mount's root in its superblock, and the mount when it is hugetlbfs.
 fn parse_line(line: &str) -> Option<(String, Mount)> {
@@ -178,6 +191,11 @@ mod tests {
         assert_eq!(mounts[0].page_size, None, "no pagesize= option");
         assert_eq!(mounts[2].size_limit, Some(8 << 20));
         assert_eq!(mounts[1].page_size, Some(2 << 20));
+    }
+
+    #[test]
+    fn the_other_file_systems_devices_are_listed() {
+        assert_eq!(others(MOUNTINFO), [Dev { major: 8, minor: 1 }]);
     }
 
     #[test]

@@ -17,6 +17,10 @@ use crate::host::NumaNode;
 /// Why the nodes were not learnt.
 #[derive(Debug, thiserror::Error)]
 pub enum NodesError {
+    #[error(
+        "the path no longer names the file the walk found (a regular hugetlbfs file, inode {inode})"
+    )]
+    Replaced { inode: u64 },
     #[error("the file has holes: {held} of {size} bytes held")]
     Holes { held: u64, size: u64 },
     #[error("{call}: {source}")]
@@ -34,8 +38,14 @@ fn failed(call: &'static str) -> NodesError {
     }
 }
 
-/// Bytes of the file at `path` (a path the agent can open) per NUMA node.
-pub fn of_file(path: &Path, page_size: u64) -> Result<BTreeMap<NumaNode, u64>, NodesError> {
+/// Bytes of the file at `path` (a path the agent can open) per NUMA node. `inode` is the one
+/// the walk found there: a path replaced since (a symbolic link, a FIFO, another file) is not
+/// followed, opened without blocking and refused.
+pub fn of_file(
+    path: &Path,
+    inode: u64,
+    page_size: u64,
+) -> Result<BTreeMap<NumaNode, u64>, NodesError> {
     let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|e| NodesError::Call {
         call: "open",
         source: io::Error::new(io::ErrorKind::InvalidInput, e),
@@ -44,24 +54,42 @@ pub fn of_file(path: &Path, page_size: u64) -> Result<BTreeMap<NumaNode, u64>, N
     let fd = unsafe {
         libc::open(
             c_path.as_ptr(),
-            libc::O_RDONLY | libc::O_NOATIME | libc::O_CLOEXEC,
+            libc::O_RDONLY
+                | libc::O_NOATIME
+                | libc::O_CLOEXEC
+                | libc::O_NOFOLLOW
+                | libc::O_NONBLOCK,
         )
     };
     if fd < 0 {
         return Err(failed("open"));
     }
-    let answer = query(fd, page_size);
+    let answer = query(fd, inode, page_size);
     // SAFETY: the descriptor opened above, closed once.
     unsafe { libc::close(fd) };
     answer
 }
 
-fn query(fd: libc::c_int, page_size: u64) -> Result<BTreeMap<NumaNode, u64>, NodesError> {
+fn query(
+    fd: libc::c_int,
+    inode: u64,
+    page_size: u64,
+) -> Result<BTreeMap<NumaNode, u64>, NodesError> {
     // SAFETY: a zeroed `stat` is a valid out-parameter, filled by the call.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a valid descriptor and out-pointer.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
         return Err(failed("fstat"));
+    }
+    // SAFETY: a zeroed `statfs` is a valid out-parameter, filled by the call.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and out-pointer.
+    if unsafe { libc::fstatfs(fd, &mut fs) } != 0 {
+        return Err(failed("fstatfs"));
+    }
+    let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
+    if !regular || st.st_ino != inode || fs.f_type != super::procs::HUGETLBFS_MAGIC {
+        return Err(NodesError::Replaced { inode });
     }
     let size = u64::try_from(st.st_size).unwrap_or(0);
     let held = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);

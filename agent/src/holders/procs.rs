@@ -49,6 +49,8 @@ pub struct HugeFd {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Process {
     pub pid: u32,
+    /// Its IPC namespace (`ipc:[…]`), read when it maps a SysV segment.
+    pub ipc_ns: Option<String>,
     pub vmas: Vec<HugeVma>,
     pub fds: Vec<HugeFd>,
 }
@@ -59,24 +61,28 @@ pub struct Unreadable {
     /// Processes whose `maps` or `fd/` was refused (a ptrace access check: the agent needs
     /// `CAP_SYS_PTRACE` for processes whose capabilities are not a subset of its own).
     pub processes: u64,
+    /// Of those, the ones whose `status` shows hugepages mapped (`HugetlbPages`), or could not
+    /// be read either: they may map any holder.
+    pub mapping_hugepages: u64,
     /// The first refusal, to name in the answer.
     pub example: Option<String>,
 }
 
+/// What is known of the devices before the walk: `mountinfo`'s, hugetlbfs with its page size
+/// (`Some`) or another file system (`None`).
+pub type KnownDevs = HashMap<Dev, Option<u64>>;
+
 /// Every process of the host (its `/proc`, all but `skip`) that maps hugepages or holds a
-/// hugetlbfs file open. `hugetlbfs_devs` are the devices already known to be hugetlbfs (the
-/// mounts'); others are asked once each.
+/// hugetlbfs file open. Devices not in `known` are asked with `statfs` (through a descriptor)
+/// or decided by `numa_maps`; `default_page_size` is a hugetlb mapping's page size when
+/// `numa_maps` prints none (no page of it mapped) and its device does not say.
 pub fn walk(
     host: &HostFs,
     skip: Option<u32>,
-    hugetlbfs_devs: &HashMap<Dev, u64>,
+    known: &KnownDevs,
+    default_page_size: u64,
 ) -> Result<(Vec<Process>, Unreadable), SysfsError> {
-    let mut devs = DevKinds(
-        hugetlbfs_devs
-            .iter()
-            .map(|(&d, &size)| (d, Some(size)))
-            .collect(),
-    );
+    let mut devs = DevKinds(known.clone());
     let mut out = Vec::new();
     let mut unreadable = Unreadable::default();
     for name in host.list("/proc")? {
@@ -86,17 +92,35 @@ pub fn walk(
         if Some(pid) == skip {
             continue;
         }
-        match process(host, pid, &mut devs) {
+        match process(host, pid, &mut devs, default_page_size) {
             Ok(Some(p)) => out.push(p),
             Ok(None) => {}
             Err(e) if gone(&e) => {}
             Err(e) => {
                 unreadable.processes += 1;
+                if maps_hugepages(host, pid) != Some(false) {
+                    unreadable.mapping_hugepages += 1;
+                }
                 unreadable.example.get_or_insert_with(|| e.to_string());
             }
         }
     }
     Ok((out, unreadable))
+}
+
+/// Whether `status` shows hugepages mapped by the process (`HugetlbPages`, readable without
+/// the ptrace check `maps` needs); `None` when it cannot be read.
+fn maps_hugepages(host: &HostFs, pid: u32) -> Option<bool> {
+    let status = host.read_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("HugetlbPages:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb > 0)
 }
 
 /// The process ended while it was read.
@@ -106,29 +130,38 @@ fn gone(e: &SysfsError) -> bool {
 }
 
 /// Devices seen so far: hugetlbfs with its page size, or not.
-struct DevKinds(HashMap<Dev, Option<u64>>);
+struct DevKinds(KnownDevs);
 
 impl DevKinds {
+    /// The page size of a hugetlbfs device, asked of the file at `path` when not yet known; a
+    /// failed `statfs` decides nothing and is asked again next time.
     fn page_size(&mut self, host: &HostFs, dev: Dev, path: &str) -> Option<u64> {
-        *self
-            .0
-            .entry(dev)
-            .or_insert_with(|| match host.statfs(path) {
-                Ok((kind, block)) if kind == HUGETLBFS_MAGIC => Some(block),
-                _ => None,
-            })
+        if let Some(known) = self.0.get(&dev) {
+            return *known;
+        }
+        let (kind, block) = host.statfs(path).ok()?;
+        let size = (kind == HUGETLBFS_MAGIC).then_some(block);
+        self.0.insert(dev, size);
+        size
+    }
+
+    /// Whether a mapping on `dev` may be hugetlb: a hugetlbfs device, or an anonymous device
+    /// (major 0) not known to be another file system, which `numa_maps` then decides.
+    fn may_be_hugetlb(&self, dev: Dev) -> bool {
+        match self.0.get(&dev) {
+            Some(known) => known.is_some(),
+            None => dev.major == 0,
+        }
     }
 }
 
-fn process(host: &HostFs, pid: u32, devs: &mut DevKinds) -> Result<Option<Process>, SysfsError> {
-    let maps = host.read_string(format!("/proc/{pid}/maps"))?;
-    let candidates = maps_candidates(&maps, |dev| devs.0.get(&dev).copied().flatten().is_some());
-    let vmas = if candidates.is_empty() {
-        Vec::new()
-    } else {
-        let numa = host.read_string(format!("/proc/{pid}/numa_maps"))?;
-        join(candidates, &numa)
-    };
+fn process(
+    host: &HostFs,
+    pid: u32,
+    devs: &mut DevKinds,
+    default_page_size: u64,
+) -> Result<Option<Process>, SysfsError> {
+    // Descriptors first: a file on a mount only this process sees tells its device.
     let mut fds = Vec::new();
     for name in host.list(format!("/proc/{pid}/fd"))? {
         let Ok(fd) = name.parse::<u32>() else {
@@ -161,7 +194,32 @@ fn process(host: &HostFs, pid: u32, devs: &mut DevKinds) -> Result<Option<Proces
             });
         }
     }
-    Ok((!vmas.is_empty() || !fds.is_empty()).then_some(Process { pid, vmas, fds }))
+    let maps = host.read_string(format!("/proc/{pid}/maps"))?;
+    let candidates = maps_candidates(&maps, |dev| devs.may_be_hugetlb(dev));
+    let vmas = if candidates.is_empty() {
+        Vec::new()
+    } else {
+        let numa = host.read_string(format!("/proc/{pid}/numa_maps"))?;
+        join(candidates, &numa, |dev| {
+            devs.0
+                .get(&dev)
+                .copied()
+                .flatten()
+                .unwrap_or(default_page_size)
+        })
+    };
+    let ipc_ns = vmas
+        .iter()
+        .any(|v| v.map.path.starts_with("/SYSV"))
+        .then(|| host.read_link(format!("/proc/{pid}/ns/ipc")).ok())
+        .flatten()
+        .map(|l| l.to_string_lossy().into_owned());
+    Ok((!vmas.is_empty() || !fds.is_empty()).then_some(Process {
+        pid,
+        ipc_ns,
+        vmas,
+        fds,
+    }))
 }
 
 /// A mapping of `maps` that hugepages may back: an anonymous hugetlb mapping, a SysV segment, a
@@ -212,8 +270,14 @@ pub fn maps_candidates(maps: &str, hugetlbfs: impl Fn(Dev) -> bool) -> Vec<MapsL
         .collect()
 }
 
-/// The candidates `numa_maps` marks `huge`, with its page size and pages per node.
-pub fn join(candidates: Vec<MapsLine>, numa_maps: &str) -> Vec<HugeVma> {
+/// The candidates `numa_maps` marks `huge`, with its page size and pages per node. The kernel
+/// prints no `kernelpagesize_kB` for a mapping with no page mapped yet: `page_size` gives its
+/// device's.
+pub fn join(
+    candidates: Vec<MapsLine>,
+    numa_maps: &str,
+    page_size: impl Fn(Dev) -> u64,
+) -> Vec<HugeVma> {
     let huge: HashMap<u64, (u64, BTreeMap<NumaNode, u64>, u64)> = numa_maps
         .lines()
         .filter_map(|line| {
@@ -237,13 +301,18 @@ pub fn join(candidates: Vec<MapsLine>, numa_maps: &str) -> Vec<HugeVma> {
                     pages.insert(NumaNode(node), n.parse().ok()?);
                 }
             }
-            (is_huge && page_kb > 0).then_some((start, (page_kb * 1024, pages, anon)))
+            is_huge.then_some((start, (page_kb * 1024, pages, anon)))
         })
         .collect();
     candidates
         .into_iter()
         .filter_map(|c| {
-            let (page_size, pages, anon_pages) = huge.get(&c.start)?.clone();
+            let (kernel_page, pages, anon_pages) = huge.get(&c.start)?.clone();
+            let page_size = if kernel_page == 0 {
+                page_size(c.dev)
+            } else {
+                kernel_page
+            };
             Some(HugeVma {
                 map: c,
                 page_size,
@@ -292,7 +361,7 @@ mod tests {
             5,
             "the binary and the heap are no candidates"
         );
-        let vmas = join(candidates, NUMA_MAPS);
+        let vmas = join(candidates, NUMA_MAPS, |_| 2 << 20);
         let paths: Vec<_> = vmas.iter().map(|v| v.map.path.as_str()).collect();
         assert_eq!(
             paths,
@@ -329,6 +398,19 @@ mod tests {
     fn lines_that_are_not_maps_are_passed_over() {
         assert!(maps_candidates("garbage\n7f-80 rw-s 0 zz:01 3 /SYSV1\n", |_| true).is_empty());
         let one = maps_candidates("7f-80 rw-s 0 00:01 3 /SYSV1\n", |_| false);
-        assert!(join(one, "7f default huge N0=x kernelpagesize_kB=2048\n").is_empty());
+        assert!(
+            join(
+                one.clone(),
+                "7f default huge N0=x kernelpagesize_kB=2048\n",
+                |_| 1
+            )
+            .is_empty()
+        );
+        let untouched = join(one, "7f default file=/SYSV1 huge\n", |_| 2 << 20);
+        assert_eq!(
+            (untouched.len(), untouched[0].page_size),
+            (1, 2 << 20),
+            "a hugetlb mapping with no page mapped yet has no kernelpagesize_kB: its device's size"
+        );
     }
 }

@@ -18,7 +18,8 @@ pub struct Segment {
     pub key: i32,
     pub shmid: u64,
     pub size: u64,
-    /// The creator's pid, as the host sees it.
+    /// The creator's pid, in the reader's PID namespace (the kernel translates it; 0 when the
+    /// creator is not in it).
     pub cpid: u32,
     /// The pid of the last `shmat` or `shmdt`.
     pub lpid: u32,

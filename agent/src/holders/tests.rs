@@ -319,3 +319,77 @@ fn the_accounts_name_the_one_set_of_segments_that_adds_up_to_what_is_unexplained
         "6 MiB is no whole number of 1 GiB pages"
     );
 }
+
+#[test]
+fn no_holder_is_said_held_by_nothing_that_runs_while_a_process_mapping_hugepages_is_unread() {
+    let (dir, host, _) = host(SHM_HEADER, HUGEPAGES);
+    // A `maps` that cannot be read (a directory), of a process whose status shows hugepages.
+    fs::create_dir_all(dir.path().join("proc/77/maps")).expect("mkdir");
+    fs::create_dir_all(dir.path().join("proc/77/fd")).expect("mkdir");
+    fake::write(
+        dir.path(),
+        "/proc/77/status",
+        "Name:\tdpdk\nHugetlbPages:\t    4096 kB\n",
+    );
+    let held = walk(&host, &pools(8, 0));
+    let file = by_path(&held, "/dev/hugepages/rtemap_0");
+    assert!(!file.held_by_nothing_that_runs, "process 77 may map it");
+    assert_eq!(held.accounts[0].held_by_nothing_that_runs_bytes, 0);
+    assert!(
+        held.unread
+            .iter()
+            .any(|u| u.what.contains("1 of them mapping hugepages")),
+        "{:?}",
+        held.unread
+    );
+    // The same process mapping no hugepages leaves the claim standing.
+    fake::write(
+        dir.path(),
+        "/proc/77/status",
+        "Name:\tsleep\nHugetlbPages:\t       0 kB\n",
+    );
+    let held = walk(&host, &pools(8, 0));
+    assert!(by_path(&held, "/dev/hugepages/rtemap_0").held_by_nothing_that_runs);
+}
+
+#[test]
+fn a_segment_of_another_ipc_namespace_is_its_own_holder_not_the_host_s_of_the_same_shmid() {
+    let shm = format!("{SHM_HEADER}0 4 600 4194304 10 10 0 0 0 0 0 1 1 1 4194304 0\n");
+    let (dir, host, _) = host(&shm, HUGEPAGES);
+    let root = dir.path();
+    fs::create_dir_all(root.join("proc/self/ns")).expect("mkdir");
+    std::os::unix::fs::symlink("ipc:[4026531839]", root.join("proc/self/ns/ipc")).expect("ln");
+    fake::write(
+        root,
+        "/proc/4250/maps",
+        "7f0000800000-7f0000c00000 rw-s 00000000 00:10 4 /SYSV00001234 (deleted)\n",
+    );
+    fake::write(
+        root,
+        "/proc/4250/numa_maps",
+        "7f0000800000 default file=/SYSV00001234\\040(deleted) huge dirty=1 N1=1 kernelpagesize_kB=2048\n",
+    );
+    fs::create_dir_all(root.join("proc/4250/fd")).expect("fd dir");
+    fs::create_dir_all(root.join("proc/4250/ns")).expect("ns dir");
+    std::os::unix::fs::symlink("ipc:[4026532999]", root.join("proc/4250/ns/ipc")).expect("ln");
+    let held = walk(&host, &pools(8, 0));
+    let segments: Vec<&Holder> = held
+        .holders
+        .iter()
+        .filter(|h| h.kind == Kind::SysvSegment)
+        .collect();
+    assert_eq!(segments.len(), 1, "{segments:#?}");
+    let pods = segments[0];
+    assert_eq!(pods.ipc_namespace.as_deref(), Some("ipc:[4026532999]"));
+    assert_eq!(pods.shmid, Some(4));
+    assert_eq!(pods.key.as_deref(), Some("0x00001234"));
+    assert_eq!(pods.held_bytes, MIB2);
+    assert_eq!(pods.users[0].pid, 4250);
+    assert!(
+        held.holders
+            .iter()
+            .any(|h| h.kind == Kind::Unexplained && h.candidate_shmids == [4]),
+        "the host's own shmid 4, attached by nothing, stays a candidate: {:#?}",
+        held.holders
+    );
+}

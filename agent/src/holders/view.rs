@@ -1,6 +1,7 @@
 //! `hugepage-agent holders`: the holders of the hugepages ([`super::walk`]) as tables for the
 //! shell, or as JSON: this host's, walked now, or with `--from URL` a running agent's
-//! (`GET /v1/consumers`). It reads; it never deletes, detaches or maps anything.
+//! (`GET /v1/consumers`). It reads; it never deletes, detaches or writes anything (it maps a
+//! file only private and read-only, to ask where its pages are).
 
 use std::fmt::Write as _;
 
