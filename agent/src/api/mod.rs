@@ -43,8 +43,8 @@ use crate::{
         reservations::Store,
         verify::{Settings, Verifier},
     },
-    consumers::{self, FaultBook},
-    holders,
+    consumers::{self, Consumer, FaultBook},
+    holders::{self, Holders},
     host::PageSize,
     kubeletconfig::live::KubeletView,
     memorymanager::live::MemoryManagerView,
@@ -366,20 +366,24 @@ async fn hints_handler(State(state): State<AppState>, headers: HeaderMap, body: 
     }
 }
 
+/// What `GET /v1/consumers` and `GET /v1/discrepancy` read fresh: the cgroups charged with
+/// pages (or why they could not be read) and the holders, kept as the scrapes' latest walk.
+/// Walks the cgroup tree and the host's mounts and processes: call it off the runtime's workers.
+fn inventory(state: &AppState) -> Result<(Result<Vec<Consumer>, String>, Holders), String> {
+    let pools = hugepages::read_table(&state.host).map_err(|e| e.to_string())?;
+    let list = consumers::list(&state.host, &pools, &state.faults).map_err(|e| e.to_string());
+    let held = holders::walk(&state.host, &pools);
+    state.held.keep(held.clone());
+    Ok((list, held))
+}
+
 async fn discrepancy_handler(State(state): State<AppState>) -> Response {
-    // The explanation walks the cgroup tree: off the runtime's worker threads.
-    let inventory = state.clone();
-    let (consumers, held) = tokio::task::spawn_blocking(move || {
-        let Ok(pools) = hugepages::read_table(&inventory.host) else {
-            return (None, None);
+    let inventory_state = state.clone();
+    let (consumers, held) =
+        match tokio::task::spawn_blocking(move || inventory(&inventory_state)).await {
+            Ok(Ok((list, held))) => (list.ok(), Some(held)),
+            _ => (None, None),
         };
-        let consumers = consumers::list(&inventory.host, &pools, &inventory.faults).ok();
-        let held = holders::walk(&inventory.host, &pools);
-        inventory.held.keep(held.clone());
-        (consumers, Some(held))
-    })
-    .await
-    .unwrap_or_default();
     Json(topology::discrepancy(
         &state,
         consumers.as_deref(),
@@ -395,20 +399,9 @@ async fn kubelet_handler(State(state): State<AppState>) -> Response {
 }
 
 async fn consumers_handler(State(state): State<AppState>) -> Response {
-    // Walks of the cgroup tree and of the host's mounts and processes: off the runtime's worker
-    // threads.
-    let listed = tokio::task::spawn_blocking(move || -> Result<_, String> {
-        let pools = hugepages::read_table(&state.host).map_err(|e| e.to_string())?;
-        let list =
-            consumers::list(&state.host, &pools, &state.faults).map_err(|e| e.to_string())?;
-        let held = holders::walk(&state.host, &pools);
-        state.held.keep(held.clone());
-        Ok(consumers::Answer::new(list, held))
-    })
-    .await;
-    match listed {
-        Ok(Ok(answer)) => Json(answer).into_response(),
-        Ok(Err(err)) => ApiError::internal(err).into_response(),
+    match tokio::task::spawn_blocking(move || inventory(&state)).await {
+        Ok(Ok((Ok(list), held))) => Json(consumers::Answer::new(list, held)).into_response(),
+        Ok(Ok((Err(err), _)) | Err(err)) => ApiError::internal(err).into_response(),
         Err(err) => ApiError::internal(format!("the walk failed: {err}")).into_response(),
     }
 }

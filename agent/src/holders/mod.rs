@@ -21,7 +21,7 @@ pub mod sysv;
 pub mod view;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, HashMap},
     os::unix::fs::MetadataExt,
 };
 
@@ -405,36 +405,28 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
     let (segment_holders, mut candidates) = found.segments(host, &segments, pools);
     holders.extend(segment_holders);
     holders.extend(found.other_namespaces());
-    let mut accounts = account(pools, &holders, &found);
+    if !all_read {
+        for h in &mut holders {
+            h.held_by_nothing_that_runs = false;
+        }
+    }
     // The accounts single a segment out only when every process was read and the pools did not
     // move while the walk ran.
-    let settled =
-        all_read && in_use(&hugepages::read_table(host).unwrap_or_default()) == in_use(pools);
-    let inferred = if settled {
-        by_accounting(&accounts, &candidates)
-    } else {
-        Vec::new()
-    };
-    if !inferred.is_empty() {
+    if all_read && in_use(&hugepages::read_table(host).unwrap_or_default()) == in_use(pools) {
+        let inferred = by_accounting(&account(pools, &holders, &found), &candidates);
         for (s, size) in &inferred {
             let known = SegmentKnownBy::Accounting;
             holders.push(segment_holder(host, s, *size, known, Use::default()));
         }
         candidates.retain(|c| inferred.iter().all(|(s, _)| s.shmid != c.shmid));
-        accounts = account(pools, &holders, &found);
     }
+    let accounts = account(pools, &holders, &found);
     for a in &accounts {
         if a.unexplained_bytes > 0 {
             let mut h = Holder::new(Kind::Unexplained, a.page_size_bytes, a.unexplained_bytes);
             h.candidate_shmids = candidates.iter().map(|s| s.shmid).collect();
             holders.push(h);
         }
-    }
-    if !all_read {
-        for h in &mut holders {
-            h.held_by_nothing_that_runs = false;
-        }
-        accounts = account(pools, &holders, &found);
     }
     let mut commands = HashMap::new();
     for h in &mut holders {
@@ -456,12 +448,17 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
     }
 }
 
-/// Pages in use per size (`nr_hugepages - free_hugepages`).
-fn in_use(pools: &HugepageTable) -> Vec<(u64, u64)> {
+/// Bytes in use per page size (`nr_hugepages - free_hugepages`, times the size).
+fn in_use(pools: &HugepageTable) -> BTreeMap<u64, u64> {
     pools
         .global
         .iter()
-        .map(|g| (g.size.0, g.total.saturating_sub(g.free)))
+        .map(|g| {
+            (
+                g.size.0,
+                g.total.saturating_sub(g.free).saturating_mul(g.size.0),
+            )
+        })
         .collect()
 }
 
@@ -775,13 +772,7 @@ fn by_accounting<'s>(accounts: &[Account], candidates: &[&'s Segment]) -> Vec<(&
         let fits: Vec<&Segment> = left
             .iter()
             .copied()
-            .filter(|s| {
-                s.rss.is_multiple_of(size)
-                    && s.size
-                        .div_ceil(size)
-                        .checked_mul(size)
-                        .is_some_and(|most| s.rss <= most)
-            })
+            .filter(|s| s.holds_pages(s.rss, size))
             .collect();
         if fits.is_empty() || fits.len() > MOST_CANDIDATES {
             continue;
@@ -820,12 +811,7 @@ fn rss_page_size(s: &Segment, sizes: &[u64]) -> Option<u64> {
     }
     sizes.iter().copied().find(|&size| {
         let held = s.rss / (size / 4096).max(1);
-        held > 0
-            && held.is_multiple_of(size)
-            && s.size
-                .div_ceil(size)
-                .checked_mul(size)
-                .is_some_and(|most| held <= most)
+        held > 0 && s.holds_pages(held, size)
     })
 }
 
@@ -908,16 +894,9 @@ fn describe(host: &HostFs, u: &mut User, seen: &mut HashMap<u32, (String, Option
 
 /// Per page size of the pools: what is in use, and what the holders and the processes explain.
 fn account(pools: &HugepageTable, holders: &[Holder], found: &Found) -> Vec<Account> {
-    let sizes: BTreeSet<u64> = pools.global.iter().map(|g| g.size.0).collect();
-    sizes
+    in_use(pools)
         .into_iter()
-        .map(|size| {
-            let in_use = pools
-                .global
-                .iter()
-                .filter(|g| g.size.0 == size)
-                .map(|g| g.total.saturating_sub(g.free).saturating_mul(size))
-                .sum();
+        .map(|(size, in_use)| {
             let mut a = Account {
                 page_size_bytes: size,
                 in_use_bytes: in_use,

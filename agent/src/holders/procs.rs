@@ -14,7 +14,7 @@ use std::{
 use super::mounts::Dev;
 use crate::{
     host::NumaNode,
-    sysfs::{HostFs, SysfsError},
+    sysfs::{HostFs, SysfsError, meminfo},
 };
 
 /// `statfs`'s `f_type` of hugetlbfs.
@@ -112,15 +112,7 @@ pub fn walk(
 /// the ptrace check `maps` needs); `None` when it cannot be read.
 fn maps_hugepages(host: &HostFs, pid: u32) -> Option<bool> {
     let status = host.read_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("HugetlbPages:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb > 0)
+    Some(meminfo::kb_field(&status, "HugetlbPages")? > 0)
 }
 
 /// The process ended while it was read.

@@ -40,6 +40,20 @@ impl Segment {
     }
 }
 
+impl Segment {
+    /// Whether `bytes` are a whole number of pages of `page_size` that the segment can hold (its
+    /// size rounded up to that page).
+    pub fn holds_pages(&self, bytes: u64, page_size: u64) -> bool {
+        page_size > 0
+            && bytes.is_multiple_of(page_size)
+            && self
+                .size
+                .div_ceil(page_size)
+                .checked_mul(page_size)
+                .is_some_and(|most| bytes <= most)
+    }
+}
+
 /// The base page size `rss` is counted in (x86-64, arm64 with 4 KiB pages).
 const BASE_PAGE: u64 = 4096;
 

@@ -23,9 +23,21 @@ pub fn node_mem_total(host: &HostFs, node: NumaNode) -> Result<u64, SysfsError> 
 
 /// The `MemTotal` line of a meminfo file, `Node 0 MemTotal: 16384 kB` or `MemTotal: 16384 kB`.
 pub fn parse_mem_total(text: &str) -> Option<u64> {
+    kb_field(text, "MemTotal")
+}
+
+/// The first `<field>: N kB` line of a text in meminfo's form (meminfo, a process's `status`),
+/// in bytes; a prefix before the name (`Node 0 `) is allowed.
+pub fn kb_field(text: &str, field: &str) -> Option<u64> {
     text.lines().find_map(|line| {
-        let (_, rest) = line.split_once("MemTotal:")?;
-        let kb: u64 = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
+        let (_, rest) = line.split_once(field)?;
+        let kb: u64 = rest
+            .strip_prefix(':')?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
         kb.checked_mul(1024)
     })
 }
