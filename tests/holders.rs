@@ -23,6 +23,24 @@ const MI2: u64 = 2 << 20;
 const GI1: u64 = 1 << 30;
 const POOL_1G: &str = "/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages";
 
+/// Whether this kernel has the hugetlbfs tracepoints (kernels newer than 6.12), as its BTF says.
+fn kernel_has_hugetlbfs_tracepoints() -> bool {
+    let btf = fs::read("/sys/kernel/btf/vmlinux").expect("this kernel has BTF");
+    let name = b"btf_trace_hugetlbfs_fallocate";
+    btf.windows(name.len()).any(|w| w == name)
+}
+
+/// The agent on this host with its probes loaded (as root), inspecting every process's faults.
+fn agent_with_probes() -> Agent {
+    let mut cmd = Command::new(agent_bin());
+    cmd.args(["run", "--ebpf", "on", "--host-root", "/"]);
+    let mut agent = Agent::start(cmd);
+    agent.wait_for("agent running", Duration::from_secs(30), |l| {
+        l["source"] == "ebpf+sysfs"
+    });
+    agent
+}
+
 /// The agent on this host without probes (the walk needs none).
 fn agent() -> Agent {
     let mut cmd = Command::new(agent_bin());
@@ -364,4 +382,97 @@ fn the_metrics_and_the_discrepancy_name_what_nothing_that_runs_holds() {
         )),
         "{explanation}"
     );
+}
+
+/// The probes' book (`probes` of a holder), on the real kernel with the agent's eBPF programs
+/// loaded: a file made and fallocated by a process that exited (`fallocate(1)`) names that
+/// process, with no fault; a file this test made and faulted names it as maker and faulting
+/// process; a detached segment is known to be hugepages' by its faults (not inferred), with the
+/// process that faulted it; and a file removed leaves the metrics at once, because its eviction
+/// makes the latest walk stale (a scrape would otherwise answer from a walk up to 5 s old).
+#[test]
+fn the_probes_name_who_made_and_faulted_what_nothing_runs_holds_and_an_eviction_is_seen_at_once() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 16);
+    let mount = Mounted::new(&lock, "pagesize=2M", None);
+    let mut agent = agent_with_probes();
+    let tracepoints = kernel_has_hugetlbfs_tracepoints();
+    let attached = !agent.lines_with("hugetlbfs probes attached").is_empty();
+    assert_eq!(
+        attached,
+        tracepoints,
+        "the hugetlbfs programs are attached exactly where the kernel has the tracepoints: {:?}",
+        agent.lines_with("hugetlbfs probes not attached")
+    );
+    if !tracepoints {
+        println!(
+            "this kernel has no hugetlbfs tracepoints (kernels newer than 6.12): files are booked \
+             from their faults alone, and who made a file is not known"
+        );
+    }
+    let fallocated = mount.path("fallocated");
+    let status = Command::new("fallocate")
+        .args(["-l", "4M"])
+        .arg(&fallocated)
+        .status()
+        .expect("run fallocate(1)");
+    assert!(status.success());
+    let faulted = mount.path("faulted");
+    left_behind(&faulted, 2, MI2, None);
+    let mut segment = Segment::touched(3, 3, None);
+    segment.detach();
+    let me = std::process::id();
+
+    let answer = consumers(&agent);
+    println!("{answer:#}");
+    let f = holder(&answer, path_is(&faulted)).expect("the faulted file");
+    assert!(f["heldByNothingThatRuns"].as_bool().expect("bool"));
+    let seen = &f["probes"];
+    assert_eq!(seen["faults"], 2, "{f:#}");
+    assert_eq!(seen["firstFaultBy"]["pid"], me);
+    assert_eq!(seen["lastFaultBy"]["running"], true, "this test runs");
+    assert!(seen["lastFaultBy"]["cgroup"].is_string(), "{f:#}");
+    let s = holder(&answer, |h| h["shmid"] == segment.id).expect("the segment");
+    assert_eq!(s["knownBy"], "faults", "{s:#}");
+    assert_eq!(s["heldBytes"], 3 * MI2);
+    assert_eq!(s["probes"]["firstFaultBy"]["pid"], me, "{s:#}");
+    assert_eq!(s["probes"]["faults"], 3);
+    let fa = holder(&answer, path_is(&fallocated)).expect("the fallocated file");
+    assert_eq!(fa["heldBytes"], 2 * MI2);
+    if tracepoints {
+        assert_eq!(f["probes"]["madeBy"]["pid"], me, "{f:#}");
+        let maker = &fa["probes"]["madeBy"];
+        assert_eq!(maker["command"], "fallocate", "{fa:#}");
+        assert_eq!(maker["running"], false, "fallocate(1) exited");
+        assert_eq!(fa["probes"]["fallocatedBytes"], 2 * MI2);
+        assert_eq!(
+            fa["probes"]["faults"], 0,
+            "fallocate takes pages without a fault"
+        );
+    }
+
+    let nothing = |agent: &Agent| {
+        let (status, metrics) = http(agent.port, "GET", "/metrics", None, "");
+        assert_eq!(status, 200, "{metrics}");
+        let series =
+            "hugepage_agent_hugepages_held_by_nothing_that_runs_bytes{hugepage_size=\"2Mi\"";
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    assert_eq!(nothing(&agent), 7 * MI2, "both files and the segment");
+    fs::remove_file(&fallocated).expect("rm");
+    if tracepoints {
+        // The eviction's event reaches the agent a moment after `rm` returns; the walk the
+        // scrapes answered from is kept 5 s, so within 1 s only the event can make it stale.
+        let removed_at = std::time::Instant::now();
+        let mut held = nothing(&agent);
+        while held != 5 * MI2 && removed_at.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(20));
+            held = nothing(&agent);
+        }
+        assert_eq!(held, 5 * MI2, "the eviction made the latest walk stale");
+    }
 }

@@ -156,7 +156,7 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
     let (stop_server, stopped) = watch::channel(false);
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));
     let tls_task = reloader.map(|r| tokio::spawn(r.watch(stopped.clone())));
-    let api_stats = metrics.api_connections.clone();
+    let (api_stats, book) = (metrics.api_connections.clone(), state.held.book.clone());
     let api = Serving::new(api::router(state.clone()), tls, config.limits, api_stats);
     let mut server = Server::start(bound, config.api_threads, api, stopped.clone())?;
     if let Some(bound) = metrics_bound {
@@ -173,6 +173,7 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
         memory,
         kubelet,
         faults,
+        book,
         metrics,
     };
     agent.update_discrepancy();

@@ -1,5 +1,6 @@
 //! The agent's loop: where each thing that happens goes. A hugetlb fault goes to the probes
-//! (retries folded), the fault book and the map's refresher; a cgroup event to the reservations'
+//! (retries folded), the fault book, the holders' book and the map's refresher; a hugetlbfs
+//! inode event to the holders' book; a cgroup event to the reservations'
 //! pod inventory and the probe's watch set; a due re-read, a reconcile, a changed checkpoint or a
 //! changed kubelet to the module that owns that state. Events the ring buffers lost leave the
 //! inventory and the watch set behind: the loss counters are read every [`LOSS_POLL`], and a rise
@@ -37,6 +38,7 @@ use tracing::{info, warn};
 use crate::{
     admission::release::{Ended, Releaser},
     consumers::FaultBook,
+    holders::book::{Book, cgroup_now},
     host::{NumaNode, PageSize},
     kubelet::{
         cgroup_path::{Owner, classify},
@@ -75,6 +77,8 @@ pub struct RunLoop {
     pub kubelet: LiveKubelet,
     /// Hugetlb faults per cgroup, for `GET /v1/consumers`.
     pub faults: FaultBook,
+    /// Files and segments the probes saw made, faulted, fallocated and evicted.
+    pub book: Book,
     pub metrics: Arc<Metrics>,
 }
 
@@ -173,12 +177,14 @@ impl RunLoop {
             ProbeEvent::Fault(f) => {
                 if self.probes.on_fault(&f) {
                     self.faults.record(f.cgroup_id, SystemTime::now());
+                    self.book.fault(&f, cgroup_now(&self.host));
                     self.metrics.fault(f.numa_node, f.page_size.map(PageSize));
                     self.refresher
                         .schedule(f.page_size.map(PageSize), f.at, f.settled());
                 }
             }
             ProbeEvent::Cgroup(c) => self.on_cgroup(&c),
+            ProbeEvent::File(e) => self.book.file(&e, cgroup_now(&self.host)),
         }
     }
 

@@ -26,6 +26,10 @@ pub enum Counter {
     CgroupEvents = 6,
     /// Cgroup events lost because the ring buffer was full.
     CgroupEventsLost = 7,
+    /// hugetlbfs inode events (`hugetlbfs/*`) written to the ring buffer.
+    HugetlbfsEvents = 8,
+    /// hugetlbfs inode events lost because the ring buffer was full.
+    HugetlbfsEventsLost = 9,
 }
 
 impl Counter {
@@ -42,14 +46,21 @@ impl Counter {
     /// The outcomes of one run of a cgroup program.
     pub const CGROUP_OUTCOMES: [Counter; 2] = [Counter::CgroupEvents, Counter::CgroupEventsLost];
 
+    /// The outcomes of one run of a hugetlbfs program.
+    pub const HUGETLBFS_OUTCOMES: [Counter; 2] =
+        [Counter::HugetlbfsEvents, Counter::HugetlbfsEventsLost];
+
     /// Number of slots in the map.
-    pub const COUNT: u32 = (Self::FAULT_OUTCOMES.len() + Self::CGROUP_OUTCOMES.len()) as u32;
+    pub const COUNT: u32 = (Self::FAULT_OUTCOMES.len()
+        + Self::CGROUP_OUTCOMES.len()
+        + Self::HUGETLBFS_OUTCOMES.len()) as u32;
 
     /// Every counter, in slot order.
     pub fn all() -> impl Iterator<Item = Counter> {
         Self::FAULT_OUTCOMES
             .into_iter()
             .chain(Self::CGROUP_OUTCOMES)
+            .chain(Self::HUGETLBFS_OUTCOMES)
     }
 
     /// Stable snake_case name, used in logs and metrics.
@@ -63,6 +74,8 @@ impl Counter {
             Counter::HugetlbFaultsLost => "hugetlb_faults_lost",
             Counter::CgroupEvents => "cgroup_events",
             Counter::CgroupEventsLost => "cgroup_events_lost",
+            Counter::HugetlbfsEvents => "hugetlbfs_events",
+            Counter::HugetlbfsEventsLost => "hugetlbfs_events_lost",
         }
     }
 }

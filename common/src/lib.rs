@@ -8,5 +8,6 @@
 
 pub mod cgroup;
 pub mod counters;
+pub mod hugetlbfs;
 pub mod offsets;
 pub mod page_fault_user;

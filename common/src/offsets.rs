@@ -30,6 +30,25 @@ pub struct KernelOffsets {
     pub page_size_known: u64,
     /// log2 of the base page size (12 on x86-64).
     pub base_page_shift: u64,
+    /// `inode.i_ino`.
+    pub inode_i_ino: u64,
+    /// `super_block.s_dev`.
+    pub super_block_s_dev: u64,
+    /// `file.f_path` plus `path.dentry`: where a file's dentry pointer sits.
+    pub file_dentry: u64,
+    /// `dentry.d_name` plus `qstr.name`: where a dentry's name pointer sits.
+    pub dentry_name: u64,
+    /// 1 when the file chain above (with `vma_vm_file`, `file_f_inode`, `inode_i_sb`) is known;
+    /// 0 makes the programs report no file.
+    pub file_known: u64,
+    /// `task_struct.nsproxy`.
+    pub task_nsproxy: u64,
+    /// `nsproxy.ipc_ns`.
+    pub nsproxy_ipc_ns: u64,
+    /// `ipc_namespace.ns` plus `ns_common.inum`: the namespace's inode number.
+    pub ipc_ns_inum: u64,
+    /// 1 when the IPC namespace chain above is known.
+    pub ipc_ns_known: u64,
     /// `trace_event_raw_cgroup.root`.
     pub cgroup_root: u64,
     /// `trace_event_raw_cgroup.level`.
@@ -63,6 +82,15 @@ impl KernelOffsets {
         hstate_order: 0,
         page_size_known: 0,
         base_page_shift: 0,
+        inode_i_ino: 0,
+        super_block_s_dev: 0,
+        file_dentry: 0,
+        dentry_name: 0,
+        file_known: 0,
+        task_nsproxy: 0,
+        nsproxy_ipc_ns: 0,
+        ipc_ns_inum: 0,
+        ipc_ns_known: 0,
         cgroup_root: 0,
         cgroup_level: 0,
         cgroup_id: 0,

@@ -58,6 +58,18 @@ pub mod phase {
     pub const DONE: u32 = 1;
 }
 
+/// Bits of [`HugetlbFault::file_flags`].
+pub mod file {
+    /// The VMA's file was read: [`super::HugetlbFault::file_dev`] and `file_ino` name it.
+    pub const KNOWN: u32 = 1;
+    /// The VMA is shared (`VM_MAYSHARE`, `MAP_SHARED`): the page is the file's, in its page
+    /// cache.
+    pub const SHARED: u32 = 2;
+    /// The file is a SysV segment's (its name starts `SYSV`): `file_ino` is the shmid, in the
+    /// IPC namespace [`super::HugetlbFault::ipc_ns`].
+    pub const SYSV: u32 = 4;
+}
+
 /// One fault in a hugetlb VMA, as the kernel program saw it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +95,15 @@ pub struct HugetlbFault {
     pub phase: u32,
     /// At [`phase::DONE`], the handler's `vm_fault_t` (0: the page is mapped); else 0.
     pub vm_fault: u32,
+    /// The inode number of the VMA's file (a hugetlbfs file, a memfd, or a SysV segment's).
+    pub file_ino: u64,
+    /// The device of the file's superblock, as the kernel keeps it (`major << 20 | minor`).
+    pub file_dev: u32,
+    /// Bits of [`file`].
+    pub file_flags: u32,
+    /// The inode number of the faulting task's IPC namespace; 0 when unknown.
+    pub ipc_ns: u32,
+    pub _pad: u32,
 }
 
 #[cfg(feature = "user")]

@@ -24,7 +24,10 @@ use aya_ebpf::{
     programs::{FEntryContext, FExitContext},
 };
 
-use crate::page_fault_user::{hugetlb_page_size, inspected, report};
+use crate::{
+    page_fault_user::{hugetlb_page_size, inspected, report, vma_file},
+    shared::offset,
+};
 
 const ARG_VMA: usize = 1;
 const ARG_ADDRESS: usize = 2;
@@ -48,6 +51,7 @@ pub fn hugetlb_fault(ctx: FEntryContext) -> u32 {
         cgroup_id,
         address,
         hugetlb_page_size(vma),
+        file_of(vma),
         error_code(flags),
         None,
     );
@@ -67,10 +71,24 @@ pub fn hugetlb_fault_done(ctx: FExitContext) -> u32 {
         cgroup_id,
         address,
         hugetlb_page_size(vma),
+        file_of(vma),
         error_code(flags),
         Some(vm_fault as u32),
     );
     0
+}
+
+/// The VMA's file ([`vma_file`]), with its `vm_flags` read here.
+#[inline(always)]
+fn file_of(vma: *const u8) -> crate::page_fault_user::VmaFile {
+    // SAFETY: `vma` is the handler's BTF pointer to the VMA; probe reads tolerate any address.
+    let vm_flags = unsafe {
+        aya_ebpf::helpers::bpf_probe_read_kernel(
+            vma.add(offset!(vma_vm_flags) as usize).cast::<u64>(),
+        )
+    }
+    .unwrap_or(0);
+    vma_file(vma, vm_flags)
 }
 
 /// The x86 page-fault error code the fault flags stand for: its write bit.

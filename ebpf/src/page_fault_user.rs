@@ -13,7 +13,8 @@ use aya_ebpf::{
     cty::{c_long, c_void},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_numa_node_id, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_get_current_task, bpf_get_numa_node_id, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
         generated::{bpf_find_vma, bpf_get_current_task_btf},
     },
     macros::{map, raw_tracepoint},
@@ -23,7 +24,7 @@ use aya_ebpf::{
 use hugepage_agent_common::{
     counters::Counter,
     page_fault_user::{
-        CgroupVerdict, EVENTS_BYTES, FaultSettings, HugetlbFault, WATCHED_CGROUPS_MAX, phase,
+        CgroupVerdict, EVENTS_BYTES, FaultSettings, HugetlbFault, WATCHED_CGROUPS_MAX, file, phase,
         settings,
     },
 };
@@ -49,7 +50,33 @@ static WATCH_VERDICT_CACHE: PerCpuArray<CgroupVerdict> = PerCpuArray::with_max_e
 struct VmaInfo {
     hugetlb: u64,
     page_size: u64,
+    file: VmaFile,
 }
+
+/// The file behind a hugetlb VMA, as the fault record carries it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct VmaFile {
+    pub ino: u64,
+    pub dev: u32,
+    /// Bits of `page_fault_user::file`.
+    pub flags: u32,
+}
+
+impl VmaFile {
+    const UNKNOWN: VmaFile = VmaFile {
+        ino: 0,
+        dev: 0,
+        flags: 0,
+    };
+}
+
+/// `VM_MAYSHARE` (`include/linux/mm.h`), the same bit on every kernel: a `MAP_SHARED` mapping,
+/// even a read-only one (which has no `VM_SHARED`). hugetlb puts such a mapping's pages in the
+/// file's page cache (`hugetlb_no_page`), a private mapping's in the process alone.
+const VM_MAYSHARE: u64 = 0x80;
+/// The first bytes of a SysV segment's file name (`ipc/shm.c`: `SYSV%08x`).
+const SYSV_NAME: u32 = u32::from_le_bytes(*b"SYSV");
 
 /// `TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code)`.
 const ARG_ADDRESS: usize = 0;
@@ -70,6 +97,7 @@ fn try_page_fault_user(ctx: &RawTracePointContext) -> Result<i32, i32> {
     let mut vma = VmaInfo {
         hugetlb: 0,
         page_size: 0,
+        file: VmaFile::UNKNOWN,
     };
     // SAFETY: the task pointer is trusted BTF; the callback only reads the VMA it is given.
     let ret = unsafe {
@@ -94,7 +122,14 @@ fn try_page_fault_user(ctx: &RawTracePointContext) -> Result<i32, i32> {
         return Ok(0);
     }
     let error_code: u64 = ctx.arg(ARG_ERROR_CODE);
-    report(cgroup_id, address, vma.page_size, error_code, None);
+    report(
+        cgroup_id,
+        address,
+        vma.page_size,
+        vma.file,
+        error_code,
+        None,
+    );
     Ok(0)
 }
 
@@ -105,6 +140,7 @@ pub(crate) fn report(
     cgroup_id: u64,
     address: u64,
     page_size: u64,
+    file: VmaFile,
     error_code: u64,
     done: Option<u32>,
 ) {
@@ -133,6 +169,15 @@ pub(crate) fn report(
             phase::STARTED
         },
         vm_fault: done.unwrap_or(0),
+        file_ino: file.ino,
+        file_dev: file.dev,
+        file_flags: file.flags,
+        ipc_ns: if file.flags & file::SYSV != 0 {
+            current_ipc_ns()
+        } else {
+            0
+        },
+        _pad: 0,
     });
     entry.submit(0);
     count(Counter::HugetlbFaults);
@@ -200,8 +245,61 @@ extern "C" fn inspect_vma(_task: *mut c_void, vma: *mut c_void, data: *mut c_voi
     unsafe {
         (*info).hugetlb = 1;
         (*info).page_size = hugetlb_page_size(vma);
+        (*info).file = vma_file(vma, flags);
     }
     0
+}
+
+/// The VMA's file: `vm_file->f_inode`'s `i_ino` and `i_sb->s_dev`, whether the VMA is shared
+/// (`VM_MAYSHARE` in `vm_flags`, which the caller read), and whether the file is a SysV segment's (its dentry's
+/// name). Unknown (no flags) when the kernel's BTF did not describe the chain or a read failed.
+#[inline(always)]
+pub(crate) fn vma_file(vma: *const u8, vm_flags: u64) -> VmaFile {
+    if offset!(file_known) == 0 {
+        return VmaFile::UNKNOWN;
+    }
+    let read = || -> Result<VmaFile, i32> {
+        let vm_file = follow(vma, offset!(vma_vm_file))?;
+        let inode = follow(vm_file, offset!(file_f_inode))?;
+        let sb = follow(inode, offset!(inode_i_sb))?;
+        // SAFETY: probe reads tolerate any address.
+        let ino = unsafe {
+            bpf_probe_read_kernel(inode.add(offset!(inode_i_ino) as usize).cast::<u64>())
+        }?;
+        // SAFETY: as above.
+        let dev = unsafe {
+            bpf_probe_read_kernel(sb.add(offset!(super_block_s_dev) as usize).cast::<u32>())
+        }?;
+        let mut flags = file::KNOWN;
+        if vm_flags & VM_MAYSHARE != 0 {
+            flags |= file::SHARED;
+        }
+        let name = follow(follow(vm_file, offset!(file_dentry))?, offset!(dentry_name))?;
+        // SAFETY: as above.
+        if unsafe { bpf_probe_read_kernel(name.cast::<u32>()) } == Ok(SYSV_NAME) {
+            flags |= file::SYSV;
+        }
+        Ok(VmaFile { ino, dev, flags })
+    };
+    read().unwrap_or(VmaFile::UNKNOWN)
+}
+
+/// The inode number of the current task's IPC namespace
+/// (`current->nsproxy->ipc_ns->ns.inum`), or 0 when unknown.
+#[inline(always)]
+fn current_ipc_ns() -> u32 {
+    if offset!(ipc_ns_known) == 0 {
+        return 0;
+    }
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let read = || -> Result<u32, i32> {
+        let nsproxy = follow(task, offset!(task_nsproxy))?;
+        let ipc_ns = follow(nsproxy, offset!(nsproxy_ipc_ns))?;
+        // SAFETY: probe reads tolerate any address.
+        unsafe { bpf_probe_read_kernel(ipc_ns.add(offset!(ipc_ns_inum) as usize).cast::<u32>()) }
+    };
+    read().unwrap_or(0)
 }
 
 /// `PAGE_SIZE << vma->vm_file->f_inode->i_sb->s_fs_info->hstate->order`, or 0 when unknown.
@@ -227,7 +325,7 @@ pub(crate) fn hugetlb_page_size(vma: *const u8) -> u64 {
 
 /// Reads the pointer stored at `base + offset`.
 #[inline(always)]
-fn follow(base: *const u8, offset: u64) -> Result<*const u8, i32> {
+pub(crate) fn follow(base: *const u8, offset: u64) -> Result<*const u8, i32> {
     // SAFETY: probe reads tolerate any address; a null result ends the chain.
     let next = unsafe { bpf_probe_read_kernel(base.add(offset as usize).cast::<*const u8>()) }?;
     if next.is_null() { Err(0) } else { Ok(next) }

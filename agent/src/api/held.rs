@@ -1,7 +1,8 @@
 //! The latest walk of the hugepages' holders ([`crate::holders`]) for `GET /metrics`: walked
-//! again at a scrape when the last one is older than [`FRESH_FOR`], off the API threads, one
-//! walk at a time, waited for at most [`WALK_WITHIN`]. `GET /v1/consumers` always walks afresh
-//! and leaves its walk here too.
+//! again at a scrape when the last one is older than [`FRESH_FOR`], or when the probes' book saw
+//! a hugetlbfs file made, fallocated, truncated or evicted since ([`Book::generation`]), off the
+//! API threads, one walk at a time, waited for at most [`WALK_WITHIN`]. `GET /v1/consumers`
+//! always walks afresh and leaves its walk here too.
 
 use std::{
     sync::{Arc, Mutex},
@@ -9,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    holders::{self, Holders},
+    holders::{self, Holders, book::Book},
     sysfs::{HostFs, hugepages},
 };
 
@@ -21,12 +22,14 @@ pub const FRESH_FOR: Duration = Duration::from_secs(5);
 /// How long a scrape waits for a walk before it answers with the latest one.
 pub const WALK_WITHIN: Duration = Duration::from_secs(5);
 
-/// A walk and when it was made.
-type Walked = Option<(Instant, Arc<Holders>)>;
+/// A walk, when it was made, and the book's generation as it began.
+type Walked = Option<(Instant, u64, Arc<Holders>)>;
 
-/// The latest walk and when it was made.
+/// The latest walk and when it was made, and the book it reconciles.
 #[derive(Debug, Clone, Default)]
 pub struct LatestWalk {
+    /// What the probes saw between walks; the run loop writes it.
+    pub book: Book,
     /// Held by the scrape that walks: scrapes meanwhile answer with the latest walk.
     walking: Arc<tokio::sync::Mutex<()>>,
     latest: Arc<Mutex<Walked>>,
@@ -38,42 +41,44 @@ impl LatestWalk {
     /// memory lock), the latest walk however old; `None` when there is none yet (the metrics
     /// then leave the holders out).
     pub async fn fresh(&self, host: &HostFs) -> Option<Arc<Holders>> {
-        if let Some(held) = self.young() {
+        let book = &self.book;
+        if let Some(held) = self.young(book.generation()) {
             return Some(held);
         }
         let Ok(_walking) = self.walking.try_lock() else {
             return self.latest();
         };
-        let host = host.clone();
-        let walk = tokio::task::spawn_blocking(move || walk(&host));
+        let (host, book) = (host.clone(), book.clone());
+        let walk = tokio::task::spawn_blocking(move || {
+            let generation = book.generation();
+            let pools = hugepages::read_table(&host).ok()?;
+            Some((generation, holders::walk_with(&host, &pools, &book)))
+        });
         match tokio::time::timeout(WALK_WITHIN, walk).await {
-            Ok(Ok(Some(walked))) => Some(self.keep(walked)),
+            Ok(Ok(Some((generation, walked)))) => Some(self.keep(generation, walked)),
             _ => self.latest(),
         }
     }
 
-    /// Keeps `held` as the latest walk, and returns it shared.
-    pub fn keep(&self, held: Holders) -> Arc<Holders> {
+    /// Keeps `held`, walked from the book's `generation`, as the latest walk, and returns it
+    /// shared.
+    pub fn keep(&self, generation: u64, held: Holders) -> Arc<Holders> {
         let held = Arc::new(held);
         if let Ok(mut latest) = self.latest.lock() {
-            *latest = Some((Instant::now(), held.clone()));
+            *latest = Some((Instant::now(), generation, held.clone()));
         }
         held
     }
 
     fn latest(&self) -> Option<Arc<Holders>> {
         let latest = self.latest.lock().ok()?;
-        latest.as_ref().map(|(_, held)| held.clone())
+        latest.as_ref().map(|(_, _, held)| held.clone())
     }
 
-    fn young(&self) -> Option<Arc<Holders>> {
+    /// The latest walk when younger than [`FRESH_FOR`] and made from the book's `generation`.
+    fn young(&self, generation: u64) -> Option<Arc<Holders>> {
         let latest = self.latest.lock().ok()?;
-        let (at, held) = latest.as_ref()?;
-        (at.elapsed() < FRESH_FOR).then(|| held.clone())
+        let (at, walked_from, held) = latest.as_ref()?;
+        (at.elapsed() < FRESH_FOR && *walked_from == generation).then(|| held.clone())
     }
-}
-
-fn walk(host: &HostFs) -> Option<Holders> {
-    let pools = hugepages::read_table(host).ok()?;
-    Some(holders::walk(host, &pools))
 }

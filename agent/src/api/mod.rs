@@ -103,7 +103,8 @@ pub struct AppState {
     pub bodies: Arc<budget::BodyBudget>,
     /// The map watch's states and watchers (`GET /v1/hugepages?watch=true`).
     pub watch: watch::Hub,
-    /// The latest walk of the hugepages' holders, for `GET /metrics`.
+    /// The latest walk of the hugepages' holders, for `GET /metrics`, and the probes' book of
+    /// files and segments between walks, which the run loop keeps.
     pub held: held::LatestWalk,
 }
 
@@ -372,8 +373,10 @@ async fn hints_handler(State(state): State<AppState>, headers: HeaderMap, body: 
 fn inventory(state: &AppState) -> Result<(Result<Vec<Consumer>, String>, Holders), String> {
     let pools = hugepages::read_table(&state.host).map_err(|e| e.to_string())?;
     let list = consumers::list(&state.host, &pools, &state.faults).map_err(|e| e.to_string());
-    let held = holders::walk(&state.host, &pools);
-    state.held.keep(held.clone());
+    let book = &state.held.book;
+    let generation = book.generation();
+    let held = holders::walk_with(&state.host, &pools, book);
+    state.held.keep(generation, held.clone());
     Ok((list, held))
 }
 

@@ -272,13 +272,23 @@ fn holder_schemas() -> Value {
                 "shmid": {"type": "integer"}, "key": {"type": "string"}, "sizeBytes": {"type": "integer"}, "attached": {"type": "integer", "description": "nattch"},
                 "ipcNamespace": {"type": "string", "description": "a segment of an IPC namespace other than the agent's (a pod's), seen through the processes that attach it"},
                 "creator": {"$ref": "#/components/schemas/NamedPid"}, "lastAttach": {"$ref": "#/components/schemas/NamedPid"},
-                "knownBy": {"enum": ["mapping", "rss", "accounting"], "description": "how the segment is known to be hugepages': a process attaches it (numa_maps marks it huge); its rss is above its size (kernels that count a hugepage's base pages twice over there); or the pages in use that nothing else explains add up to the rss of it (with the other segments so found) and of no other set of segments nothing attaches"},
+                "knownBy": {"enum": ["mapping", "faults", "rss", "accounting"], "description": "how the segment is known to be hugepages': a process attaches it (numa_maps marks it huge); the probes saw hugetlb faults taken in it while the agent ran; its rss is above its size (kernels that count a hugepage's base pages twice over there); or the pages in use that nothing else explains add up to the rss of it (with the other segments so found) and of no other set of segments nothing attaches"},
                 "candidateShmids": {"type": "array", "items": {"type": "integer"}, "description": "unexplained: SysV segments not attached whose backing the kernel does not show"},
                 "users": {"type": "array", "items": {"type": "object", "required": ["pid", "command", "maps"], "properties": {
                     "pid": {"type": "integer"}, "command": {"type": "string"}, "maps": {"type": "boolean"},
                     "openFds": {"type": "array", "items": {"type": "integer"}},
                     "cgroup": {"type": "string"}, "podUid": {"type": "string"}, "containerId": {"type": "string"}
-                }}}
+                }}},
+                "probes": {"type": "object", "required": ["faults"], "description": "what the eBPF probes saw of it while the agent ran: who made it (hugetlbfs_alloc_inode, kernels newer than 6.12), who took its first and last hugetlb faults, what fallocate(2) gave it", "properties": {
+                    "madeBy": {"$ref": "#/components/schemas/Witness"}, "firstFaultBy": {"$ref": "#/components/schemas/Witness"}, "lastFaultBy": {"$ref": "#/components/schemas/Witness"},
+                    "faults": {"type": "integer", "description": "hugetlb faults taken in it"},
+                    "fallocatedBytes": {"type": "integer", "description": "bytes successful fallocate(2) calls asked for, punched holes not counted"}
+                }}
+            }},
+            "Witness": {"type": "object", "required": ["pid", "command", "running", "at"], "description": "a process as the probes saw it act", "properties": {
+                "pid": {"type": "integer"}, "command": {"type": "string"}, "running": {"type": "boolean", "description": "a process of that pid runs now (pids are reused)"},
+                "cgroup": {"type": "string", "description": "its cgroup (v2) when the event came"}, "podUid": {"type": "string"}, "containerId": {"type": "string"},
+                "at": {"type": "string", "format": "date-time"}
             }},
             "NamedPid": {"type": "object", "required": ["pid", "running"], "properties": {"pid": {"type": "integer"}, "running": {"type": "boolean", "description": "a process of that pid runs now (pids are reused)"}}},
             "Account": {"type": "object", "required": ["pageSizeBytes", "inUseBytes", "privateBytes", "sharedAnonymousBytes", "filesBytes", "segmentsBytes", "memfdsBytes", "heldByNothingThatRunsBytes", "unexplainedBytes"], "properties": {

@@ -1337,6 +1337,7 @@ fn the_openapi_document_names_every_value_of_the_holders_enums() {
     }
     for by in [
         SegmentKnownBy::Mapping,
+        SegmentKnownBy::Faults,
         SegmentKnownBy::Rss,
         SegmentKnownBy::Accounting,
     ] {

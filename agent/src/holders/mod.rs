@@ -14,6 +14,7 @@
 //! for the time of one query ([`nodes`]); a segment nothing attaches cannot be placed, and the
 //! answer says so. The agent never deletes, detaches or writes anything it finds.
 
+pub mod book;
 pub mod mounts;
 pub mod nodes;
 pub mod procs;
@@ -108,6 +109,8 @@ pub struct PodVolume {
 pub enum SegmentKnownBy {
     /// A process attaches it, and `numa_maps` marks the mapping `huge`.
     Mapping,
+    /// The probes saw hugetlb faults taken in it ([`book`]), while the agent ran.
+    Faults,
     /// Its `rss` is above its size, which only hugetlb segments show ([`sysv`]).
     Rss,
     /// Nothing attaches it and its `rss` shows nothing, but the pages in use that nothing else
@@ -172,6 +175,13 @@ pub struct Holder {
     pub candidate_shmids: Vec<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<User>,
+    /// What the probes saw of it while the agent ran ([`book`]): who made it, who faulted its
+    /// pages, what `fallocate(2)` gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probes: Option<book::Seen>,
+    /// A file's superblock device, for the book.
+    #[serde(skip)]
+    pub dev: Option<Dev>,
 }
 
 impl Holder {
@@ -199,6 +209,8 @@ impl Holder {
             known_by: None,
             candidate_shmids: Vec::new(),
             users: Vec::new(),
+            probes: None,
+            dev: None,
         }
     }
 }
@@ -296,9 +308,16 @@ impl Use {
     }
 }
 
-/// Walks the host once (see the module's note). `pools` gives the sizes and what is in use.
-/// What cannot be read is named in [`Holders::unread`], and the rest still answered.
+/// Walks the host once (see the module's note), with no probes' book: the CLI's walk.
 pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
+    walk_with(host, pools, &book::Book::default())
+}
+
+/// Walks the host once (see the module's note). `pools` gives the sizes and what is in use;
+/// `book` what the probes saw between walks, which the walk reconciles.
+/// What cannot be read is named in [`Holders::unread`], and the rest still answered.
+pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Holders {
+    let walk_began = crate::numa::map::monotonic_now();
     let mut unread = Vec::new();
     let mut known = procs::KnownDevs::new();
     let mounts = match host.read_string("/proc/1/mountinfo") {
@@ -373,9 +392,13 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
             error: unreadable.example.unwrap_or_default(),
         });
     }
+    let mut segments_read = false;
     let segments = match host.read_string("/proc/sysvipc/shm") {
         Ok(text) => match sysv::parse(&text) {
-            Some(segments) => segments,
+            Some(segments) => {
+                segments_read = true;
+                segments
+            }
             None => {
                 unread.push(Unread {
                     what: "the SysV segments (/proc/sysvipc/shm)".into(),
@@ -396,8 +419,12 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
         .read_link("/proc/self/ns/ipc")
         .ok()
         .map(|l| l.to_string_lossy().into_owned());
+    let own_ipc_ns = own_ipc.as_deref().and_then(namespace_inode);
     let mut found = Found {
         own_ipc,
+        faulted_segments: own_ipc_ns
+            .map(|ns| book.faulted_segments(ns))
+            .unwrap_or_default(),
         ..Found::default()
     };
     found.gather(&processes, &mut files);
@@ -441,6 +468,12 @@ pub fn walk(host: &HostFs, pools: &HugepageTable) -> Holders {
             .then_with(|| a.path.cmp(&b.path))
             .then_with(|| a.shmid.cmp(&b.shmid))
     });
+    let reconcile = book::Reconcile {
+        walk_began,
+        files: unread.is_empty(),
+        segments: segments_read,
+    };
+    book.annotate(host, &mut holders, own_ipc_ns, reconcile);
     Holders {
         holders,
         accounts,
@@ -538,6 +571,8 @@ fn mount_root(host: &HostFs, mount: &Mount) -> Result<String, SysfsError> {
 struct Found {
     /// The agent's IPC namespace: the one whose segments `/proc/sysvipc/shm` lists.
     own_ipc: Option<String>,
+    /// The segments of the agent's IPC namespace the probes saw faults in: their page size.
+    faulted_segments: HashMap<u64, u64>,
     files: HashMap<FileKey, Use>,
     /// The segments of the agent's IPC namespace processes attach: page size and users.
     segments: HashMap<u64, (u64, Use)>,
@@ -655,6 +690,7 @@ impl Found {
             };
             let mut h = Holder::new(kind, seen.page_size, held);
             h.inode = Some(key.1);
+            h.dev = Some(key.0);
             h.path = Some(seen.path);
             h.deleted = seen.deleted;
             if let Some(m) = seen.mount.and_then(|i| mounts.get(i)) {
@@ -685,9 +721,11 @@ impl Found {
         let mut candidates = Vec::new();
         for s in segments {
             let mapped = self.segments.remove(&s.shmid);
-            let (page_size, known_by, used) = match mapped {
-                Some((size, used)) => (size, SegmentKnownBy::Mapping, used),
-                None => match rss_page_size(s, &sizes) {
+            let faulted = self.faulted_segments.get(&s.shmid).copied();
+            let (page_size, known_by, used) = match (mapped, faulted) {
+                (Some((size, used)), _) => (size, SegmentKnownBy::Mapping, used),
+                (None, Some(size)) => (size, SegmentKnownBy::Faults, Use::default()),
+                (None, None) => match rss_page_size(s, &sizes) {
                     Some(size) => (size, SegmentKnownBy::Rss, Use::default()),
                     None => {
                         if s.rss > 0 && s.nattch == 0 {
@@ -872,24 +910,34 @@ fn describe(host: &HostFs, u: &mut User, seen: &mut HashMap<u32, (String, Option
                 .read_string(format!("/proc/{}/comm", u.pid))
                 .map(|c| c.trim_end().to_owned())
                 .unwrap_or_default();
-            let cgroup = host
-                .read_string(format!("/proc/{}/cgroup", u.pid))
-                .ok()
-                .and_then(|text| {
-                    text.lines()
-                        .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
-                });
-            (command, cgroup)
+            (command, process_cgroup(host, u.pid))
         })
         .clone();
     u.command = command;
-    if let Some(cgroup) = &cgroup
-        && let Owner::Pod { uid, container, .. } = classify(cgroup)
-    {
-        u.pod_uid = Some(uid.0);
-        u.container_id = container.map(|c| c.id);
+    if let Some(cgroup) = &cgroup {
+        (u.pod_uid, u.container_id) = pod_of(cgroup);
     }
     u.cgroup = cgroup;
+}
+
+/// A process's cgroup v2 path (`0::` in `/proc/<pid>/cgroup`), when readable.
+fn process_cgroup(host: &HostFs, pid: u32) -> Option<String> {
+    let text = host.read_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+}
+
+/// The pod UID and container id a cgroup path names, when it is a pod's.
+fn pod_of(cgroup: &str) -> (Option<String>, Option<String>) {
+    match classify(cgroup) {
+        Owner::Pod { uid, container, .. } => (Some(uid.0), container.map(|c| c.id)),
+        Owner::System => (None, None),
+    }
+}
+
+/// The inode number in a namespace link (`ipc:[4026531839]`).
+fn namespace_inode(link: &str) -> Option<u32> {
+    link.split_once(":[")?.1.strip_suffix(']')?.parse().ok()
 }
 
 /// Per page size of the pools: what is in use, and what the holders and the processes explain.

@@ -43,6 +43,13 @@ impl Dev {
             minor: (((dev >> 12) & 0xffff_ff00) | (dev & 0xff)) as u32,
         }
     }
+
+    /// From a `dev_t` as the kernel keeps it inside (`super_block.s_dev`, the probes' records):
+    /// `major << 20 | minor`.
+    pub fn from_kernel(dev: u32) -> Dev {
+        let (major, minor) = crate::probes::events::split_dev(dev);
+        Dev { major, minor }
+    }
 }
 
 impl std::fmt::Display for Dev {
@@ -213,6 +220,13 @@ mod tests {
             }
         );
         assert_eq!(Dev::from_st_dev(0x801), Dev { major: 8, minor: 1 });
+        assert_eq!(
+            Dev::from_kernel((259 << 20) | 0x1_0003),
+            Dev {
+                major: 259,
+                minor: 0x1_0003
+            }
+        );
         assert_eq!(
             Dev::from_st_dev((259 << 8) | 3 | (0x1_0000 << 12)),
             Dev {

@@ -372,7 +372,30 @@ fn a_segment_of_another_ipc_namespace_is_its_own_holder_not_the_host_s_of_the_sa
     fs::create_dir_all(root.join("proc/4250/fd")).expect("fd dir");
     fs::create_dir_all(root.join("proc/4250/ns")).expect("ns dir");
     std::os::unix::fs::symlink("ipc:[4026532999]", root.join("proc/4250/ns/ipc")).expect("ln");
-    let held = walk(&host, &pools(8, 0));
+    let book = book::Book::default();
+    let faulted = crate::probes::events::FaultEvent {
+        at: std::time::Duration::from_secs(1),
+        done: Some(0),
+        cgroup_id: 1,
+        tgid: 4250,
+        pid: 4250,
+        comm: "pod-app".into(),
+        address: 0x7f00_0080_0000,
+        page_size: Some(MIB2),
+        write: true,
+        error_code: 2,
+        cpu: 0,
+        numa_node: 0,
+        file: Some(crate::probes::events::FaultFile {
+            dev: 15,
+            ino: 4,
+            shared: true,
+            sysv: true,
+            ipc_ns: 4026532999,
+        }),
+    };
+    book.fault(&faulted, |_| None);
+    let held = walk_with(&host, &pools(8, 0), &book);
     let segments: Vec<&Holder> = held
         .holders
         .iter()
@@ -385,6 +408,14 @@ fn a_segment_of_another_ipc_namespace_is_its_own_holder_not_the_host_s_of_the_sa
     assert_eq!(pods.key.as_deref(), Some("0x00001234"));
     assert_eq!(pods.held_bytes, MIB2);
     assert_eq!(pods.users[0].pid, 4250);
+    assert_eq!(
+        pods.probes
+            .as_ref()
+            .and_then(|p| p.first_fault_by.as_ref())
+            .map(|w| w.command.as_str()),
+        Some("pod-app"),
+        "the book's entry of the pod's namespace and shmid"
+    );
     assert!(
         held.holders
             .iter()

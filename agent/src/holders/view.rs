@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Holder, Holders, Kind, NodesFrom};
+use super::{Holder, Holders, Kind, NodesFrom, book::Seen};
 use crate::{
     client::{self, AgentUrl, ClientError},
     quantity::format_binary,
@@ -184,6 +184,10 @@ fn cells(h: &Holder) -> Cells {
             format!("{} {} ({how}){pod}", u.pid, u.command)
         })
         .collect();
+    let users = match (users.is_empty(), &h.probes) {
+        (true, Some(seen)) => was(seen),
+        _ => users.join("; "),
+    };
     Cells([
         kind.to_owned(),
         format_binary(h.page_size_bytes),
@@ -191,8 +195,24 @@ fn cells(h: &Holder) -> Cells {
         nodes,
         nothing.to_owned(),
         what,
-        users.join("; "),
+        users,
     ])
+}
+
+/// Who the probes saw make or fault a holder nothing uses now: `was made by 7291 fallocate
+/// (gone)`, or `was faulted by …`.
+fn was(seen: &Seen) -> String {
+    let (verb, w) = match (&seen.made_by, &seen.last_fault_by) {
+        (Some(w), _) => ("made", w),
+        (None, Some(w)) => ("faulted", w),
+        (None, None) => return String::new(),
+    };
+    let pod = w
+        .pod_uid
+        .as_ref()
+        .map_or(String::new(), |p| format!(" pod {p}"));
+    let state = if w.running { "runs" } else { "gone" };
+    format!("was {verb} by {} {} ({state}){pod}", w.pid, w.command)
 }
 
 #[cfg(test)]
@@ -201,7 +221,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        holders::{Account, NamedPid, User},
+        holders::{Account, NamedPid, User, book::Witness},
         host::NumaNode,
     };
 
@@ -209,6 +229,21 @@ mod tests {
         let mut file = Holder::new(Kind::HugetlbfsFile, 2 << 20, 8 << 20);
         file.path = Some("/dev/hugepages/rtemap_0".into());
         file.held_by_nothing_that_runs = true;
+        file.probes = Some(Seen {
+            made_by: Some(Witness {
+                pid: 7291,
+                command: "testpmd".into(),
+                running: false,
+                cgroup: None,
+                pod_uid: Some("p-2".into()),
+                container_id: None,
+                at: "2026-11-28T02:24:46.557Z".into(),
+            }),
+            first_fault_by: None,
+            last_fault_by: None,
+            faults: 4,
+            fallocated_bytes: 0,
+        });
         let mut segment = Holder::new(Kind::SysvSegment, 2 << 20, 2 << 20);
         segment.shmid = Some(4);
         segment.key = Some("0x00001234".into());
@@ -256,7 +291,15 @@ mod tests {
                 "8Mi",
                 "unknown",
                 "yes",
-                "/dev/hugepages/rtemap_0"
+                "/dev/hugepages/rtemap_0",
+                "was",
+                "made",
+                "by",
+                "7291",
+                "testpmd",
+                "(gone)",
+                "pod",
+                "p-2"
             ]
         );
         assert!(

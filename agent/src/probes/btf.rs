@@ -26,7 +26,7 @@ const KIND_DECL_TAG: u32 = 17;
 const KIND_ENUM64: u32 = 19;
 const KIND_MAX: u32 = 19;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum BtfError {
     #[error("not BTF: magic {found:#06x}, expected {MAGIC:#06x} (little-endian)")]
     BadMagic { found: u16 },
@@ -311,6 +311,12 @@ impl Btf {
     #[cfg(test)]
     pub fn forget_struct(&mut self, ty: &str) {
         self.composites.remove(ty);
+    }
+
+    /// Drops a typedef, as an older kernel's BTF lacks a tracepoint's `btf_trace_*`.
+    #[cfg(test)]
+    pub fn forget_typedef(&mut self, name: &str) {
+        self.typedefs.remove(name);
     }
 
     /// The parameters of the function type behind the typedef `name` (a function pointer, as the

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use hugepage_agent_common::{
     cgroup::{CgroupEvent, FLAG_TRUNCATED, PATH_LEN, kind},
-    page_fault_user::{HugetlbFault, phase},
+    hugetlbfs::{HugetlbfsEvent, kind as file_kind},
+    page_fault_user::{HugetlbFault, file, phase},
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -24,6 +25,8 @@ pub enum DecodeError {
     PathLen(u32),
     #[error("hugetlb fault record of unknown phase {0}")]
     Phase(u32),
+    #[error("hugetlbfs record of unknown kind {0}")]
+    FileKind(u32),
 }
 
 /// A fault in a hugetlb VMA.
@@ -45,6 +48,35 @@ pub struct FaultEvent {
     pub error_code: u64,
     pub cpu: u32,
     pub numa_node: u32,
+    /// The VMA's file, when the kernel's BTF let the program read it.
+    pub file: Option<FaultFile>,
+}
+
+/// The file behind a faulting hugetlb VMA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultFile {
+    /// The device of its superblock, as the kernel keeps it (`major << 20 | minor`).
+    pub dev: u32,
+    pub ino: u64,
+    /// The VMA is shared: the page is the file's, not a private copy.
+    pub shared: bool,
+    /// A SysV segment's file: `ino` is its shmid in IPC namespace `ipc_ns`.
+    pub sysv: bool,
+    /// The faulting task's IPC namespace (its inode number); 0 when unknown.
+    pub ipc_ns: u32,
+}
+
+impl FaultFile {
+    /// `major:minor:inode`, for the log.
+    pub fn describe(&self) -> String {
+        let (major, minor) = split_dev(self.dev);
+        format!("{major}:{minor}:{}", self.ino)
+    }
+}
+
+/// A `dev_t` as the kernel keeps it inside (`major << 20 | minor`), split.
+pub fn split_dev(dev: u32) -> (u32, u32) {
+    (dev >> 20, dev & 0xf_ffff)
 }
 
 /// `VM_FAULT_RETRY` (`include/linux/mm_types.h`): the handler gave up the mmap lock and the
@@ -96,11 +128,44 @@ impl CgroupEventInfo {
     }
 }
 
+/// What happened to a hugetlbfs inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileChange {
+    /// Made (`hugetlbfs_alloc_inode`).
+    Made,
+    /// Evicted, its pages given back (`hugetlbfs_evict_inode`).
+    Evicted,
+    /// `fallocate(2)` over `offset..offset+len` with `mode`, answered `ret` (0 or `-errno`).
+    Fallocated {
+        offset: i64,
+        len: i64,
+        mode: u32,
+        ret: i32,
+    },
+    /// Attributes set (`hugetlbfs_setattr`): a truncation among them.
+    AttributesSet,
+}
+
+/// A hugetlbfs inode event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEvent {
+    pub at: Duration,
+    pub change: FileChange,
+    /// The device of the inode's superblock (`major << 20 | minor`).
+    pub dev: u32,
+    pub ino: u64,
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    pub pid: u32,
+    pub comm: String,
+}
+
 /// Any event from the probes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProbeEvent {
     Fault(FaultEvent),
     Cgroup(CgroupEventInfo),
+    File(FileEvent),
 }
 
 fn read_record<T: Copy>(bytes: &[u8], record: &'static str) -> Result<T, DecodeError> {
@@ -142,6 +207,40 @@ pub fn decode_fault(bytes: &[u8]) -> Result<FaultEvent, DecodeError> {
         error_code: raw.error_code,
         cpu: raw.cpu,
         numa_node: raw.numa_node,
+        file: (raw.file_flags & file::KNOWN != 0).then_some(FaultFile {
+            dev: raw.file_dev,
+            ino: raw.file_ino,
+            shared: raw.file_flags & file::SHARED != 0,
+            sysv: raw.file_flags & file::SYSV != 0,
+            ipc_ns: raw.ipc_ns,
+        }),
+    })
+}
+
+/// Decodes one record of the `HUGETLBFS_EVENTS` ring buffer.
+pub fn decode_hugetlbfs(bytes: &[u8]) -> Result<FileEvent, DecodeError> {
+    let raw: HugetlbfsEvent = read_record(bytes, "hugetlbfs")?;
+    let change = match raw.kind {
+        file_kind::ALLOC_INODE => FileChange::Made,
+        file_kind::EVICT_INODE => FileChange::Evicted,
+        file_kind::FALLOCATE => FileChange::Fallocated {
+            offset: raw.offset,
+            len: raw.len,
+            mode: raw.mode,
+            ret: raw.ret,
+        },
+        file_kind::SETATTR => FileChange::AttributesSet,
+        other => return Err(DecodeError::FileKind(other)),
+    };
+    Ok(FileEvent {
+        at: Duration::from_nanos(raw.timestamp_ns),
+        change,
+        dev: raw.dev,
+        ino: raw.ino,
+        cgroup_id: raw.cgroup_id,
+        tgid: raw.tgid,
+        pid: raw.pid,
+        comm: c_string(&raw.comm),
     })
 }
 

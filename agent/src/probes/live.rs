@@ -49,13 +49,15 @@ pub enum LiveError {
 pub struct Losses {
     pub hugetlb_faults_lost: u64,
     pub cgroup_events_lost: u64,
+    pub hugetlbfs_events_lost: u64,
     pub find_vma_busy: u64,
 }
 
 impl Losses {
-    /// Events the ring buffers could not hold since `before` (both rings).
+    /// Events the ring buffers could not hold since `before` (every ring).
     pub fn events_lost_since(&self, before: &Losses) -> u64 {
-        let total = |l: &Losses| l.hugetlb_faults_lost + l.cgroup_events_lost;
+        let total =
+            |l: &Losses| l.hugetlb_faults_lost + l.cgroup_events_lost + l.hugetlbfs_events_lost;
         total(self).saturating_sub(total(before))
     }
 }
@@ -111,6 +113,13 @@ impl LiveProbes {
         if let Some(why) = &probes.page_size_unavailable {
             warn!("hugetlb faults will carry no page size: the kernel's BTF lacks {why}");
         }
+        if let Some(why) = &probes.file_unavailable {
+            warn!("hugetlb faults will carry no file: the kernel's BTF lacks {why}");
+        }
+        match &probes.files_unavailable {
+            None => info!("hugetlbfs probes attached"),
+            Some(why) => info!(reason = %why, "hugetlbfs probes not attached"),
+        }
         match (scope, &self.v2) {
             (FaultScope::All, _) => {
                 probes.set_watch_all(true)?;
@@ -161,6 +170,7 @@ impl LiveProbes {
             write = f.write,
             cpu = f.cpu,
             numa_node = f.numa_node,
+            file = f.file.map(|file| file.describe()),
             "hugetlb fault"
         );
         true
@@ -218,6 +228,7 @@ impl LiveProbes {
                 let losses = Losses {
                     hugetlb_faults_lost: now.get(Counter::HugetlbFaultsLost),
                     cgroup_events_lost: now.get(Counter::CgroupEventsLost),
+                    hugetlbfs_events_lost: now.get(Counter::HugetlbfsEventsLost),
                     find_vma_busy: now.get(Counter::FindVmaBusy),
                 };
                 let new = losses.events_lost_since(&self.last_losses);
@@ -249,6 +260,8 @@ impl LiveProbes {
                 hugetlb_fault_retries_folded = self.retries.retries(),
                 cgroup_events = c.get(Counter::CgroupEvents),
                 cgroup_events_lost = c.get(Counter::CgroupEventsLost),
+                hugetlbfs_events = c.get(Counter::HugetlbfsEvents),
+                hugetlbfs_events_lost = c.get(Counter::HugetlbfsEventsLost),
                 "probe totals"
             ),
             Err(err) => warn!("reading probe counters: {}", err.explain()),
@@ -289,10 +302,11 @@ mod tests {
     }
 
     #[test]
-    fn events_lost_since_counts_both_rings_and_ignores_the_mmap_lock() {
+    fn events_lost_since_counts_every_ring_and_ignores_the_mmap_lock() {
         let before = Losses {
             hugetlb_faults_lost: 10,
             cgroup_events_lost: 5,
+            hugetlbfs_events_lost: 3,
             find_vma_busy: 1,
         };
         let same = Losses {
@@ -307,9 +321,10 @@ mod tests {
         let after = Losses {
             hugetlb_faults_lost: 2010,
             cgroup_events_lost: 905,
+            hugetlbfs_events_lost: 10,
             find_vma_busy: 1,
         };
-        assert_eq!(after.events_lost_since(&before), 2900);
+        assert_eq!(after.events_lost_since(&before), 2907);
         assert_eq!(before.events_lost_since(&after), 0, "never negative");
     }
 
@@ -333,6 +348,7 @@ mod tests {
             error_code: 0,
             cpu: 0,
             numa_node: 0,
+            file: None,
         };
         assert!(live.on_fault(&fault), "a new fault counts");
         assert!(!live.on_fault(&fault), "its retry does not");

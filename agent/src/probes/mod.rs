@@ -10,6 +10,7 @@ pub mod btf;
 mod caps;
 mod errno;
 pub mod events;
+mod files;
 pub mod flags;
 pub mod live;
 pub mod offsets;
@@ -166,10 +167,12 @@ impl ProbeError {
     }
 }
 
-/// The two ring buffers, to be read by the event loop.
+/// The ring buffers, to be read by the event loop.
 pub struct EventStreams {
     pub faults: RingBuf<MapData>,
     pub cgroups: RingBuf<MapData>,
+    /// The hugetlbfs programs', where the kernel has them ([`Probes::files_unavailable`]).
+    pub files: Option<RingBuf<MapData>>,
 }
 
 /// Per-CPU counters summed over CPUs, indexed by [`Counter`].
@@ -263,6 +266,10 @@ pub struct Probes {
     pub fault_fallback: Option<String>,
     /// Why faults carry page size 0, when the kernel's BTF lacks the hugetlbfs layout.
     pub page_size_unavailable: Option<btf::BtfError>,
+    /// Why faults carry no file (or a SysV segment's no IPC namespace), when the BTF lacks it.
+    pub file_unavailable: Option<String>,
+    /// Why the hugetlbfs programs are not attached, when they are not.
+    pub files_unavailable: Option<String>,
     /// Reads aya-log records of the programs; `None` when the object has no log map.
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
@@ -292,6 +299,12 @@ impl Probes {
             let loaded = self::program::<TracePoint>(&mut ebpf, program)?.load();
             loaded.map_err(load_err(program))?;
         }
+        let mut files_unavailable = match &resolved.hugetlbfs_unavailable {
+            Some(why) => Some(format!(
+                "the kernel's BTF: {why} (kernels newer than 6.12 have them)"
+            )),
+            None => files::load(&mut ebpf).err().map(|e| e.explain()),
+        };
         let (fault_path, fault_fallback) =
             load_fault(&mut ebpf, &btf_bytes, FaultPath::resolve(attach, host))?;
         drop(btf_bytes);
@@ -302,11 +315,18 @@ impl Probes {
                 .map_err(attach_err((program, category, tracepoint)))?;
         }
         let fault_link = Some(attach_fault(&mut ebpf, fault_path)?);
+        let files = match files_unavailable {
+            Some(_) => None,
+            None => files::attach(&mut ebpf)
+                .map_err(|e| files_unavailable = Some(e.explain()))
+                .ok(),
+        };
         let streams = EventStreams {
             faults: RingBuf::try_from(take_map(&mut ebpf, page_fault_user::EVENTS_MAP)?)
                 .map_err(map_err(page_fault_user::EVENTS_MAP))?,
             cgroups: RingBuf::try_from(take_map(&mut ebpf, cgroup::EVENTS_MAP)?)
                 .map_err(map_err(cgroup::EVENTS_MAP))?,
+            files,
         };
         let probes = Probes {
             watched: HashMap::try_from(take_map(&mut ebpf, page_fault_user::WATCHED_CGROUPS_MAP)?)
@@ -330,6 +350,11 @@ impl Probes {
             fault_path,
             fault_fallback,
             page_size_unavailable: resolved.page_size_unavailable,
+            file_unavailable: resolved
+                .file_unavailable
+                .or(resolved.ipc_ns_unavailable)
+                .map(|e| e.to_string()),
+            files_unavailable,
             logger,
         };
         Ok((probes, streams))

@@ -4,7 +4,9 @@
 //! (`trace_event_raw_cgroup`, `trace_event_raw_cgroup_migrate`), and the prototype of the
 //! `page_fault_user` raw tracepoint (`btf_trace_page_fault_user`), whose argument positions the
 //! fault program relies on. Optional: the `vm_file -> f_inode -> i_sb -> s_fs_info -> hstate -> order` chain that gives a
-//! hugetlb VMA's page size; without it faults are reported with page size 0 (unknown).
+//! hugetlb VMA's page size; without it faults are reported with page size 0 (unknown). Optional
+//! too: the VMA file's identity (`i_ino`, `s_dev`, the dentry's name) and the task's IPC
+//! namespace (`nsproxy->ipc_ns->ns.inum`), without which faults carry no file.
 
 use hugepage_agent_common::offsets::KernelOffsets;
 
@@ -24,11 +26,52 @@ const PAGE_FAULT_ARGS: [Shape; 4] = [
     Shape::Integer { bytes: 8 },
 ];
 
-/// The offsets, and why the page size is unknown when it is.
+/// The hugetlbfs raw tracepoints (kernels newer than 6.12) and the prototypes their programs
+/// read arguments by (after the context pointer): `(inode, dir, int mode)`, `(inode)`,
+/// `(inode, mode, offset, len, ret)`, `(inode, dentry, attr)`.
+pub const HUGETLBFS_TRACEPOINTS: [(&str, &[Shape]); 4] = [
+    (
+        "hugetlbfs_alloc_inode",
+        &[
+            Shape::Pointer,
+            Shape::Pointer,
+            Shape::Pointer,
+            Shape::Integer { bytes: 4 },
+        ],
+    ),
+    ("hugetlbfs_evict_inode", &[Shape::Pointer, Shape::Pointer]),
+    (
+        "hugetlbfs_fallocate",
+        &[
+            Shape::Pointer,
+            Shape::Pointer,
+            Shape::Integer { bytes: 4 },
+            Shape::Integer { bytes: 8 },
+            Shape::Integer { bytes: 8 },
+            Shape::Integer { bytes: 4 },
+        ],
+    ),
+    (
+        "hugetlbfs_setattr",
+        &[
+            Shape::Pointer,
+            Shape::Pointer,
+            Shape::Pointer,
+            Shape::Pointer,
+        ],
+    ),
+];
+
+/// The offsets, and why the page size, a fault's file, its IPC namespace or the hugetlbfs
+/// programs are unavailable when they are.
 #[derive(Debug)]
 pub struct Resolved {
     pub offsets: KernelOffsets,
     pub page_size_unavailable: Option<BtfError>,
+    pub file_unavailable: Option<BtfError>,
+    pub ipc_ns_unavailable: Option<BtfError>,
+    /// The hugetlbfs programs need the file chain and the tracepoints' prototypes.
+    pub hugetlbfs_unavailable: Option<BtfError>,
 }
 
 /// Looks every field up in `btf`. `base_page_size` is the system page size in bytes.
@@ -66,10 +109,56 @@ pub fn resolve(btf: &Btf, base_page_size: u64) -> Result<Resolved, BtfError> {
         }
         Err(err) => Some(err),
     };
+    let file_unavailable = match file_chain(btf) {
+        Ok([vm_file, f_inode, i_sb, i_ino, s_dev, dentry, name]) => {
+            offsets.vma_vm_file = vm_file;
+            offsets.file_f_inode = f_inode;
+            offsets.inode_i_sb = i_sb;
+            offsets.inode_i_ino = i_ino;
+            offsets.super_block_s_dev = s_dev;
+            offsets.file_dentry = dentry;
+            offsets.dentry_name = name;
+            offsets.file_known = 1;
+            None
+        }
+        Err(err) => Some(err),
+    };
+    let ipc_ns_unavailable = match ipc_ns_chain(btf) {
+        Ok([nsproxy, ipc_ns, inum]) => {
+            offsets.task_nsproxy = nsproxy;
+            offsets.nsproxy_ipc_ns = ipc_ns;
+            offsets.ipc_ns_inum = inum;
+            offsets.ipc_ns_known = 1;
+            None
+        }
+        Err(err) => Some(err),
+    };
+    let hugetlbfs_unavailable = file_unavailable
+        .clone()
+        .or_else(|| check_hugetlbfs_args(btf).err());
     Ok(Resolved {
         offsets,
         page_size_unavailable,
+        file_unavailable,
+        ipc_ns_unavailable,
+        hugetlbfs_unavailable,
     })
+}
+
+/// Every hugetlbfs tracepoint with the prototype its program expects.
+fn check_hugetlbfs_args(btf: &Btf) -> Result<(), BtfError> {
+    for (tracepoint, expected) in HUGETLBFS_TRACEPOINTS {
+        let name = format!("btf_trace_{tracepoint}");
+        let found = btf.function_params(&name)?;
+        if found != expected {
+            return Err(BtfError::Prototype {
+                name,
+                found,
+                expected: expected.to_vec(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The fault program takes the address and error code from raw tracepoint arguments 0 and 2
@@ -98,6 +187,29 @@ fn page_size_chain(btf: &Btf) -> Result<[u64; 6], BtfError> {
     ])
 }
 
+/// `vm_file`, `f_inode`, `i_sb`, `i_ino`, `s_dev`, `f_path.dentry` and `d_name.name`: a VMA's
+/// file as the fault record names it, and the inode's identity the hugetlbfs programs read.
+fn file_chain(btf: &Btf) -> Result<[u64; 7], BtfError> {
+    Ok([
+        btf.member_offset("vm_area_struct", "vm_file")?,
+        btf.member_offset("file", "f_inode")?,
+        btf.member_offset("inode", "i_sb")?,
+        btf.member_offset("inode", "i_ino")?,
+        btf.member_offset("super_block", "s_dev")?,
+        btf.member_offset("file", "f_path")? + btf.member_offset("path", "dentry")?,
+        btf.member_offset("dentry", "d_name")? + btf.member_offset("qstr", "name")?,
+    ])
+}
+
+/// `nsproxy`, `ipc_ns` and `ns.inum`: the IPC namespace a SysV segment's shmid belongs to.
+fn ipc_ns_chain(btf: &Btf) -> Result<[u64; 3], BtfError> {
+    Ok([
+        btf.member_offset("task_struct", "nsproxy")?,
+        btf.member_offset("nsproxy", "ipc_ns")?,
+        btf.member_offset("ipc_namespace", "ns")? + btf.member_offset("ns_common", "inum")?,
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +235,15 @@ mod tests {
         assert_eq!(o.base_page_shift, 12);
         assert!(o.vma_vm_flags > 0 && o.vma_vm_flags.is_multiple_of(8));
         assert_ne!(o.vma_vm_flags, o.vma_vm_file);
+        assert_eq!(resolved.file_unavailable, None);
+        assert_eq!(
+            resolved.hugetlbfs_unavailable, None,
+            "this kernel (6.18) has the hugetlbfs tracepoints"
+        );
+        assert_eq!(resolved.ipc_ns_unavailable, None);
+        assert_eq!((o.file_known, o.ipc_ns_known), (1, 1));
+        assert!(o.inode_i_ino.is_multiple_of(8) && o.inode_i_ino > o.inode_i_sb);
+        assert!(o.super_block_s_dev.is_multiple_of(4));
     }
 
     #[test]
@@ -137,6 +258,41 @@ mod tests {
         assert_eq!(
             resolved.page_size_unavailable,
             Some(BtfError::NoSuchStruct("hugetlbfs_sb_info".into()))
+        );
+    }
+
+    #[test]
+    fn a_kernel_before_6_10_has_no_hugetlbfs_programs_but_faults_still_carry_files() {
+        let bytes = HostFs::new("/")
+            .read_bytes("/sys/kernel/btf/vmlinux")
+            .expect("this kernel has BTF");
+        let mut btf = Btf::parse(&bytes).expect("parse");
+        btf.forget_typedef("btf_trace_hugetlbfs_fallocate");
+        let resolved = resolve(&btf, 4096).expect("resolve");
+        assert_eq!(
+            resolved.hugetlbfs_unavailable,
+            Some(BtfError::NoSuchFunctionType(
+                "btf_trace_hugetlbfs_fallocate".into()
+            ))
+        );
+        assert_eq!(resolved.offsets.file_known, 1);
+    }
+
+    #[test]
+    fn a_kernel_without_the_dentry_layout_carries_no_files_and_attaches_no_hugetlbfs_programs() {
+        let bytes = HostFs::new("/")
+            .read_bytes("/sys/kernel/btf/vmlinux")
+            .expect("this kernel has BTF");
+        let mut btf = Btf::parse(&bytes).expect("parse");
+        btf.forget_struct("qstr");
+        let resolved = resolve(&btf, 4096).expect("resolve");
+        assert_eq!(resolved.offsets.file_known, 0);
+        let missing = Some(BtfError::NoSuchStruct("qstr".into()));
+        assert_eq!(resolved.file_unavailable, missing);
+        assert_eq!(resolved.hugetlbfs_unavailable, missing);
+        assert_eq!(
+            resolved.offsets.page_size_known, 1,
+            "page sizes need no dentry"
         );
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! A fault the kernel retries fires `page_fault_user` again for the same address, so one touched
 //! huge page can produce two records. A record is a retry when the same thread group faulted the
-//! same huge page with the same error code within a short window. Retries are counted, not
+//! same huge page of the same file with the same error code within a short window (an address
+//! unmapped and mapped again to another file, or segment, is another page). Retries are counted, not
 //! dropped silently; a read fault followed by a write fault to the same page stays two events.
 //!
 //! Only the faults of the last window or two are remembered: once per window the older ones are
@@ -19,10 +20,13 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_millis(100);
 /// Below this capacity the table is not shrunk.
 const SMALLEST: usize = 64;
 
+/// Thread group, huge page, error code, and the file's device and inode.
+type FaultKey = (u32, u64, u64, Option<(u32, u64)>);
+
 #[derive(Debug)]
 pub struct RetryFilter {
     window: Duration,
-    seen: HashMap<(u32, u64, u64), Duration>,
+    seen: HashMap<FaultKey, Duration>,
     /// When faults older than the window were last forgotten (the events' clock).
     pruned: Duration,
     retries: u64,
@@ -40,7 +44,8 @@ impl RetryFilter {
 
     /// `true` for a new fault, `false` (and counted) for a retry of one just seen.
     pub fn admit(&mut self, event: &FaultEvent) -> bool {
-        let key = (event.tgid, event.page_address(), event.error_code);
+        let file = event.file.map(|f| (f.dev, f.ino));
+        let key = (event.tgid, event.page_address(), event.error_code, file);
         let fresh = match self.seen.insert(key, event.at) {
             Some(before) => event.at.saturating_sub(before) > self.window,
             None => true,
@@ -83,7 +88,27 @@ mod tests {
             error_code,
             cpu: 0,
             numa_node: 0,
+            file: None,
         }
+    }
+
+    #[test]
+    fn the_same_address_in_another_file_is_another_fault() {
+        use crate::probes::events::FaultFile;
+        let mut filter = RetryFilter::new(DEFAULT_WINDOW);
+        let in_file = |ino| FaultEvent {
+            file: Some(FaultFile {
+                dev: 15,
+                ino,
+                shared: true,
+                sysv: false,
+                ipc_ns: 0,
+            }),
+            ..fault(1, 0x20_0000, 6, 0)
+        };
+        assert!(filter.admit(&in_file(7)));
+        assert!(filter.admit(&in_file(8)), "mapped again to another file");
+        assert!(!filter.admit(&in_file(8)));
     }
 
     #[test]

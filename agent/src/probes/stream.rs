@@ -13,7 +13,7 @@ use tokio::{
 
 use super::{
     EventStreams,
-    events::{DecodeError, ProbeEvent, decode_cgroup, decode_fault},
+    events::{DecodeError, ProbeEvent, decode_cgroup, decode_fault, decode_hugetlbfs},
 };
 
 /// Spawns one reader per ring buffer on the current tokio runtime.
@@ -27,6 +27,11 @@ pub fn spawn(
     tokio::spawn(pump(faults, tx.clone(), |b| {
         decode_fault(b).map(ProbeEvent::Fault)
     }));
+    if let Some(files) = streams.files {
+        tokio::spawn(pump(readable(files)?, tx.clone(), |b| {
+            decode_hugetlbfs(b).map(ProbeEvent::File)
+        }));
+    }
     tokio::spawn(pump(cgroups, tx, |b| {
         decode_cgroup(b).map(ProbeEvent::Cgroup)
     }));

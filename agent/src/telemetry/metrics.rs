@@ -433,6 +433,11 @@ impl Metrics {
             &[("ring_buffer", "cgroup_events")],
             probes.cgroup_events_lost as f64,
         );
+        e.sample(
+            LOST,
+            &[("ring_buffer", "hugetlbfs_events")],
+            probes.hugetlbfs_events_lost as f64,
+        );
         const BUSY: &str = "hugepage_agent_find_vma_busy_total";
         e.family(BUSY, Kind::Counter, "Faults bpf_find_vma could not inspect because the mmap lock was held (possibly missed; sysfs covers them).");
         e.sample(BUSY, &[], probes.find_vma_busy as f64);

@@ -3,10 +3,10 @@
 //! bound to node 3 the same way, and a SysV segment of 2 pages bound to node 3, touched and
 //! detached. `/v1/consumers` names each file held by nothing that runs with its pages on its
 //! node (asked of the kernel through the agent's own mapping), and the segment held by nothing
-//! that runs with no node (nothing attaches it): known by its `rss` where the kernel shows a
-//! hugetlb segment's there (not 6.1 or 6.12), else by the accounts, the pages in use that
-//! nothing else explains adding up to its `rss` alone; failing both, named among the candidates
-//! of what stays unexplained (the check says which).
+//! that runs with no node (nothing attaches it), known to be hugepages' by the faults the
+//! shared agent's probes saw taken in it. The probes' book names this process as the one that
+//! faulted the file's pages, and, on kernels with the hugetlbfs tracepoints (newer than 6.12),
+//! as the one that made the file; on 6.1 nobody is named as its maker (the check says which).
 
 use hugepage_agent_tests::{
     Agent, HostLock, http,
@@ -67,50 +67,50 @@ pub fn orphans(lock: &HostLock, agent: &Agent) -> CheckResult {
             "the 1 GiB file: expected its page held by nothing that runs on node {SEGMENT_NODE}: {g}"
         ));
     }
-    let seg_bytes = SEGMENT_PAGES * sysfs::SIZE_2M;
-    let segment_seen = match holders.iter().find(|h| h["shmid"] == segment.id) {
-        Some(s) => {
-            let known_by = s["knownBy"].as_str().unwrap_or("");
-            if !["rss", "accounting"].contains(&known_by)
-                || s["heldBytes"] != seg_bytes
-                || s["heldByNothingThatRuns"] != true
-                || s["nodesFrom"] != "unknown"
-            {
-                return Err(format!(
-                    "the segment: expected {seg_bytes} bytes held by nothing that runs, known by its rss or the accounts, node unknown: {s}"
-                ));
-            }
-            format!(
-                "segment {} known by its {}, {seg_bytes} bytes held by nothing that runs, node not known",
-                segment.id,
-                if known_by == "rss" { "rss" } else { "accounts" }
-            )
-        }
-        None => {
-            let unexplained = holders
-                .iter()
-                .find(|h| h["kind"] == "unexplained" && h["pageSizeBytes"] == sysfs::SIZE_2M)
-                .ok_or_else(|| {
-                    format!("the segment is neither a holder nor unexplained: {body}")
-                })?;
-            let candidate = unexplained["candidateShmids"]
-                .as_array()
-                .is_some_and(|ids| ids.iter().any(|id| id == segment.id));
-            let bytes = unexplained["heldBytes"].as_u64().unwrap_or(0);
-            if !candidate || bytes < seg_bytes {
-                return Err(format!(
-                    "the segment: expected at least {seg_bytes} unexplained bytes naming shmid {}: {unexplained}",
-                    segment.id
-                ));
-            }
-            format!(
-                "segment {}: this kernel's rss does not show its backing; {bytes} bytes unexplained naming it as a candidate",
-                segment.id
-            )
+    let me = std::process::id();
+    let seen = &f["probes"];
+    if seen["faults"] != FILE_PAGES || seen["firstFaultBy"]["pid"] != me {
+        return Err(format!(
+            "the file: expected the probes to have seen this process ({me}) take its {FILE_PAGES} faults: {f}"
+        ));
+    }
+    let tracepoints = kernel_has_hugetlbfs_tracepoints()?;
+    let maker = seen["madeBy"]["pid"].as_u64();
+    let made = match (tracepoints, maker) {
+        (true, Some(pid)) if pid == u64::from(me) => "made by this process (hugetlbfs_alloc_inode)",
+        (false, None) => "no maker named (this kernel has no hugetlbfs tracepoints)",
+        _ => {
+            return Err(format!(
+                "the file: hugetlbfs tracepoints {tracepoints}, expected its maker named exactly where they are: {f}"
+            ));
         }
     };
+    let seg_bytes = SEGMENT_PAGES * sysfs::SIZE_2M;
+    let s = holders
+        .iter()
+        .find(|h| h["shmid"] == segment.id)
+        .ok_or_else(|| format!("segment {} is not among the holders: {body}", segment.id))?;
+    if s["knownBy"] != "faults"
+        || s["heldBytes"] != seg_bytes
+        || s["heldByNothingThatRuns"] != true
+        || s["nodesFrom"] != "unknown"
+        || s["probes"]["firstFaultBy"]["pid"] != me
+    {
+        return Err(format!(
+            "the segment: expected {seg_bytes} bytes held by nothing that runs, known by the faults this process took in it, node unknown: {s}"
+        ));
+    }
     Ok(format!(
-        "file {path}: {want} bytes held by nothing that runs, all on node {FILE_NODE} (queried); \
-         a 1 GiB file's page on node {SEGMENT_NODE}; {segment_seen}"
+        "file {path}: {want} bytes held by nothing that runs, all on node {FILE_NODE} (queried), \
+         its {FILE_PAGES} faults seen, {made}; a 1 GiB file's page on node {SEGMENT_NODE}; \
+         segment {} known by its faults, {seg_bytes} bytes held by nothing that runs, node not known",
+        segment.id
     ))
+}
+
+/// Whether the kernel has the hugetlbfs tracepoints (kernels newer than 6.12), as its BTF says.
+fn kernel_has_hugetlbfs_tracepoints() -> Result<bool, String> {
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux").map_err(|e| format!("kernel BTF: {e}"))?;
+    let name = b"btf_trace_hugetlbfs_fallocate";
+    Ok(btf.windows(name.len()).any(|w| w == name))
 }

@@ -21,6 +21,11 @@ fn fault() -> HugetlbFault {
         comm,
         phase: phase::STARTED,
         vm_fault: 0,
+        file_ino: 0,
+        file_dev: 0,
+        file_flags: 0,
+        ipc_ns: 0,
+        _pad: 0,
     }
 }
 
@@ -137,4 +142,78 @@ fn truncation_flag_is_carried() {
     let mut raw = cgroup_event(kind::RELEASE, "/long");
     raw.flags = FLAG_TRUNCATED;
     assert!(decode_cgroup(&bytes_of(&raw)).expect("decode").truncated);
+}
+
+#[test]
+fn a_fault_s_file_is_decoded_only_when_the_program_read_it() {
+    let event = decode_fault(&bytes_of(&fault())).expect("decode");
+    assert_eq!(event.file, None, "no KNOWN bit: no file");
+    let mut raw = fault();
+    raw.file_ino = 7;
+    raw.file_dev = 17;
+    raw.file_flags = file::KNOWN | file::SHARED | file::SYSV;
+    raw.ipc_ns = 4026531839;
+    let event = decode_fault(&bytes_of(&raw)).expect("decode");
+    assert_eq!(
+        event.file,
+        Some(FaultFile {
+            dev: 17,
+            ino: 7,
+            shared: true,
+            sysv: true,
+            ipc_ns: 4026531839,
+        })
+    );
+}
+
+fn file_event(kind: u32) -> HugetlbfsEvent {
+    let mut comm = [0u8; 16];
+    comm[..9].copy_from_slice(b"fallocate");
+    HugetlbfsEvent {
+        timestamp_ns: 2_000_000_000,
+        cgroup_id: 77,
+        ino: 12345,
+        offset: 2 << 20,
+        len: 4 << 20,
+        dev: 52,
+        kind,
+        tgid: 300,
+        pid: 301,
+        mode: 1,
+        ret: 0,
+        comm,
+    }
+}
+
+#[test]
+fn hugetlbfs_records_decode_each_kind_and_refuse_an_unknown_one() {
+    let made = decode_hugetlbfs(&bytes_of(&file_event(file_kind::ALLOC_INODE))).expect("decode");
+    assert_eq!(made.change, FileChange::Made);
+    assert_eq!(
+        (made.dev, made.ino, made.tgid, made.pid),
+        (52, 12345, 300, 301)
+    );
+    assert_eq!((made.comm.as_str(), made.cgroup_id), ("fallocate", 77));
+    assert_eq!(made.at, Duration::from_secs(2));
+    let fallocated =
+        decode_hugetlbfs(&bytes_of(&file_event(file_kind::FALLOCATE))).expect("decode");
+    assert_eq!(
+        fallocated.change,
+        FileChange::Fallocated {
+            offset: 2 << 20,
+            len: 4 << 20,
+            mode: 1,
+            ret: 0
+        }
+    );
+    let evicted = decode_hugetlbfs(&bytes_of(&file_event(file_kind::EVICT_INODE))).expect("decode");
+    assert_eq!(evicted.change, FileChange::Evicted);
+    assert_eq!(
+        decode_hugetlbfs(&bytes_of(&file_event(9))),
+        Err(DecodeError::FileKind(9))
+    );
+    assert!(matches!(
+        decode_hugetlbfs(&[0u8; 3]),
+        Err(DecodeError::Size { .. })
+    ));
 }

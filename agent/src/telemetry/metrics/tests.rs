@@ -88,6 +88,7 @@ fn probe_totals_and_reservation_ends_are_shown() {
     m.set_probe_losses(Losses {
         hugetlb_faults_lost: 3,
         cgroup_events_lost: 0,
+        hugetlbfs_events_lost: 2,
         find_vma_busy: 9,
     });
     m.reservation_ended(Released::Expired);
@@ -95,6 +96,7 @@ fn probe_totals_and_reservation_ends_are_shown() {
     let t = text(&m);
     for line in [
         "hugepage_agent_ring_buffer_lost_events_total{ring_buffer=\"hugetlb_faults\"} 3\n",
+        "hugepage_agent_ring_buffer_lost_events_total{ring_buffer=\"hugetlbfs_events\"} 2\n",
         "hugepage_agent_find_vma_busy_total 9\n",
         "hugepage_agent_reservations_ended_total{reason=\"expired\"} 1\n",
         "hugepage_agent_reservations_ended_total{reason=\"faulted\"} 0\n",

@@ -1,0 +1,340 @@
+//! The book the probes keep of hugetlbfs files and SysV segments between walks: who made a file
+//! (`hugetlbfs_alloc_inode`), who faulted its pages first and last (the fault record names the
+//! VMA's file, [`crate::probes::events::FaultFile`]), what `fallocate(2)` gave it without any
+//! fault, and when it went (`hugetlbfs_evict_inode`, which drops it at once). The walk stays the
+//! reconcile: it names the holders and their pages; the book adds what a walk cannot see after
+//! the fact (a process that made a file and exited), knows a segment nothing attaches to be
+//! hugepages' from its faults, and makes the latest walk stale when a file is made, grown,
+//! truncated or evicted ([`Book::generation`]).
+//!
+//! Files are keyed by their superblock's device and inode; a SysV segment by its IPC namespace
+//! and shmid (which its file's inode number is). The book holds at most [`CAPACITY`] entries,
+//! dropping the one touched longest ago; a walk that read every mount and process drops the
+//! entries of files it no longer finds, and one that read the segment table those of the
+//! agent's IPC namespace's segments it no longer lists ([`Reconcile`]).
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Holder, Kind, mounts::Dev, namespace_inode, pod_of, process_cgroup};
+use crate::{
+    probes::events::{FaultEvent, FileChange, FileEvent},
+    sysfs::HostFs,
+};
+
+/// The most entries the book keeps.
+pub const CAPACITY: usize = 16_384;
+
+/// `FALLOC_FL_PUNCH_HOLE`: a fallocate that frees pages rather than taking them.
+const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
+
+/// What a book entry is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Subject {
+    /// A file (in a mount, or a memfd) by its superblock's device and inode number.
+    File { dev: Dev, ino: u64 },
+    /// A SysV segment by its IPC namespace's inode number and its shmid.
+    Segment { ipc_ns: u32, shmid: u64 },
+}
+
+/// A process the probes saw act on a holder, as it was then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    pub pid: u32,
+    pub command: String,
+    pub cgroup: Option<String>,
+    /// CLOCK_MONOTONIC time of the event.
+    pub at: Duration,
+}
+
+/// What the probes saw of one holder.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub made: Option<Actor>,
+    pub first_fault: Option<Actor>,
+    pub last_fault: Option<Actor>,
+    /// Hugetlb faults taken in its shared mappings.
+    pub faults: u64,
+    /// The page size its faults had.
+    pub page_size: Option<u64>,
+    /// Bytes successful `fallocate(2)` calls asked for (punched holes not counted).
+    pub fallocated_bytes: u64,
+    /// CLOCK_MONOTONIC time of its latest event.
+    touched: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    entries: HashMap<Subject, Entry>,
+    generation: u64,
+}
+
+/// The book, shared by the run loop (which writes it) and the API (which reads it).
+#[derive(Debug, Clone, Default)]
+pub struct Book(Arc<Mutex<Inner>>);
+
+/// A holder's book entry as the answer shows it (`probes` of a holder).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Seen {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made_by: Option<Witness>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_fault_by: Option<Witness>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fault_by: Option<Witness>,
+    pub faults: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fallocated_bytes: u64,
+}
+
+/// A process the probes saw act on a holder: what it was, and whether a process of that pid
+/// runs now (pids are reused).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Witness {
+    pub pid: u32,
+    pub command: String,
+    pub running: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// When, RFC 3339.
+    pub at: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Book {
+    /// Bumped whenever a file is made, fallocated, truncated or evicted: a walk made before is
+    /// stale.
+    pub fn generation(&self) -> u64 {
+        self.0.lock().map_or(0, |b| b.generation)
+    }
+
+    /// A hugetlb fault with its VMA's file; `cgroup` is asked for only when the fault names a new
+    /// actor (the first fault, or one of another process than the last). Only a shared mapping's
+    /// fault is the file's: a private mapping's page is its process's own, even one read from
+    /// the file (the agent's own read-only query of a file's nodes is such a mapping).
+    pub fn fault(&self, f: &FaultEvent, cgroup: impl FnOnce(u32) -> Option<String>) {
+        let Some(file) = f.file.filter(|file| file.shared) else {
+            return;
+        };
+        let subject = if file.sysv && file.ipc_ns != 0 {
+            Subject::Segment {
+                ipc_ns: file.ipc_ns,
+                shmid: file.ino,
+            }
+        } else {
+            Subject::File {
+                dev: Dev::from_kernel(file.dev),
+                ino: file.ino,
+            }
+        };
+        let Ok(mut book) = self.0.lock() else {
+            return;
+        };
+        let entry = book.entry(subject, f.at);
+        entry.faults += 1;
+        entry.page_size = f.page_size.or(entry.page_size);
+        let new_actor = entry.last_fault.as_ref().is_none_or(|a| a.pid != f.tgid);
+        if new_actor {
+            let actor = Actor {
+                pid: f.tgid,
+                command: f.comm.clone(),
+                cgroup: cgroup(f.tgid),
+                at: f.at,
+            };
+            entry.first_fault.get_or_insert_with(|| actor.clone());
+            entry.last_fault = Some(actor);
+        } else if let Some(last) = &mut entry.last_fault {
+            last.at = f.at;
+        }
+    }
+
+    /// A hugetlbfs inode event: a file made, fallocated or truncated is booked and the latest
+    /// walk made stale; an evicted one leaves the book.
+    pub fn file(&self, e: &FileEvent, cgroup: impl FnOnce(u32) -> Option<String>) {
+        let subject = Subject::File {
+            dev: Dev::from_kernel(e.dev),
+            ino: e.ino,
+        };
+        let Ok(mut book) = self.0.lock() else {
+            return;
+        };
+        book.generation += 1;
+        match e.change {
+            FileChange::Evicted => {
+                book.entries.remove(&subject);
+            }
+            FileChange::Made => {
+                let actor = Actor {
+                    pid: e.tgid,
+                    command: e.comm.clone(),
+                    cgroup: cgroup(e.tgid),
+                    at: e.at,
+                };
+                // A new inode of a number seen before is another file: its old entry goes.
+                *book.entry(subject, e.at) = Entry {
+                    made: Some(actor),
+                    touched: e.at,
+                    ..Entry::default()
+                };
+            }
+            FileChange::Fallocated { len, mode, ret, .. } => {
+                let entry = book.entry(subject, e.at);
+                if ret == 0 && mode & FALLOC_FL_PUNCH_HOLE == 0 {
+                    entry.fallocated_bytes += u64::try_from(len).unwrap_or(0);
+                }
+            }
+            FileChange::AttributesSet => {
+                book.entry(subject, e.at);
+            }
+        }
+    }
+
+    /// The page size of each segment of IPC namespace `ipc_ns` that faults were taken in.
+    pub fn faulted_segments(&self, ipc_ns: u32) -> HashMap<u64, u64> {
+        let Ok(book) = self.0.lock() else {
+            return HashMap::new();
+        };
+        book.entries
+            .iter()
+            .filter_map(|(subject, entry)| match *subject {
+                Subject::Segment { ipc_ns: ns, shmid } if ns == ipc_ns => {
+                    Some((shmid, entry.page_size?))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Gives each holder what the book saw of it (`probes`), then drops what `reconcile` says
+    /// the walk would have found and did not.
+    pub fn annotate(
+        &self,
+        host: &HostFs,
+        holders: &mut [Holder],
+        own_ipc_ns: Option<u32>,
+        reconcile: Reconcile,
+    ) {
+        let Ok(mut book) = self.0.lock() else {
+            return;
+        };
+        let now = (SystemTime::now(), crate::numa::map::monotonic_now());
+        let mut found = HashSet::new();
+        for h in holders.iter_mut() {
+            let Some(subject) = subject_of(h, own_ipc_ns) else {
+                continue;
+            };
+            found.insert(subject);
+            if let Some(entry) = book.entries.get(&subject) {
+                h.probes = Some(seen(host, entry, now));
+            }
+        }
+        book.entries.retain(|subject, entry| {
+            let complete = match subject {
+                Subject::File { .. } => reconcile.files,
+                Subject::Segment { ipc_ns, .. } => {
+                    reconcile.segments && own_ipc_ns == Some(*ipc_ns)
+                }
+            };
+            !complete || found.contains(subject) || entry.touched >= reconcile.walk_began
+        });
+    }
+}
+
+/// What a walk saw whole: entries touched before it began (CLOCK_MONOTONIC) of a kind it saw
+/// whole, whose holder it did not find, are gone.
+#[derive(Debug, Clone, Copy)]
+pub struct Reconcile {
+    pub walk_began: Duration,
+    /// Every mount, process and descriptor was read: every file that holds pages was found.
+    pub files: bool,
+    /// The agent's IPC namespace's segment table was read: its every segment was found.
+    pub segments: bool,
+}
+
+impl Inner {
+    /// The entry of `subject`, made when new (dropping the entry touched longest ago when the
+    /// book is full), touched at `at`.
+    fn entry(&mut self, subject: Subject, at: Duration) -> &mut Entry {
+        if !self.entries.contains_key(&subject)
+            && self.entries.len() >= CAPACITY
+            && let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.touched)
+                .map(|(s, _)| *s)
+        {
+            self.entries.remove(&oldest);
+        }
+        let entry = self.entries.entry(subject).or_default();
+        entry.touched = entry.touched.max(at);
+        entry
+    }
+}
+
+/// The book's key for a holder: a file's device and inode, a segment's IPC namespace (the
+/// agent's, or the one its users' link names) and shmid.
+fn subject_of(h: &Holder, own_ipc_ns: Option<u32>) -> Option<Subject> {
+    match h.kind {
+        Kind::HugetlbfsFile | Kind::Memfd => Some(Subject::File {
+            dev: h.dev?,
+            ino: h.inode?,
+        }),
+        Kind::SysvSegment => Some(Subject::Segment {
+            ipc_ns: match &h.ipc_namespace {
+                Some(link) => namespace_inode(link)?,
+                None => own_ipc_ns?,
+            },
+            shmid: h.shmid?,
+        }),
+        Kind::Unexplained => None,
+    }
+}
+
+fn seen(host: &HostFs, entry: &Entry, now: (SystemTime, Duration)) -> Seen {
+    let witness = |a: &Option<Actor>| a.as_ref().map(|a| witness(host, a, now));
+    Seen {
+        made_by: witness(&entry.made),
+        first_fault_by: witness(&entry.first_fault),
+        last_fault_by: witness(&entry.last_fault),
+        faults: entry.faults,
+        fallocated_bytes: entry.fallocated_bytes,
+    }
+}
+
+fn witness(host: &HostFs, a: &Actor, (wall, monotonic): (SystemTime, Duration)) -> Witness {
+    let at = wall
+        .checked_sub(monotonic.saturating_sub(a.at))
+        .unwrap_or(wall);
+    let (pod_uid, container_id) = a.cgroup.as_deref().map(pod_of).unwrap_or_default();
+    Witness {
+        pid: a.pid,
+        command: a.command.clone(),
+        running: host.exists(format!("/proc/{}", a.pid)),
+        cgroup: a.cgroup.clone(),
+        pod_uid,
+        container_id,
+        at: humantime::format_rfc3339_millis(at).to_string(),
+    }
+}
+
+/// A process's cgroup (v2) as it is now, for the book's actors: read through `--host-root`.
+pub fn cgroup_now(host: &HostFs) -> impl Fn(u32) -> Option<String> + '_ {
+    move |pid| process_cgroup(host, pid)
+}
+
+#[cfg(test)]
+mod tests;
