@@ -842,6 +842,12 @@ fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
     running.wait_for("hugetlb fault", Duration::from_secs(5), |l| {
         l["tgid"] == pid
     });
+    // The hugetlbfs programs too, where the kernel has them, under the same privileges.
+    if hugepage_agent_tests::kernel_has_hugetlbfs_tracepoints().expect("this kernel has BTF") {
+        running.wait_for("hugetlbfs probes attached", Duration::from_secs(5), |_| {
+            true
+        });
+    }
 
     // Admission over mTLS, with KEP-5759's message; a reservation; no certificate, no answer.
     let free = read_u64(&format!("{NODE0_2M}/free_hugepages"));

@@ -16,19 +16,13 @@ use std::{
 use hugepage_agent_tests::{
     Agent, HugepagePool, agent_bin, host_lock, http,
     hugetlbfs::{Mounted, Segment, fault_file, left_behind, open},
+    kernel_has_hugetlbfs_tracepoints,
 };
 use serde_json::Value;
 
 const MI2: u64 = 2 << 20;
 const GI1: u64 = 1 << 30;
 const POOL_1G: &str = "/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages";
-
-/// Whether this kernel has the hugetlbfs tracepoints (kernels newer than 6.12), as its BTF says.
-fn kernel_has_hugetlbfs_tracepoints() -> bool {
-    let btf = fs::read("/sys/kernel/btf/vmlinux").expect("this kernel has BTF");
-    let name = b"btf_trace_hugetlbfs_fallocate";
-    btf.windows(name.len()).any(|w| w == name)
-}
 
 /// The agent on this host with its probes loaded (as root), inspecting every process's faults.
 fn agent_with_probes() -> Agent {
@@ -396,7 +390,7 @@ fn the_probes_name_who_made_and_faulted_what_nothing_runs_holds_and_an_eviction_
     let _pool = HugepagePool::reserve(&lock, 16);
     let mount = Mounted::new(&lock, "pagesize=2M", None);
     let mut agent = agent_with_probes();
-    let tracepoints = kernel_has_hugetlbfs_tracepoints();
+    let tracepoints = kernel_has_hugetlbfs_tracepoints().expect("this kernel has BTF");
     let attached = !agent.lines_with("hugetlbfs probes attached").is_empty();
     assert_eq!(
         attached,

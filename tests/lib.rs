@@ -50,6 +50,14 @@ pub fn require_root() {
     );
 }
 
+/// Whether the running kernel has the hugetlbfs tracepoints (`hugetlbfs_alloc_inode` and its
+/// kin, in kernels newer than 6.12), as its BTF says.
+pub fn kernel_has_hugetlbfs_tracepoints() -> std::io::Result<bool> {
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux")?;
+    let name = b"btf_trace_hugetlbfs_fallocate";
+    Ok(btf.windows(name.len()).any(|w| w == name))
+}
+
 /// Held while a test changes the host; tests in other processes wait for it. The lock is the
 /// open file's `flock`, released when the file closes.
 pub struct HostLock {

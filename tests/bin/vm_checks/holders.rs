@@ -74,7 +74,8 @@ pub fn orphans(lock: &HostLock, agent: &Agent) -> CheckResult {
             "the file: expected the probes to have seen this process ({me}) take its {FILE_PAGES} faults: {f}"
         ));
     }
-    let tracepoints = kernel_has_hugetlbfs_tracepoints()?;
+    let tracepoints = hugepage_agent_tests::kernel_has_hugetlbfs_tracepoints()
+        .map_err(|e| format!("kernel BTF: {e}"))?;
     let maker = seen["madeBy"]["pid"].as_u64();
     let made = match (tracepoints, maker) {
         (true, Some(pid)) if pid == u64::from(me) => "made by this process (hugetlbfs_alloc_inode)",
@@ -106,11 +107,4 @@ pub fn orphans(lock: &HostLock, agent: &Agent) -> CheckResult {
          segment {} known by its faults, {seg_bytes} bytes held by nothing that runs, node not known",
         segment.id
     ))
-}
-
-/// Whether the kernel has the hugetlbfs tracepoints (kernels newer than 6.12), as its BTF says.
-fn kernel_has_hugetlbfs_tracepoints() -> Result<bool, String> {
-    let btf = std::fs::read("/sys/kernel/btf/vmlinux").map_err(|e| format!("kernel BTF: {e}"))?;
-    let name = b"btf_trace_hugetlbfs_fallocate";
-    Ok(btf.windows(name.len()).any(|w| w == name))
 }
