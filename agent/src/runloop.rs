@@ -177,14 +177,15 @@ impl RunLoop {
             ProbeEvent::Fault(f) => {
                 if self.probes.on_fault(&f) {
                     self.faults.record(f.cgroup_id, SystemTime::now());
-                    self.book.fault(&f, cgroup_now(&self.host));
+                    self.book
+                        .fault(&f, cgroup_now(&self.host, self.probes.v2()));
                     self.metrics.fault(f.numa_node, f.page_size.map(PageSize));
                     self.refresher
                         .schedule(f.page_size.map(PageSize), f.at, f.settled());
                 }
             }
             ProbeEvent::Cgroup(c) => self.on_cgroup(&c),
-            ProbeEvent::File(e) => self.book.file(&e, cgroup_now(&self.host)),
+            ProbeEvent::File(e) => self.book.file(&e, cgroup_now(&self.host, self.probes.v2())),
         }
     }
 

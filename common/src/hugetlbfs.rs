@@ -8,7 +8,8 @@ pub const EVENTS_BYTES: u32 = 128 * 1024;
 
 /// Which tracepoint produced a [`HugetlbfsEvent`] (the `kind` field).
 pub mod kind {
-    /// `hugetlbfs_alloc_inode`: a file (or a memfd's or a SysV segment's inode) made.
+    /// `hugetlbfs_alloc_inode`: a file or directory made in a mount (not the inodes of the
+    /// kernel's own mounts, which have no directory).
     pub const ALLOC_INODE: u32 = 1;
     /// `hugetlbfs_evict_inode`: the inode goes, and its pages back to the pool.
     pub const EVICT_INODE: u32 = 2;
@@ -37,8 +38,10 @@ pub struct HugetlbfsEvent {
     pub kind: u32,
     pub tgid: u32,
     pub pid: u32,
-    /// [`kind::FALLOCATE`]: its `mode` (`FALLOC_FL_*`) and result (0 or `-errno`); else 0.
+    /// [`kind::FALLOCATE`]: its `mode` (`FALLOC_FL_*`); [`kind::ALLOC_INODE`]: the inode's mode
+    /// (`S_IFREG | 0644` …); else 0.
     pub mode: u32,
+    /// [`kind::FALLOCATE`]: its result (0 or `-errno`); else 0.
     pub ret: i32,
     /// Task name, NUL-padded.
     pub comm: [u8; 16],

@@ -41,10 +41,10 @@ pub struct KernelOffsets {
     /// 1 when the file chain above (with `vma_vm_file`, `file_f_inode`, `inode_i_sb`) is known;
     /// 0 makes the programs report no file.
     pub file_known: u64,
-    /// `task_struct.nsproxy`.
-    pub task_nsproxy: u64,
-    /// `nsproxy.ipc_ns`.
-    pub nsproxy_ipc_ns: u64,
+    /// `file.private_data`: a SysV segment's attached file's `struct shm_file_data`.
+    pub file_private_data: u64,
+    /// `shm_file_data.ns`: the segment's IPC namespace.
+    pub shm_file_data_ns: u64,
     /// `ipc_namespace.ns` plus `ns_common.inum`: the namespace's inode number.
     pub ipc_ns_inum: u64,
     /// 1 when the IPC namespace chain above is known.
@@ -87,8 +87,8 @@ impl KernelOffsets {
         file_dentry: 0,
         dentry_name: 0,
         file_known: 0,
-        task_nsproxy: 0,
-        nsproxy_ipc_ns: 0,
+        file_private_data: 0,
+        shm_file_data_ns: 0,
         ipc_ns_inum: 0,
         ipc_ns_known: 0,
         cgroup_root: 0,

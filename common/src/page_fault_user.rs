@@ -65,8 +65,9 @@ pub mod file {
     /// The VMA is shared (`VM_MAYSHARE`, `MAP_SHARED`): the page is the file's, in its page
     /// cache.
     pub const SHARED: u32 = 2;
-    /// The file is a SysV segment's (its name starts `SYSV`): `file_ino` is the shmid, in the
-    /// IPC namespace [`super::HugetlbFault::ipc_ns`].
+    /// The file is a SysV segment's attached file (its name starts `SYSV`, and its
+    /// `shm_file_data` names the segment's namespace): `file_ino` is the shmid, in the IPC
+    /// namespace [`super::HugetlbFault::ipc_ns`].
     pub const SYSV: u32 = 4;
 }
 
@@ -101,7 +102,7 @@ pub struct HugetlbFault {
     pub file_dev: u32,
     /// Bits of [`file`].
     pub file_flags: u32,
-    /// The inode number of the faulting task's IPC namespace; 0 when unknown.
+    /// With [`file::SYSV`], the inode number of the segment's IPC namespace; else 0.
     pub ipc_ns: u32,
     pub _pad: u32,
 }

@@ -25,7 +25,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    page_fault_user::{hugetlb_page_size, inspected, report, vma_file},
+    page_fault_user::{VmaFile, hugetlb_page_size, inspected, report, vma_file},
     shared::offset,
 };
 
@@ -36,6 +36,9 @@ const ARG_FLAGS: usize = 3;
 const ARG_RETURN: usize = 4;
 /// `FAULT_FLAG_WRITE` (`include/linux/mm_types.h`).
 const FAULT_FLAG_WRITE: u64 = 1;
+/// `VM_FAULT_RETRY | VM_FAULT_COMPLETED` (`include/linux/mm_types.h`): the handler returned
+/// without the mmap lock.
+const VM_FAULT_LOCK_DROPPED: u64 = 0x400 | 0x4000;
 /// The x86 page-fault error code's write bit (`X86_PF_WRITE`).
 const X86_PF_WRITE: u64 = 2;
 
@@ -67,11 +70,18 @@ pub fn hugetlb_fault_done(ctx: FExitContext) -> u32 {
     let address: u64 = ctx.arg(ARG_ADDRESS);
     let flags: u64 = ctx.arg(ARG_FLAGS);
     let vm_fault: u64 = ctx.arg(ARG_RETURN);
+    // A handler that gave the mmap lock up may have seen the VMA freed and reused since: its
+    // file is not read then (the retried fault reports it).
+    let file = if vm_fault & VM_FAULT_LOCK_DROPPED == 0 {
+        file_of(vma)
+    } else {
+        VmaFile::UNKNOWN
+    };
     report(
         cgroup_id,
         address,
         hugetlb_page_size(vma),
-        file_of(vma),
+        file,
         error_code(flags),
         Some(vm_fault as u32),
     );
@@ -80,7 +90,7 @@ pub fn hugetlb_fault_done(ctx: FExitContext) -> u32 {
 
 /// The VMA's file ([`vma_file`]), with its `vm_flags` read here.
 #[inline(always)]
-fn file_of(vma: *const u8) -> crate::page_fault_user::VmaFile {
+fn file_of(vma: *const u8) -> VmaFile {
     // SAFETY: `vma` is the handler's BTF pointer to the VMA; probe reads tolerate any address.
     let vm_flags = unsafe {
         aya_ebpf::helpers::bpf_probe_read_kernel(

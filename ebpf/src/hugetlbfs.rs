@@ -33,6 +33,8 @@ use crate::{
 static HUGETLBFS_EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 
 const ARG_INODE: usize = 0;
+const ARG_ALLOC_DIR: usize = 1;
+const ARG_ALLOC_MODE: usize = 2;
 const ARG_FALLOCATE_MODE: usize = 1;
 const ARG_FALLOCATE_OFFSET: usize = 2;
 const ARG_FALLOCATE_LEN: usize = 3;
@@ -40,7 +42,21 @@ const ARG_FALLOCATE_RET: usize = 4;
 
 #[raw_tracepoint(tracepoint = "hugetlbfs_alloc_inode")]
 pub fn hugetlbfs_alloc_inode(ctx: RawTracePointContext) -> i32 {
-    write(kind::ALLOC_INODE, ctx.arg(ARG_INODE), [0, 0], 0, 0);
+    // No directory: an inode of the kernel's own mounts (`hugetlb_file_setup`: a SysV segment,
+    // a memfd, an anonymous `MAP_HUGETLB` mapping), made afresh for every such mapping and, for a
+    // segment, renumbered to its shmid after this. Only files of mounts are booked as made.
+    let dir: *const u8 = ctx.arg(ARG_ALLOC_DIR);
+    if dir.is_null() {
+        return 0;
+    }
+    let mode: u64 = ctx.arg(ARG_ALLOC_MODE);
+    write(
+        kind::ALLOC_INODE,
+        ctx.arg(ARG_INODE),
+        [0, 0],
+        mode as u32,
+        0,
+    );
     0
 }
 

@@ -13,8 +13,7 @@ use aya_ebpf::{
     cty::{c_long, c_void},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_current_task, bpf_get_numa_node_id, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
+        bpf_get_numa_node_id, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{bpf_find_vma, bpf_get_current_task_btf},
     },
     macros::{map, raw_tracepoint},
@@ -61,13 +60,16 @@ pub(crate) struct VmaFile {
     pub dev: u32,
     /// Bits of `page_fault_user::file`.
     pub flags: u32,
+    /// A SysV segment's IPC namespace (its inode number); else 0.
+    pub ipc_ns: u32,
 }
 
 impl VmaFile {
-    const UNKNOWN: VmaFile = VmaFile {
+    pub(crate) const UNKNOWN: VmaFile = VmaFile {
         ino: 0,
         dev: 0,
         flags: 0,
+        ipc_ns: 0,
     };
 }
 
@@ -172,11 +174,7 @@ pub(crate) fn report(
         file_ino: file.ino,
         file_dev: file.dev,
         file_flags: file.flags,
-        ipc_ns: if file.flags & file::SYSV != 0 {
-            current_ipc_ns()
-        } else {
-            0
-        },
+        ipc_ns: file.ipc_ns,
         _pad: 0,
     });
     entry.submit(0);
@@ -251,8 +249,10 @@ extern "C" fn inspect_vma(_task: *mut c_void, vma: *mut c_void, data: *mut c_voi
 }
 
 /// The VMA's file: `vm_file->f_inode`'s `i_ino` and `i_sb->s_dev`, whether the VMA is shared
-/// (`VM_MAYSHARE` in `vm_flags`, which the caller read), and whether the file is a SysV segment's (its dentry's
-/// name). Unknown (no flags) when the kernel's BTF did not describe the chain or a read failed.
+/// (`VM_MAYSHARE` in `vm_flags`, which the caller read), and for a SysV segment's attached file
+/// (its dentry's name starts `SYSV` and its `private_data` is the `shm_file_data` that names
+/// the segment's IPC namespace) that namespace. Unknown (no flags) when the kernel's BTF did
+/// not describe the chain or a read failed.
 #[inline(always)]
 pub(crate) fn vma_file(vma: *const u8, vm_flags: u64) -> VmaFile {
     if offset!(file_known) == 0 {
@@ -275,31 +275,38 @@ pub(crate) fn vma_file(vma: *const u8, vm_flags: u64) -> VmaFile {
             flags |= file::SHARED;
         }
         let name = follow(follow(vm_file, offset!(file_dentry))?, offset!(dentry_name))?;
+        let mut ipc_ns = 0;
         // SAFETY: as above.
-        if unsafe { bpf_probe_read_kernel(name.cast::<u32>()) } == Ok(SYSV_NAME) {
+        if unsafe { bpf_probe_read_kernel(name.cast::<u32>()) } == Ok(SYSV_NAME)
+            && let Some(ns) = segment_namespace(vm_file)
+        {
             flags |= file::SYSV;
+            ipc_ns = ns;
         }
-        Ok(VmaFile { ino, dev, flags })
+        Ok(VmaFile {
+            ino,
+            dev,
+            flags,
+            ipc_ns,
+        })
     };
     read().unwrap_or(VmaFile::UNKNOWN)
 }
 
-/// The inode number of the current task's IPC namespace
-/// (`current->nsproxy->ipc_ns->ns.inum`), or 0 when unknown.
+/// The inode number of the IPC namespace of the segment whose attached file `vm_file` is
+/// (`((struct shm_file_data *)vm_file->private_data)->ns->ns.inum`), when known.
 #[inline(always)]
-fn current_ipc_ns() -> u32 {
+fn segment_namespace(vm_file: *const u8) -> Option<u32> {
     if offset!(ipc_ns_known) == 0 {
-        return 0;
+        return None;
     }
-    // SAFETY: helper without preconditions.
-    let task = unsafe { bpf_get_current_task() } as *const u8;
     let read = || -> Result<u32, i32> {
-        let nsproxy = follow(task, offset!(task_nsproxy))?;
-        let ipc_ns = follow(nsproxy, offset!(nsproxy_ipc_ns))?;
+        let sfd = follow(vm_file, offset!(file_private_data))?;
+        let ns = follow(sfd, offset!(shm_file_data_ns))?;
         // SAFETY: probe reads tolerate any address.
-        unsafe { bpf_probe_read_kernel(ipc_ns.add(offset!(ipc_ns_inum) as usize).cast::<u32>()) }
+        unsafe { bpf_probe_read_kernel(ns.add(offset!(ipc_ns_inum) as usize).cast::<u32>()) }
     };
-    read().unwrap_or(0)
+    read().ok().filter(|&inum| inum != 0)
 }
 
 /// `PAGE_SIZE << vma->vm_file->f_inode->i_sb->s_fs_info->hstate->order`, or 0 when unknown.

@@ -279,15 +279,15 @@ fn holder_schemas() -> Value {
                     "openFds": {"type": "array", "items": {"type": "integer"}},
                     "cgroup": {"type": "string"}, "podUid": {"type": "string"}, "containerId": {"type": "string"}
                 }}},
-                "probes": {"type": "object", "required": ["faults"], "description": "what the eBPF probes saw of it while the agent ran: who made it (hugetlbfs_alloc_inode, kernels newer than 6.12), who took its first and last hugetlb faults, what fallocate(2) gave it", "properties": {
+                "probes": {"type": "object", "required": ["faults"], "description": "what the eBPF probes saw of it while the agent ran: who made it (hugetlbfs_alloc_inode, kernels newer than 6.12; files of mounts only), who took its first and last hugetlb faults, what fallocate(2) gave it", "properties": {
                     "madeBy": {"$ref": "#/components/schemas/Witness"}, "firstFaultBy": {"$ref": "#/components/schemas/Witness"}, "lastFaultBy": {"$ref": "#/components/schemas/Witness"},
                     "faults": {"type": "integer", "description": "hugetlb faults taken in it"},
-                    "fallocatedBytes": {"type": "integer", "description": "bytes successful fallocate(2) calls asked for, punched holes not counted"}
+                    "fallocatedBytes": {"type": "integer", "description": "bytes successful fallocate(2) calls asked for since the agent started: a range asked twice counts twice; punched holes and truncations do not subtract"}
                 }}
             }},
-            "Witness": {"type": "object", "required": ["pid", "command", "running", "at"], "description": "a process as the probes saw it act", "properties": {
+            "Witness": {"type": "object", "required": ["pid", "command", "running", "cgroupId", "at"], "description": "a process as the probes saw it act", "properties": {
                 "pid": {"type": "integer"}, "command": {"type": "string"}, "running": {"type": "boolean", "description": "a process of that pid runs now (pids are reused)"},
-                "cgroup": {"type": "string", "description": "its cgroup (v2) when the event came"}, "podUid": {"type": "string"}, "containerId": {"type": "string"},
+                "cgroupId": {"type": "integer", "description": "the cgroup v2 id the kernel gave with the event (its directory's inode number)"}, "cgroup": {"type": "string", "description": "that cgroup's path, when the agent read it while the process was still in it"}, "podUid": {"type": "string"}, "containerId": {"type": "string"},
                 "at": {"type": "string", "format": "date-time"}
             }},
             "NamedPid": {"type": "object", "required": ["pid", "running"], "properties": {"pid": {"type": "integer"}, "running": {"type": "boolean", "description": "a process of that pid runs now (pids are reused)"}}},

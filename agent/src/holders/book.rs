@@ -1,20 +1,23 @@
 //! The book the probes keep of hugetlbfs files and SysV segments between walks: who made a file
 //! (`hugetlbfs_alloc_inode`), who faulted its pages first and last (the fault record names the
-//! VMA's file, [`crate::probes::events::FaultFile`]), what `fallocate(2)` gave it without any
-//! fault, and when it went (`hugetlbfs_evict_inode`, which drops it at once). The walk stays the
-//! reconcile: it names the holders and their pages; the book adds what a walk cannot see after
-//! the fact (a process that made a file and exited), knows a segment nothing attaches to be
-//! hugepages' from its faults, and makes the latest walk stale when a file is made, grown,
-//! truncated or evicted ([`Book::generation`]).
+//! VMA's file, [`crate::probes::events::FaultFile`]), what `fallocate(2)` asked for, and when it
+//! went (`hugetlbfs_evict_inode`, which drops it at once). The walk stays the reconcile: it names
+//! the holders and their pages; the book adds what a walk cannot see after the fact (a process
+//! that made a file and exited), knows a segment nothing attaches to be hugepages' from its
+//! faults, and makes the latest walk stale when a file the book or the last walk knows is
+//! fallocated, truncated or evicted ([`Book::generation`]).
 //!
 //! Files are keyed by their superblock's device and inode; a SysV segment by its IPC namespace
-//! and shmid (which its file's inode number is). The book holds at most [`CAPACITY`] entries,
-//! dropping the one touched longest ago; a walk that read every mount and process drops the
-//! entries of files it no longer finds, and one that read the segment table those of the
-//! agent's IPC namespace's segments it no longer lists ([`Reconcile`]).
+//! and shmid (which its file's inode number is). The fault ring and the hugetlbfs ring are read
+//! apart, so events are weighed by their kernel timestamps: a file made after faults of the same
+//! inode number started a new file, faults of an inode older than its eviction are not booked.
+//! The book holds at most [`CAPACITY`] entries, dropping the one touched longest ago; a walk
+//! that read every mount and process drops the entries of files it no longer finds, and one that
+//! read the segment table those of the agent's IPC namespace's segments it no longer lists
+//! ([`Reconcile`]).
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, HashSet, VecDeque},
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
@@ -23,7 +26,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{Holder, Kind, mounts::Dev, namespace_inode, pod_of, process_cgroup};
 use crate::{
-    probes::events::{FaultEvent, FileChange, FileEvent},
+    probes::{
+        events::{FaultEvent, FileChange, FileEvent},
+        watch::CgroupV2,
+    },
     sysfs::HostFs,
 };
 
@@ -32,6 +38,12 @@ pub const CAPACITY: usize = 16_384;
 
 /// `FALLOC_FL_PUNCH_HOLE`: a fallocate that frees pages rather than taking them.
 const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
+/// `S_IFMT` and `S_IFREG`: only regular files are booked as made.
+const S_IFMT: u32 = 0o170_000;
+const S_IFREG: u32 = 0o100_000;
+/// How many evictions are remembered, so that a fault read after its inode's eviction (the two
+/// rings are read apart) is not booked as a new file.
+const EVICTIONS_KEPT: usize = 256;
 
 /// What a book entry is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,6 +59,9 @@ pub enum Subject {
 pub struct Actor {
     pub pid: u32,
     pub command: String,
+    /// The cgroup v2 id the kernel gave with the event.
+    pub cgroup_id: u64,
+    /// That cgroup's path, when the agent could read it before the process left it.
     pub cgroup: Option<String>,
     /// CLOCK_MONOTONIC time of the event.
     pub at: Duration,
@@ -64,6 +79,8 @@ pub struct Entry {
     pub page_size: Option<u64>,
     /// Bytes successful `fallocate(2)` calls asked for (punched holes not counted).
     pub fallocated_bytes: u64,
+    /// A segment's file's device (the kernel's own hugetlbfs mount), for its eviction.
+    file_dev: Option<Dev>,
     /// CLOCK_MONOTONIC time of its latest event.
     touched: Duration,
 }
@@ -72,6 +89,10 @@ pub struct Entry {
 struct Inner {
     entries: HashMap<Subject, Entry>,
     generation: u64,
+    /// The files (device, inode) the last walk saw, whether they held pages or not.
+    walked: HashSet<(Dev, u64)>,
+    /// The latest evictions: device, inode, when.
+    evicted: VecDeque<(Dev, u64, Duration)>,
 }
 
 /// The book, shared by the run loop (which writes it) and the API (which reads it).
@@ -101,6 +122,9 @@ pub struct Witness {
     pub pid: u32,
     pub command: String,
     pub running: bool,
+    /// The cgroup v2 id the kernel gave (the inode number of its directory).
+    pub cgroup_id: u64,
+    /// Its path, when the agent read it before the process left it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -122,83 +146,117 @@ impl Book {
         self.0.lock().map_or(0, |b| b.generation)
     }
 
-    /// A hugetlb fault with its VMA's file; `cgroup` is asked for only when the fault names a new
-    /// actor (the first fault, or one of another process than the last). Only a shared mapping's
-    /// fault is the file's: a private mapping's page is its process's own, even one read from
-    /// the file (the agent's own read-only query of a file's nodes is such a mapping).
-    pub fn fault(&self, f: &FaultEvent, cgroup: impl FnOnce(u32) -> Option<String>) {
+    /// A hugetlb fault with its VMA's file; `cgroup` (pid, cgroup id) is asked for only when the
+    /// fault names a new actor (the first fault, or one of another process than the last). Only
+    /// a shared mapping's fault is the file's: a private mapping's page is its process's own,
+    /// even one read from the file (the agent's own read-only query of a file's nodes is such a
+    /// mapping). A fault older than its inode's eviction is not booked.
+    pub fn fault(&self, f: &FaultEvent, cgroup: impl FnOnce(u32, u64) -> Option<String>) {
         let Some(file) = f.file.filter(|file| file.shared) else {
             return;
         };
+        let dev = Dev::from_kernel(file.dev);
         let subject = if file.sysv && file.ipc_ns != 0 {
             Subject::Segment {
                 ipc_ns: file.ipc_ns,
                 shmid: file.ino,
             }
         } else {
-            Subject::File {
-                dev: Dev::from_kernel(file.dev),
-                ino: file.ino,
-            }
+            Subject::File { dev, ino: file.ino }
         };
         let Ok(mut book) = self.0.lock() else {
             return;
         };
+        if book.evicted_after(dev, file.ino, f.at) {
+            return;
+        }
         let entry = book.entry(subject, f.at);
         entry.faults += 1;
         entry.page_size = f.page_size.or(entry.page_size);
+        if matches!(subject, Subject::Segment { .. }) {
+            entry.file_dev = Some(dev);
+        }
         let new_actor = entry.last_fault.as_ref().is_none_or(|a| a.pid != f.tgid);
         if new_actor {
             let actor = Actor {
                 pid: f.tgid,
                 command: f.comm.clone(),
-                cgroup: cgroup(f.tgid),
+                cgroup_id: f.cgroup_id,
+                cgroup: cgroup(f.tgid, f.cgroup_id),
                 at: f.at,
             };
             entry.first_fault.get_or_insert_with(|| actor.clone());
             entry.last_fault = Some(actor);
         } else if let Some(last) = &mut entry.last_fault {
-            last.at = f.at;
+            last.at = last.at.max(f.at);
         }
     }
 
-    /// A hugetlbfs inode event: a file made, fallocated or truncated is booked and the latest
-    /// walk made stale; an evicted one leaves the book.
-    pub fn file(&self, e: &FileEvent, cgroup: impl FnOnce(u32) -> Option<String>) {
-        let subject = Subject::File {
-            dev: Dev::from_kernel(e.dev),
-            ino: e.ino,
-        };
+    /// A hugetlbfs inode event: a regular file made is booked; one fallocated, truncated or
+    /// evicted that the book or the last walk knows makes the latest walk stale; an evicted one
+    /// leaves the book, with the segment whose file it was.
+    pub fn file(&self, e: &FileEvent, cgroup: impl FnOnce(u32, u64) -> Option<String>) {
+        let dev = Dev::from_kernel(e.dev);
+        let subject = Subject::File { dev, ino: e.ino };
         let Ok(mut book) = self.0.lock() else {
             return;
         };
-        book.generation += 1;
+        let known = book.entries.contains_key(&subject) || book.walked.contains(&(dev, e.ino));
         match e.change {
-            FileChange::Evicted => {
-                book.entries.remove(&subject);
-            }
-            FileChange::Made => {
+            FileChange::Made { mode } => {
+                if mode & S_IFMT != S_IFREG {
+                    return;
+                }
                 let actor = Actor {
                     pid: e.tgid,
                     command: e.comm.clone(),
-                    cgroup: cgroup(e.tgid),
+                    cgroup_id: e.cgroup_id,
+                    cgroup: cgroup(e.tgid, e.cgroup_id),
                     at: e.at,
                 };
-                // A new inode of a number seen before is another file: its old entry goes.
-                *book.entry(subject, e.at) = Entry {
-                    made: Some(actor),
-                    touched: e.at,
-                    ..Entry::default()
-                };
+                let entry = book.entry(subject, e.at);
+                // What was booked of this inode number before it was made is another file's;
+                // faults read first (the rings are read apart) are this one's.
+                let before = |a: &Option<Actor>| a.as_ref().is_some_and(|a| a.at < e.at);
+                if before(&entry.made) || before(&entry.first_fault) {
+                    *entry = Entry {
+                        touched: e.at,
+                        ..Entry::default()
+                    };
+                }
+                entry.made = Some(actor);
+            }
+            FileChange::Evicted => {
+                let removed = book.entries.remove(&subject).is_some();
+                let before = book.entries.len();
+                book.entries.retain(|s, entry| match s {
+                    Subject::Segment { shmid, .. } => {
+                        !(*shmid == e.ino && entry.file_dev == Some(dev))
+                    }
+                    Subject::File { .. } => true,
+                });
+                if book.evicted.len() >= EVICTIONS_KEPT {
+                    book.evicted.pop_front();
+                }
+                book.evicted.push_back((dev, e.ino, e.at));
+                if known || removed || book.entries.len() < before {
+                    book.generation += 1;
+                }
             }
             FileChange::Fallocated { len, mode, ret, .. } => {
+                if !known {
+                    return;
+                }
                 let entry = book.entry(subject, e.at);
                 if ret == 0 && mode & FALLOC_FL_PUNCH_HOLE == 0 {
                     entry.fallocated_bytes += u64::try_from(len).unwrap_or(0);
                 }
+                book.generation += 1;
             }
             FileChange::AttributesSet => {
-                book.entry(subject, e.at);
+                if known {
+                    book.generation += 1;
+                }
             }
         }
     }
@@ -219,8 +277,8 @@ impl Book {
             .collect()
     }
 
-    /// Gives each holder what the book saw of it (`probes`), then drops what `reconcile` says
-    /// the walk would have found and did not.
+    /// Gives each holder what the book saw of it (`probes`), keeps the files the walk saw, then
+    /// drops what `reconcile` says the walk would have found and did not.
     pub fn annotate(
         &self,
         host: &HostFs,
@@ -232,7 +290,11 @@ impl Book {
             return;
         };
         let now = (SystemTime::now(), crate::numa::map::monotonic_now());
-        let mut found = HashSet::new();
+        let mut found: HashSet<Subject> = reconcile
+            .files_seen
+            .iter()
+            .map(|&(dev, ino)| Subject::File { dev, ino })
+            .collect();
         for h in holders.iter_mut() {
             let Some(subject) = subject_of(h, own_ipc_ns) else {
                 continue;
@@ -244,28 +306,40 @@ impl Book {
         }
         book.entries.retain(|subject, entry| {
             let complete = match subject {
-                Subject::File { .. } => reconcile.files,
-                Subject::Segment { ipc_ns, .. } => {
-                    reconcile.segments && own_ipc_ns == Some(*ipc_ns)
+                Subject::Segment { ipc_ns, .. } if own_ipc_ns == Some(*ipc_ns) => {
+                    reconcile.segments
                 }
+                // Another namespace's segments are seen through the processes that attach
+                // them: all of them only when every process was read.
+                Subject::Segment { .. } | Subject::File { .. } => reconcile.files,
             };
             !complete || found.contains(subject) || entry.touched >= reconcile.walk_began
         });
+        book.walked = reconcile.files_seen;
     }
 }
 
 /// What a walk saw whole: entries touched before it began (CLOCK_MONOTONIC) of a kind it saw
 /// whole, whose holder it did not find, are gone.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Reconcile {
     pub walk_began: Duration,
     /// Every mount, process and descriptor was read: every file that holds pages was found.
     pub files: bool,
     /// The agent's IPC namespace's segment table was read: its every segment was found.
     pub segments: bool,
+    /// Every file the walk met (device, inode), holding pages or not.
+    pub files_seen: HashSet<(Dev, u64)>,
 }
 
 impl Inner {
+    /// Whether the inode `dev`, `ino` was evicted after `at`: a fault of it read late.
+    fn evicted_after(&self, dev: Dev, ino: u64, at: Duration) -> bool {
+        self.evicted
+            .iter()
+            .any(|&(d, i, evicted)| d == dev && i == ino && evicted > at)
+    }
+
     /// The entry of `subject`, made when new (dropping the entry touched longest ago when the
     /// book is full), touched at `at`.
     fn entry(&mut self, subject: Subject, at: Duration) -> &mut Entry {
@@ -324,6 +398,7 @@ fn witness(host: &HostFs, a: &Actor, (wall, monotonic): (SystemTime, Duration)) 
         pid: a.pid,
         command: a.command.clone(),
         running: host.exists(format!("/proc/{}", a.pid)),
+        cgroup_id: a.cgroup_id,
         cgroup: a.cgroup.clone(),
         pod_uid,
         container_id,
@@ -331,9 +406,17 @@ fn witness(host: &HostFs, a: &Actor, (wall, monotonic): (SystemTime, Duration)) 
     }
 }
 
-/// A process's cgroup (v2) as it is now, for the book's actors: read through `--host-root`.
-pub fn cgroup_now(host: &HostFs) -> impl Fn(u32) -> Option<String> + '_ {
-    move |pid| process_cgroup(host, pid)
+/// A process's cgroup (v2) path for the book's actors, read through `--host-root` and taken only
+/// when it is still the cgroup of id `cgroup_id` the kernel gave with the event (`v2` checks):
+/// a process that left it, or a pid used again, gives none.
+pub fn cgroup_now<'a>(
+    host: &'a HostFs,
+    v2: Option<&'a CgroupV2>,
+) -> impl Fn(u32, u64) -> Option<String> + 'a {
+    move |pid, cgroup_id| {
+        let path = process_cgroup(host, pid)?;
+        v2?.is_current(host, &path, cgroup_id).then_some(path)
+    }
 }
 
 #[cfg(test)]

@@ -428,6 +428,7 @@ pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Hol
         ..Found::default()
     };
     found.gather(&processes, &mut files);
+    let files_seen = files.keys().copied().collect();
     let mut holders = found.files(host, &mounts, files);
     let (segment_holders, mut candidates) = found.segments(host, &segments, pools);
     holders.extend(segment_holders);
@@ -472,6 +473,7 @@ pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Hol
         walk_began,
         files: unread.is_empty(),
         segments: segments_read,
+        files_seen,
     };
     book.annotate(host, &mut holders, own_ipc_ns, reconcile);
     Holders {

@@ -394,7 +394,7 @@ fn a_segment_of_another_ipc_namespace_is_its_own_holder_not_the_host_s_of_the_sa
             ipc_ns: 4026532999,
         }),
     };
-    book.fault(&faulted, |_| None);
+    book.fault(&faulted, |_, _| None);
     let held = walk_with(&host, &pools(8, 0), &book);
     let segments: Vec<&Holder> = held
         .holders

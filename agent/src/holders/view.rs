@@ -234,6 +234,7 @@ mod tests {
                 pid: 7291,
                 command: "testpmd".into(),
                 running: false,
+                cgroup_id: 4242,
                 cgroup: None,
                 pod_uid: Some("p-2".into()),
                 container_id: None,

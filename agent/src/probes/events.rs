@@ -131,8 +131,8 @@ impl CgroupEventInfo {
 /// What happened to a hugetlbfs inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileChange {
-    /// Made (`hugetlbfs_alloc_inode`).
-    Made,
+    /// Made in a mount (`hugetlbfs_alloc_inode`), with its `mode` (`S_IFREG | 0644` …).
+    Made { mode: u32 },
     /// Evicted, its pages given back (`hugetlbfs_evict_inode`).
     Evicted,
     /// `fallocate(2)` over `offset..offset+len` with `mode`, answered `ret` (0 or `-errno`).
@@ -221,7 +221,7 @@ pub fn decode_fault(bytes: &[u8]) -> Result<FaultEvent, DecodeError> {
 pub fn decode_hugetlbfs(bytes: &[u8]) -> Result<FileEvent, DecodeError> {
     let raw: HugetlbfsEvent = read_record(bytes, "hugetlbfs")?;
     let change = match raw.kind {
-        file_kind::ALLOC_INODE => FileChange::Made,
+        file_kind::ALLOC_INODE => FileChange::Made { mode: raw.mode },
         file_kind::EVICT_INODE => FileChange::Evicted,
         file_kind::FALLOCATE => FileChange::Fallocated {
             offset: raw.offset,

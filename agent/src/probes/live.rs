@@ -114,7 +114,7 @@ impl LiveProbes {
             warn!("hugetlb faults will carry no page size: the kernel's BTF lacks {why}");
         }
         if let Some(why) = &probes.file_unavailable {
-            warn!("hugetlb faults will carry no file: the kernel's BTF lacks {why}");
+            warn!("hugetlb {why}");
         }
         match &probes.files_unavailable {
             None => info!("hugetlbfs probes attached"),

@@ -266,7 +266,7 @@ pub struct Probes {
     pub fault_fallback: Option<String>,
     /// Why faults carry page size 0, when the kernel's BTF lacks the hugetlbfs layout.
     pub page_size_unavailable: Option<btf::BtfError>,
-    /// Why faults carry no file (or a SysV segment's no IPC namespace), when the BTF lacks it.
+    /// What faults carry less of, and why: no file, or no SysV segment's IPC namespace.
     pub file_unavailable: Option<String>,
     /// Why the hugetlbfs programs are not attached, when they are not.
     pub files_unavailable: Option<String>,
@@ -350,10 +350,15 @@ impl Probes {
             fault_path,
             fault_fallback,
             page_size_unavailable: resolved.page_size_unavailable,
-            file_unavailable: resolved
-                .file_unavailable
-                .or(resolved.ipc_ns_unavailable)
-                .map(|e| e.to_string()),
+            file_unavailable: match (resolved.file_unavailable, resolved.ipc_ns_unavailable) {
+                (Some(e), _) => Some(format!(
+                    "faults will carry no file: the kernel's BTF lacks {e}"
+                )),
+                (None, Some(e)) => Some(format!(
+                    "a SysV segment's faults will carry no IPC namespace (booked as a file's): the kernel's BTF lacks {e}"
+                )),
+                (None, None) => None,
+            },
             files_unavailable,
             logger,
         };

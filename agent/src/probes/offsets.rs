@@ -6,7 +6,8 @@
 //! fault program relies on. Optional: the `vm_file -> f_inode -> i_sb -> s_fs_info -> hstate -> order` chain that gives a
 //! hugetlb VMA's page size; without it faults are reported with page size 0 (unknown). Optional
 //! too: the VMA file's identity (`i_ino`, `s_dev`, the dentry's name) and the task's IPC
-//! namespace (`nsproxy->ipc_ns->ns.inum`), without which faults carry no file.
+//! namespace of a SysV segment's file (`private_data->ns->ns.inum`), without which faults carry
+//! no file (or a segment's file no namespace).
 
 use hugepage_agent_common::offsets::KernelOffsets;
 
@@ -124,9 +125,9 @@ pub fn resolve(btf: &Btf, base_page_size: u64) -> Result<Resolved, BtfError> {
         Err(err) => Some(err),
     };
     let ipc_ns_unavailable = match ipc_ns_chain(btf) {
-        Ok([nsproxy, ipc_ns, inum]) => {
-            offsets.task_nsproxy = nsproxy;
-            offsets.nsproxy_ipc_ns = ipc_ns;
+        Ok([private_data, ns, inum]) => {
+            offsets.file_private_data = private_data;
+            offsets.shm_file_data_ns = ns;
             offsets.ipc_ns_inum = inum;
             offsets.ipc_ns_known = 1;
             None
@@ -201,11 +202,12 @@ fn file_chain(btf: &Btf) -> Result<[u64; 7], BtfError> {
     ])
 }
 
-/// `nsproxy`, `ipc_ns` and `ns.inum`: the IPC namespace a SysV segment's shmid belongs to.
+/// `private_data`, `shm_file_data.ns` and `ns.inum`: the IPC namespace a SysV segment's shmid
+/// belongs to, as the segment's attached file holds it (`ipc/shm.c`).
 fn ipc_ns_chain(btf: &Btf) -> Result<[u64; 3], BtfError> {
     Ok([
-        btf.member_offset("task_struct", "nsproxy")?,
-        btf.member_offset("nsproxy", "ipc_ns")?,
+        btf.member_offset("file", "private_data")?,
+        btf.member_offset("shm_file_data", "ns")?,
         btf.member_offset("ipc_namespace", "ns")? + btf.member_offset("ns_common", "inum")?,
     ])
 }
@@ -262,7 +264,8 @@ mod tests {
     }
 
     #[test]
-    fn a_kernel_before_6_10_has_no_hugetlbfs_programs_but_faults_still_carry_files() {
+    fn a_kernel_without_hugetlbfs_tracepoints_has_no_hugetlbfs_programs_but_faults_still_carry_files()
+     {
         let bytes = HostFs::new("/")
             .read_bytes("/sys/kernel/btf/vmlinux")
             .expect("this kernel has BTF");

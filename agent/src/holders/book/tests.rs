@@ -15,10 +15,13 @@ const MIB2: u64 = 2 << 20;
 const HOST_IPC: u32 = 4026531839;
 const POD: &str = "/kubepods.slice/kubepods-pod0a1b2c3d_4e5f_6789_abcd_ef0123456789.slice/cri-containerd-4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e.scope";
 
+/// `S_IFREG | 0644`.
+const REGULAR: u32 = 0o100_644;
+
 fn made(dev: u32, ino: u64, tgid: u32, at_s: u64) -> FileEvent {
     FileEvent {
         at: Duration::from_secs(at_s),
-        change: FileChange::Made,
+        change: FileChange::Made { mode: REGULAR },
         dev,
         ino,
         cgroup_id: 1,
@@ -70,7 +73,7 @@ fn entry(book: &Book, subject: Subject) -> Option<Entry> {
     book.0.lock().expect("book").entries.get(&subject).cloned()
 }
 
-fn no_cgroup(_: u32) -> Option<String> {
+fn no_cgroup(_: u32, _: u64) -> Option<String> {
     None
 }
 
@@ -78,7 +81,7 @@ fn no_cgroup(_: u32) -> Option<String> {
 fn a_file_made_then_faulted_names_its_maker_and_its_first_and_last_faulting_processes() {
     let book = Book::default();
     let asked = std::cell::Cell::new(0);
-    let pod_cgroup = |_: u32| {
+    let pod_cgroup = |_: u32, _: u64| {
         asked.set(asked.get() + 1);
         Some(POD.to_owned())
     };
@@ -145,25 +148,80 @@ fn a_private_mapping_s_fault_is_its_process_s_page_not_the_file_s() {
 }
 
 #[test]
-fn only_inode_events_make_the_latest_walk_stale_and_an_evicted_file_leaves_the_book() {
+fn only_events_on_files_the_book_or_the_last_walk_knows_make_the_latest_walk_stale() {
     let book = Book::default();
     let g0 = book.generation();
     book.fault(&fault(file(40, 7), 200, 1), no_cgroup);
     assert_eq!(book.generation(), g0, "a fault changes no file's existence");
     book.file(&made(40, 8, 100, 2), no_cgroup);
-    assert_eq!(book.generation(), g0 + 1);
-    let evicted = FileEvent {
+    assert_eq!(book.generation(), g0, "an empty file made holds nothing");
+    let evicted = |ino, at_s| FileEvent {
         change: FileChange::Evicted,
-        ..made(40, 7, 100, 3)
+        ..made(40, ino, 100, at_s)
     };
-    book.file(&evicted, no_cgroup);
-    assert_eq!(book.generation(), g0 + 2);
+    book.file(&evicted(99, 3), no_cgroup);
+    assert_eq!(
+        book.generation(),
+        g0,
+        "an inode neither booked nor walked (an anonymous MAP_HUGETLB mapping's)"
+    );
+    book.file(&evicted(7, 4), no_cgroup);
+    assert_eq!(book.generation(), g0 + 1);
     let subject = |ino| Subject::File {
         dev: Dev::from_kernel(40),
         ino,
     };
     assert!(entry(&book, subject(7)).is_none(), "evicted");
     assert!(entry(&book, subject(8)).is_some());
+    book.fault(&fault(file(40, 7), 200, 3), no_cgroup);
+    assert!(
+        entry(&book, subject(7)).is_none(),
+        "a fault taken before the eviction and read after it books nothing"
+    );
+    let directory = FileEvent {
+        change: FileChange::Made { mode: 0o040_755 },
+        ..made(40, 9, 100, 5)
+    };
+    book.file(&directory, no_cgroup);
+    assert!(
+        entry(&book, subject(9)).is_none(),
+        "directories hold no pages"
+    );
+}
+
+#[test]
+fn a_file_made_read_after_its_first_faults_keeps_them_and_an_inode_number_used_again_starts_afresh()
+{
+    let book = Book::default();
+    let subject = Subject::File {
+        dev: Dev::from_kernel(40),
+        ino: 7,
+    };
+    book.fault(&fault(file(40, 7), 200, 5), no_cgroup);
+    book.file(&made(40, 7, 100, 4), no_cgroup);
+    let e = entry(&book, subject).expect("entry");
+    assert_eq!((e.faults, e.made.map(|a| a.pid)), (1, Some(100)));
+    book.file(&made(40, 7, 101, 9), no_cgroup);
+    let e = entry(&book, subject).expect("entry");
+    assert_eq!(
+        (e.faults, e.made.map(|a| a.pid)),
+        (0, Some(101)),
+        "another file of the same number"
+    );
+}
+
+#[test]
+fn a_segment_s_file_evicted_takes_the_segment_out_of_the_book() {
+    let book = Book::default();
+    book.fault(&fault(segment(3, HOST_IPC), 200, 1), no_cgroup);
+    let evicted = FileEvent {
+        change: FileChange::Evicted,
+        ..made(15, 3, 200, 2)
+    };
+    let g0 = book.generation();
+    book.file(&evicted, no_cgroup);
+    assert!(book.faulted_segments(HOST_IPC).is_empty());
+    assert_eq!(book.generation(), g0 + 1);
 }
 
 #[test]
@@ -178,6 +236,19 @@ fn fallocate_counts_what_it_took_not_holes_punched_or_calls_refused() {
         },
         ..made(40, 9, 100, 1)
     };
+    book.file(&fallocated(0, 0), no_cgroup);
+    assert!(
+        entry(
+            &book,
+            Subject::File {
+                dev: Dev::from_kernel(40),
+                ino: 9
+            }
+        )
+        .is_none(),
+        "a file neither made since the agent started nor walked is not booked by its fallocate"
+    );
+    book.file(&made(40, 9, 100, 0), no_cgroup);
     book.file(&fallocated(0, 0), no_cgroup);
     book.file(&fallocated(FALLOC_FL_PUNCH_HOLE | 1, 0), no_cgroup);
     book.file(&fallocated(0, -28), no_cgroup);
@@ -290,7 +361,7 @@ fn kernel_dev(dev: Dev) -> u32 {
 fn the_walk_names_who_made_and_faulted_a_file_nothing_runs_with_and_whether_they_run() {
     let (_dir, host, dev, ino) = host("");
     let book = Book::default();
-    book.file(&made(kernel_dev(dev), ino, 555, 1), |_| {
+    book.file(&made(kernel_dev(dev), ino, 555, 1), |_, _| {
         Some(POD.to_owned())
     });
     book.fault(&fault(file(kernel_dev(dev), ino), 556, 2), no_cgroup);
@@ -333,7 +404,7 @@ fn a_segment_nothing_attaches_is_known_to_be_hugepages_by_its_faults() {
         without.holders.iter().all(|h| h.shmid != Some(5)),
         "a candidate only"
     );
-    book.fault(&fault(segment(5, HOST_IPC), 4251, 1), |_| {
+    book.fault(&fault(segment(5, HOST_IPC), 4251, 1), |_, _| {
         Some(POD.to_owned())
     });
     book.fault(&fault(segment(5, 4026532999), 9, 1), no_cgroup);
@@ -387,7 +458,7 @@ fn a_walk_that_read_everything_drops_what_it_no_longer_finds_unless_booked_since
 }
 
 #[test]
-fn a_segment_removed_leaves_the_book_at_the_next_walk_of_the_segment_table() {
+fn a_segment_removed_or_out_of_sight_leaves_the_book_at_the_next_complete_walk() {
     let (_dir, host, _, _) = host("0 5 600 4194304 4251 4251 0 0 0 0 0 1 0 1 4194304 0\n");
     let book = Book::default();
     for shmid in [5, 6] {
@@ -399,7 +470,28 @@ fn a_segment_removed_leaves_the_book_at_the_next_walk_of_the_segment_table() {
     assert!(seg(HOST_IPC, 5).is_some(), "listed");
     assert!(seg(HOST_IPC, 6).is_none(), "removed: not in the table");
     assert!(
-        seg(4026532999, 6).is_some(),
-        "another namespace's table is not the agent's to read"
+        seg(4026532999, 6).is_none(),
+        "another namespace's segment no process attaches: the walk read every process and found \
+         none, so nothing shows it (its namespace may be gone, and its inode number used again)"
+    );
+}
+
+#[test]
+fn an_empty_file_the_walk_meets_keeps_its_maker_until_it_holds_pages() {
+    let (dir, host, dev, _) = host("");
+    fs::write(dir.path().join("dev/hugepages/empty"), "").expect("empty file");
+    let ino = fs::metadata(dir.path().join("dev/hugepages/empty"))
+        .expect("file")
+        .ino();
+    let book = Book::default();
+    book.file(&made(kernel_dev(dev), ino, 555, 1), no_cgroup);
+    let held = walk_with(&host, &pools(8), &book);
+    assert!(
+        held.holders.iter().all(|h| h.inode != Some(ino)),
+        "no pages, no holder"
+    );
+    assert!(
+        entry(&book, Subject::File { dev, ino }).is_some(),
+        "met by the walk: kept"
     );
 }

@@ -188,7 +188,7 @@ fn file_event(kind: u32) -> HugetlbfsEvent {
 #[test]
 fn hugetlbfs_records_decode_each_kind_and_refuse_an_unknown_one() {
     let made = decode_hugetlbfs(&bytes_of(&file_event(file_kind::ALLOC_INODE))).expect("decode");
-    assert_eq!(made.change, FileChange::Made);
+    assert_eq!(made.change, FileChange::Made { mode: 1 });
     assert_eq!(
         (made.dev, made.ino, made.tgid, made.pid),
         (52, 12345, 300, 301)
