@@ -24,7 +24,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::{Holder, Kind, mounts::Dev, namespace_inode, pod_of, process_cgroup};
+use super::{Holder, InCgroup, Kind, mounts::Dev, namespace_inode, process_cgroup};
 use crate::{
     probes::{
         events::{FaultEvent, FileChange, FileEvent},
@@ -125,12 +125,8 @@ pub struct Witness {
     /// The cgroup v2 id the kernel gave (the inode number of its directory).
     pub cgroup_id: u64,
     /// Its path, when the agent read it before the process left it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cgroup: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod_uid: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container_id: Option<String>,
+    #[serde(flatten)]
+    pub cgroup: InCgroup,
     /// When, RFC 3339.
     pub at: String,
 }
@@ -393,15 +389,12 @@ fn witness(host: &HostFs, a: &Actor, (wall, monotonic): (SystemTime, Duration)) 
     let at = wall
         .checked_sub(monotonic.saturating_sub(a.at))
         .unwrap_or(wall);
-    let (pod_uid, container_id) = a.cgroup.as_deref().map(pod_of).unwrap_or_default();
     Witness {
         pid: a.pid,
         command: a.command.clone(),
         running: host.exists(format!("/proc/{}", a.pid)),
         cgroup_id: a.cgroup_id,
-        cgroup: a.cgroup.clone(),
-        pod_uid,
-        container_id,
+        cgroup: InCgroup::at(a.cgroup.clone()),
         at: humantime::format_rfc3339_millis(at).to_string(),
     }
 }

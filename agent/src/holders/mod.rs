@@ -78,13 +78,35 @@ pub struct User {
     /// Its descriptors open on the holder.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub open_fds: Vec<u32>,
-    /// Its cgroup (v2), when readable.
+    #[serde(flatten)]
+    pub cgroup: InCgroup,
+}
+
+/// A process's cgroup (v2), when readable, and the pod and container it is, when a pod's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InCgroup {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+}
+
+impl InCgroup {
+    /// The cgroup at `path` (none when unknown), with the pod and container its path names.
+    pub fn at(path: Option<String>) -> InCgroup {
+        let (pod_uid, container_id) = match path.as_deref().map(classify) {
+            Some(Owner::Pod { uid, container, .. }) => (Some(uid.0), container.map(|c| c.id)),
+            Some(Owner::System) | None => (None, None),
+        };
+        InCgroup {
+            cgroup: path,
+            pod_uid,
+            container_id,
+        }
+    }
 }
 
 /// A pid a segment names, and whether a process of that pid runs now (pids are reused: a
@@ -883,9 +905,7 @@ fn place(h: &mut Holder, used: Use) {
             command: String::new(),
             maps,
             open_fds,
-            cgroup: None,
-            pod_uid: None,
-            container_id: None,
+            cgroup: InCgroup::default(),
         })
         .collect();
     h.held_by_nothing_that_runs = h.users.is_empty() && h.held_bytes > 0;
@@ -916,10 +936,7 @@ fn describe(host: &HostFs, u: &mut User, seen: &mut HashMap<u32, (String, Option
         })
         .clone();
     u.command = command;
-    if let Some(cgroup) = &cgroup {
-        (u.pod_uid, u.container_id) = pod_of(cgroup);
-    }
-    u.cgroup = cgroup;
+    u.cgroup = InCgroup::at(cgroup);
 }
 
 /// A process's cgroup v2 path (`0::` in `/proc/<pid>/cgroup`), when readable.
@@ -927,14 +944,6 @@ fn process_cgroup(host: &HostFs, pid: u32) -> Option<String> {
     let text = host.read_string(format!("/proc/{pid}/cgroup")).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
-}
-
-/// The pod UID and container id a cgroup path names, when it is a pod's.
-fn pod_of(cgroup: &str) -> (Option<String>, Option<String>) {
-    match classify(cgroup) {
-        Owner::Pod { uid, container, .. } => (Some(uid.0), container.map(|c| c.id)),
-        Owner::System => (None, None),
-    }
 }
 
 /// The inode number in a namespace link (`ipc:[4026531839]`).

@@ -140,14 +140,14 @@ fn a_process_that_maps_a_file_is_its_user_with_its_pod_and_places_its_pages() {
         (4242, "dpdk-app", true)
     );
     assert_eq!(
-        user.pod_uid.as_deref(),
+        user.cgroup.pod_uid.as_deref(),
         Some("0a1b2c3d-4e5f-6789-abcd-ef0123456789")
     );
     assert_eq!(
-        user.container_id.as_deref(),
+        user.cgroup.container_id.as_deref(),
         Some("4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e4f2e")
     );
-    assert_eq!(user.cgroup.as_deref(), Some(pod));
+    assert_eq!(user.cgroup.cgroup.as_deref(), Some(pod));
     assert_eq!(file.per_node, BTreeMap::from([(NumaNode(1), 2 * MIB2)]));
     assert_eq!(
         file.nodes_from,

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Holder, Holders, Kind, NodesFrom, book::Seen};
+use super::{Holder, Holders, InCgroup, Kind, NodesFrom, book::Seen};
 use crate::{
     client::{self, AgentUrl, ClientError},
     quantity::format_binary,
@@ -172,10 +172,7 @@ fn cells(h: &Holder) -> Cells {
         .users
         .iter()
         .map(|u| {
-            let pod = u
-                .pod_uid
-                .as_ref()
-                .map_or(String::new(), |p| format!(" pod {p}"));
+            let pod = pod_suffix(&u.cgroup);
             let how = match (u.maps, u.open_fds.is_empty()) {
                 (true, true) => "maps".to_owned(),
                 (true, false) => format!("maps, fd {:?}", u.open_fds),
@@ -199,6 +196,13 @@ fn cells(h: &Holder) -> Cells {
     ])
 }
 
+/// ` pod <uid>` for a pod's cgroup, else nothing.
+fn pod_suffix(c: &InCgroup) -> String {
+    c.pod_uid
+        .as_ref()
+        .map_or(String::new(), |p| format!(" pod {p}"))
+}
+
 /// Who the probes saw make or fault a holder nothing uses now: `was made by 7291 fallocate
 /// (gone)`, or `was faulted by …`.
 fn was(seen: &Seen) -> String {
@@ -207,10 +211,7 @@ fn was(seen: &Seen) -> String {
         (None, Some(w)) => ("faulted", w),
         (None, None) => return String::new(),
     };
-    let pod = w
-        .pod_uid
-        .as_ref()
-        .map_or(String::new(), |p| format!(" pod {p}"));
+    let pod = pod_suffix(&w.cgroup);
     let state = if w.running { "runs" } else { "gone" };
     format!("was {verb} by {} {} ({state}){pod}", w.pid, w.command)
 }
@@ -235,9 +236,10 @@ mod tests {
                 command: "testpmd".into(),
                 running: false,
                 cgroup_id: 4242,
-                cgroup: None,
-                pod_uid: Some("p-2".into()),
-                container_id: None,
+                cgroup: InCgroup {
+                    pod_uid: Some("p-2".into()),
+                    ..InCgroup::default()
+                },
                 at: "2026-11-28T02:24:46.557Z".into(),
             }),
             first_fault_by: None,
@@ -260,9 +262,10 @@ mod tests {
             command: "dpdk-app".into(),
             maps: true,
             open_fds: Vec::new(),
-            cgroup: None,
-            pod_uid: Some("p-1".into()),
-            container_id: None,
+            cgroup: InCgroup {
+                pod_uid: Some("p-1".into()),
+                ..InCgroup::default()
+            },
         }];
         Holders {
             holders: vec![file, segment],

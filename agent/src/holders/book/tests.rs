@@ -377,10 +377,10 @@ fn the_walk_names_who_made_and_faulted_a_file_nothing_runs_with_and_whether_they
     assert_eq!((maker.pid, maker.command.as_str()), (555, "testpmd"));
     assert!(maker.running, "/proc/555 is there");
     assert_eq!(
-        maker.pod_uid.as_deref(),
+        maker.cgroup.pod_uid.as_deref(),
         Some("0a1b2c3d-4e5f-6789-abcd-ef0123456789")
     );
-    assert!(maker.container_id.is_some());
+    assert!(maker.cgroup.container_id.is_some());
     let faulter = seen.last_fault_by.as_ref().expect("its faulting process");
     assert_eq!((faulter.pid, faulter.running), (556, false));
     assert_eq!(seen.faults, 1);
@@ -427,7 +427,7 @@ fn a_segment_nothing_attaches_is_known_to_be_hugepages_by_its_faults() {
         "the host namespace's shmid 5, not the pod's"
     );
     assert_eq!(
-        faulter.pod_uid.as_deref(),
+        faulter.cgroup.pod_uid.as_deref(),
         Some("0a1b2c3d-4e5f-6789-abcd-ef0123456789")
     );
 }
