@@ -91,8 +91,10 @@ struct Inner {
     generation: u64,
     /// The files (device, inode) the last walk saw, whether they held pages or not.
     walked: HashSet<(Dev, u64)>,
-    /// The latest evictions: device, inode, when.
+    /// The latest evictions of inodes the book or a walk knew: device, inode, when.
     evicted: VecDeque<(Dev, u64, Duration)>,
+    /// The hugetlbfs programs are attached ([`Book::watch_evictions`]).
+    evictions_seen: bool,
 }
 
 /// The book, shared by the run loop (which writes it) and the API (which reads it).
@@ -136,8 +138,8 @@ fn is_zero(n: &u64) -> bool {
 }
 
 impl Book {
-    /// Bumped whenever a file is made, fallocated, truncated or evicted: a walk made before is
-    /// stale.
+    /// Bumped whenever a file the book or the last walk knows is fallocated, truncated or
+    /// evicted, and whenever a file is fallocated new pages: a walk made before is stale.
     pub fn generation(&self) -> u64 {
         self.0.lock().map_or(0, |b| b.generation)
     }
@@ -163,7 +165,7 @@ impl Book {
         let Ok(mut book) = self.0.lock() else {
             return;
         };
-        if book.evicted_after(dev, file.ino, f.at) {
+        if matches!(subject, Subject::File { .. }) && book.evicted_after(dev, file.ino, f.at) {
             return;
         }
         let entry = book.entry(subject, f.at);
@@ -223,29 +225,43 @@ impl Book {
                 entry.made = Some(actor);
             }
             FileChange::Evicted => {
-                let removed = book.entries.remove(&subject).is_some();
-                let before = book.entries.len();
-                book.entries.retain(|s, entry| match s {
-                    Subject::Segment { shmid, .. } => {
-                        !(*shmid == e.ino && entry.file_dev == Some(dev))
-                    }
-                    Subject::File { .. } => true,
-                });
-                if book.evicted.len() >= EVICTIONS_KEPT {
-                    book.evicted.pop_front();
+                // An entry touched after the eviction is of another inode of the same number,
+                // whose events were read first.
+                let removed = book
+                    .entries
+                    .get(&subject)
+                    .is_some_and(|entry| entry.touched <= e.at)
+                    && book.entries.remove(&subject).is_some();
+                // A segment's file: every IPC namespace keeps its segments on the same kernel
+                // mount, and shmids repeat across namespaces, so the eviction names the segment
+                // only when one entry has that file. Else the walk reconciles.
+                let segments: Vec<Subject> = book
+                    .entries
+                    .iter()
+                    .filter(|(s, entry)| {
+                        matches!(s, Subject::Segment { shmid, .. } if *shmid == e.ino)
+                            && entry.file_dev == Some(dev)
+                    })
+                    .map(|(s, _)| *s)
+                    .collect();
+                if let [segment] = segments[..] {
+                    book.entries.remove(&segment);
                 }
-                book.evicted.push_back((dev, e.ino, e.at));
-                if known || removed || book.entries.len() < before {
+                if known || removed || !segments.is_empty() {
+                    if book.evicted.len() >= EVICTIONS_KEPT {
+                        book.evicted.pop_front();
+                    }
+                    book.evicted.push_back((dev, e.ino, e.at));
                     book.generation += 1;
                 }
             }
             FileChange::Fallocated { len, mode, ret, .. } => {
-                if !known {
-                    return;
-                }
-                let entry = book.entry(subject, e.at);
                 if ret == 0 && mode & FALLOC_FL_PUNCH_HOLE == 0 {
+                    // A memfd is never booked as made: its first fallocate books it.
+                    let entry = book.entry(subject, e.at);
                     entry.fallocated_bytes += u64::try_from(len).unwrap_or(0);
+                } else if !known {
+                    return;
                 }
                 book.generation += 1;
             }
@@ -254,6 +270,14 @@ impl Book {
                     book.generation += 1;
                 }
             }
+        }
+    }
+
+    /// Whether the hugetlbfs programs are attached: destroyed segments are then seen evicted,
+    /// and the walk leaves other namespaces' segments to their evictions.
+    pub fn watch_evictions(&self, seen: bool) {
+        if let Ok(mut book) = self.0.lock() {
+            book.evictions_seen = seen;
         }
     }
 
@@ -300,18 +324,26 @@ impl Book {
                 h.probes = Some(seen(host, entry, now));
             }
         }
+        let evictions_seen = book.evictions_seen;
         book.entries.retain(|subject, entry| {
             let complete = match subject {
                 Subject::Segment { ipc_ns, .. } if own_ipc_ns == Some(*ipc_ns) => {
                     reconcile.segments
                 }
-                // Another namespace's segments are seen through the processes that attach
-                // them: all of them only when every process was read.
-                Subject::Segment { .. } | Subject::File { .. } => reconcile.files,
+                // Another namespace's segments are seen only through the processes that attach
+                // them; where evictions are seen, those end them instead.
+                Subject::Segment { .. } => reconcile.files && !evictions_seen,
+                Subject::File { .. } => reconcile.files,
             };
             !complete || found.contains(subject) || entry.touched >= reconcile.walk_began
         });
-        book.walked = reconcile.files_seen;
+        // A walk that missed some mount or process keeps what the walks before it met too, up
+        // to the book's capacity.
+        if reconcile.files || book.walked.len() + reconcile.files_seen.len() > CAPACITY {
+            book.walked = reconcile.files_seen;
+        } else {
+            book.walked.extend(reconcile.files_seen);
+        }
     }
 }
 

@@ -91,6 +91,13 @@ impl LiveProbes {
         self.v2.as_ref()
     }
 
+    /// Whether the hugetlbfs programs are attached: the evictions of files and segments are seen.
+    pub fn sees_evictions(&self) -> bool {
+        self.probes
+            .as_ref()
+            .is_some_and(|p| p.files_unavailable.is_none())
+    }
+
     /// Whether the fault program filters by cgroup (so a rescan must keep its watch set).
     pub fn filtering(&self) -> bool {
         self.probes.as_ref().is_some_and(|p| !p.watches_all())

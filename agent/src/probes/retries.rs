@@ -20,13 +20,15 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_millis(100);
 /// Below this capacity the table is not shrunk.
 const SMALLEST: usize = 64;
 
-/// Thread group, huge page, error code, and the file's device and inode.
-type FaultKey = (u32, u64, u64, Option<(u32, u64)>);
+/// Thread group, huge page and error code.
+type FaultKey = (u32, u64, u64);
+/// The file's device and inode, when the record names it.
+type FileId = Option<(u32, u64)>;
 
 #[derive(Debug)]
 pub struct RetryFilter {
     window: Duration,
-    seen: HashMap<FaultKey, Duration>,
+    seen: HashMap<FaultKey, (Duration, FileId)>,
     /// When faults older than the window were last forgotten (the events' clock).
     pruned: Duration,
     retries: u64,
@@ -45,9 +47,14 @@ impl RetryFilter {
     /// `true` for a new fault, `false` (and counted) for a retry of one just seen.
     pub fn admit(&mut self, event: &FaultEvent) -> bool {
         let file = event.file.map(|f| (f.dev, f.ino));
-        let key = (event.tgid, event.page_address(), event.error_code, file);
-        let fresh = match self.seen.insert(key, event.at) {
-            Some(before) => event.at.saturating_sub(before) > self.window,
+        let key = (event.tgid, event.page_address(), event.error_code);
+        let fresh = match self.seen.insert(key, (event.at, file)) {
+            // A record that names no file (fexit after the handler dropped the mmap lock) is
+            // the same fault as its retry, which names it.
+            Some((before, was)) => {
+                event.at.saturating_sub(before) > self.window
+                    || matches!((was, file), (Some(a), Some(b)) if a != b)
+            }
             None => true,
         };
         if !fresh {
@@ -55,7 +62,7 @@ impl RetryFilter {
         }
         if event.at.saturating_sub(self.pruned) > self.window {
             let horizon = event.at.saturating_sub(self.window);
-            self.seen.retain(|_, &mut at| at >= horizon);
+            self.seen.retain(|_, &mut (at, _)| at >= horizon);
             if self.seen.capacity() > SMALLEST && self.seen.len() < self.seen.capacity() / 4 {
                 self.seen.shrink_to(self.seen.len() * 2);
             }
@@ -109,6 +116,15 @@ mod tests {
         assert!(filter.admit(&in_file(7)));
         assert!(filter.admit(&in_file(8)), "mapped again to another file");
         assert!(!filter.admit(&in_file(8)));
+        let unnamed = fault(1, 0x40_0000, 6, 0);
+        assert!(filter.admit(&unnamed));
+        assert!(
+            !filter.admit(&FaultEvent {
+                address: 0x40_0000,
+                ..in_file(7)
+            }),
+            "a record that named no file (the lock dropped) and its retry, which names it, are one fault"
+        );
     }
 
     #[test]

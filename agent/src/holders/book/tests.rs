@@ -211,17 +211,79 @@ fn a_file_made_read_after_its_first_faults_keeps_them_and_an_inode_number_used_a
 }
 
 #[test]
-fn a_segment_s_file_evicted_takes_the_segment_out_of_the_book() {
+fn a_segment_s_file_evicted_takes_the_segment_out_when_no_other_namespace_shares_its_shmid() {
     let book = Book::default();
     book.fault(&fault(segment(3, HOST_IPC), 200, 1), no_cgroup);
-    let evicted = FileEvent {
+    let evicted = |shmid, at_s| FileEvent {
         change: FileChange::Evicted,
-        ..made(15, 3, 200, 2)
+        ..made(15, shmid, 200, at_s)
     };
     let g0 = book.generation();
-    book.file(&evicted, no_cgroup);
+    book.file(&evicted(3, 2), no_cgroup);
     assert!(book.faulted_segments(HOST_IPC).is_empty());
     assert_eq!(book.generation(), g0 + 1);
+
+    const POD_IPC: u32 = 4026532999;
+    book.fault(&fault(segment(0, HOST_IPC), 200, 3), no_cgroup);
+    book.fault(&fault(segment(0, POD_IPC), 201, 3), no_cgroup);
+    book.file(&evicted(0, 4), no_cgroup);
+    assert_eq!(
+        (
+            book.faulted_segments(HOST_IPC).len(),
+            book.faulted_segments(POD_IPC).len()
+        ),
+        (1, 1),
+        "shmid 0 in two namespaces on the one kernel mount: which one went is the walk's to say"
+    );
+    assert_eq!(
+        book.generation(),
+        g0 + 2,
+        "the latest walk is stale all the same"
+    );
+}
+
+#[test]
+fn a_memfd_s_fallocate_books_it_though_nothing_booked_it_as_made() {
+    let book = Book::default();
+    let fallocated = FileEvent {
+        change: FileChange::Fallocated {
+            offset: 0,
+            len: 2 << 20,
+            mode: 0,
+            ret: 0,
+        },
+        ..made(15, 77, 300, 1)
+    };
+    let g0 = book.generation();
+    book.file(&fallocated, no_cgroup);
+    let subject = Subject::File {
+        dev: Dev::from_kernel(15),
+        ino: 77,
+    };
+    assert_eq!(
+        entry(&book, subject).map(|e| e.fallocated_bytes),
+        Some(2 << 20)
+    );
+    assert_eq!(book.generation(), g0 + 1);
+}
+
+#[test]
+fn an_eviction_read_after_a_new_file_of_the_same_number_leaves_the_new_file() {
+    let book = Book::default();
+    book.file(&made(40, 7, 100, 5), no_cgroup);
+    let evicted = FileEvent {
+        change: FileChange::Evicted,
+        ..made(40, 7, 100, 4)
+    };
+    book.file(&evicted, no_cgroup);
+    let subject = Subject::File {
+        dev: Dev::from_kernel(40),
+        ino: 7,
+    };
+    assert_eq!(
+        entry(&book, subject).and_then(|e| e.made).map(|a| a.pid),
+        Some(100)
+    );
 }
 
 #[test]
@@ -236,19 +298,15 @@ fn fallocate_counts_what_it_took_not_holes_punched_or_calls_refused() {
         },
         ..made(40, 9, 100, 1)
     };
-    book.file(&fallocated(0, 0), no_cgroup);
+    book.file(&fallocated(FALLOC_FL_PUNCH_HOLE | 1, 0), no_cgroup);
+    let subject = Subject::File {
+        dev: Dev::from_kernel(40),
+        ino: 9,
+    };
     assert!(
-        entry(
-            &book,
-            Subject::File {
-                dev: Dev::from_kernel(40),
-                ino: 9
-            }
-        )
-        .is_none(),
-        "a file neither made since the agent started nor walked is not booked by its fallocate"
+        entry(&book, subject).is_none(),
+        "a hole punched in a file the book does not know books nothing"
     );
-    book.file(&made(40, 9, 100, 0), no_cgroup);
     book.file(&fallocated(0, 0), no_cgroup);
     book.file(&fallocated(FALLOC_FL_PUNCH_HOLE | 1, 0), no_cgroup);
     book.file(&fallocated(0, -28), no_cgroup);
@@ -493,5 +551,22 @@ fn an_empty_file_the_walk_meets_keeps_its_maker_until_it_holds_pages() {
     assert!(
         entry(&book, Subject::File { dev, ino }).is_some(),
         "met by the walk: kept"
+    );
+}
+
+#[test]
+fn where_evictions_are_seen_a_walk_leaves_other_namespaces_segments_to_them() {
+    let (_dir, host, _, _) = host("");
+    let book = Book::default();
+    book.watch_evictions(true);
+    book.fault(&fault(segment(6, 4026532999), 9, 1), no_cgroup);
+    walk_with(&host, &pools(8), &book);
+    let subject = Subject::Segment {
+        ipc_ns: 4026532999,
+        shmid: 6,
+    };
+    assert!(
+        entry(&book, subject).is_some(),
+        "not attached during this walk, but not evicted"
     );
 }
