@@ -327,7 +327,7 @@ fn encode(value: &impl Serialize, room: usize) -> Result<Vec<u8>, ApiError> {
 async fn hugepages(State(state): State<AppState>, uri: Uri) -> Response {
     match watch::Resume::from_query(uri.query()) {
         Err(problem) => return problem.into_response(),
-        Ok(resume) if resume.watch => return watch::serve(&state.watch, &resume),
+        Ok(resume) if resume.watch => return watch::serve(&state.watch, &resume).await,
         Ok(_) => {}
     }
     let snapshot = state.map.load();

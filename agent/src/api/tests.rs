@@ -55,6 +55,12 @@ fn kubelet_view(
 
 /// Two nodes with 2 GiB of free 2 MiB pages each (Story 2 after Job C took 4 of 8 GiB).
 fn state() -> (tempfile::TempDir, AppState) {
+    let (dir, state, _writer) = state_and_map_writer();
+    (dir, state)
+}
+
+/// [`state`], and the writer of its map.
+fn state_and_map_writer() -> (tempfile::TempDir, AppState, MapWriter) {
     let dir = tempfile::tempdir().expect("tempdir");
     let w = |path: &str, value: &str| fake::write(dir.path(), path, value);
     w("/sys/devices/system/node/online", "0-1\n");
@@ -92,7 +98,7 @@ fn state() -> (tempfile::TempDir, AppState) {
         );
     }
     let host = HostFs::new(dir.path());
-    let (_writer, map) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
+    let (writer, map) = MapWriter::new(host.clone(), Source::Sysfs).expect("map");
     let (_monitor, psi) = Monitor::new(host.clone(), PSI);
     let verifier = Arc::new(Verifier::new(host.clone()).expect("verifier"));
     let kubelet = kubelet_view(
@@ -158,7 +164,7 @@ fn state() -> (tempfile::TempDir, AppState) {
         metrics,
         held: Default::default(),
     };
-    (dir, state)
+    (dir, state, writer)
 }
 
 fn loader(

@@ -55,6 +55,8 @@ use crate::{
 
 /// How often the hub looks again at what only time changes.
 const TICK: Duration = Duration::from_secs(1);
+/// How long a new watcher waits at most for the published state to catch up with the map.
+const CATCH_UP: Duration = Duration::from_millis(100);
 /// The content type of a stream of events: one JSON document a line.
 pub const CONTENT_TYPE: &str = "application/x-ndjson";
 
@@ -215,6 +217,8 @@ pub fn state(
 pub struct Published {
     pub generation: u64,
     pub state: Arc<WatchState>,
+    /// The generation of the map snapshot the state was read from (or found equal to).
+    pub map_generation: u64,
 }
 
 /// One event of the stream.
@@ -285,6 +289,8 @@ impl Resume {
 pub struct Hub {
     epoch: Arc<str>,
     published: watch::Receiver<Published>,
+    /// The map, whose generation a new watcher's first state must have caught up with.
+    map: MapReader,
     limits: WatchLimits,
     pub stats: Arc<WatchStats>,
 }
@@ -415,14 +421,16 @@ impl Hub {
         stats: Arc<WatchStats>,
     ) -> (Hub, impl Future<Output = ()> + Send + 'static) {
         let epoch: Arc<str> = Arc::from(epoch_now().as_str());
-        let first = read(&inputs, &Selection::of(&inputs));
+        let (first, map_generation) = read(&inputs, &Selection::of(&inputs));
         let (tx, rx) = watch::channel(Published {
             generation: 1,
             state: Arc::new(first),
+            map_generation,
         });
         let hub = Hub {
             epoch,
             published: rx,
+            map: inputs.map.clone(),
             limits,
             stats: Arc::clone(&stats),
         };
@@ -432,6 +440,19 @@ impl Hub {
     /// The state published last.
     pub fn current(&self) -> Published {
         self.published.borrow().clone()
+    }
+
+    /// The state published last, once it is read from the map as it is now (waited for at most
+    /// [`CATCH_UP`]): the publishing task follows the map a moment behind, and a watcher that
+    /// connects in that moment (just after the probes attached, say) must not start from the
+    /// map before.
+    pub async fn caught_up(&self) -> Published {
+        let map_generation = self.map.load().generation;
+        let mut published = self.published.clone();
+        let wait = published.wait_for(|p| p.map_generation >= map_generation);
+        // A publisher that is gone or slow leaves the latest state, as before.
+        let _ = tokio::time::timeout(CATCH_UP, wait).await;
+        self.current()
     }
 
     pub fn epoch(&self) -> &str {
@@ -457,14 +478,17 @@ async fn publish(inputs: Inputs, tx: watch::Sender<Published>, stats: Arc<WatchS
             () = tx.closed() => return,
         }
         selection.follow(&inputs);
-        let next = read(&inputs, &selection);
+        let (next, map_generation) = read(&inputs, &selection);
         tx.send_if_modified(|current| {
             if *current.state == next {
+                // The same state, read from a newer map: not news, but caught up.
+                current.map_generation = map_generation;
                 return false;
             }
             *current = Published {
                 generation: current.generation + 1,
                 state: Arc::new(next),
+                map_generation,
             };
             stats.published.fetch_add(1, Ordering::Relaxed);
             true
@@ -472,16 +496,17 @@ async fn publish(inputs: Inputs, tx: watch::Sender<Published>, stats: Arc<WatchS
     }
 }
 
-/// The state now, from the inputs; the settings are read before the reservations' lock, which
-/// admissions hold, is taken.
-fn read(inputs: &Inputs, selection: &Selection) -> WatchState {
+/// The state now, from the inputs, and the generation of the map snapshot it was read from; the
+/// settings are read before the reservations' lock, which admissions hold, is taken.
+fn read(inputs: &Inputs, selection: &Selection) -> (WatchState, u64) {
     let settings = inputs.settings(selection);
     let snapshot = inputs.map.load();
     let store = match inputs.reservations.lock() {
         Ok(store) => store,
         Err(poisoned) => poisoned.into_inner(),
     };
-    state(&snapshot, &store, settings, SystemTime::now())
+    let state = state(&snapshot, &store, settings, SystemTime::now());
+    (state, snapshot.generation)
 }
 
 /// A new epoch: the start's wall-clock time in microseconds, in hex.
@@ -535,7 +560,7 @@ fn jittered_end(max: Duration) -> Instant {
 }
 
 /// The response to a watch resuming as `resume`: the stream, or 503 when the watchers are many.
-pub fn serve(hub: &Hub, resume: &Resume) -> Response {
+pub async fn serve(hub: &Hub, resume: &Resume) -> Response {
     let stats = Arc::clone(&hub.stats);
     let taken = stats.watchers.fetch_add(1, Ordering::Relaxed);
     let slot = Slot(Arc::clone(&stats));
@@ -549,7 +574,7 @@ pub fn serve(hub: &Hub, resume: &Resume) -> Response {
         e.retry_after = Some(1);
         return e.into_response();
     }
-    let current = hub.current();
+    let current = hub.caught_up().await;
     let sent = resume
         .is_current(hub.epoch(), &current)
         .then_some(current.generation);

@@ -39,7 +39,14 @@ fn the_query_says_watch_and_where_to_resume_and_bad_values_are_named() {
 
 /// The hub of `state`'s inputs with `limits`, its publisher running on this runtime.
 fn running_hub(state: &AppState, limits: WatchLimits) -> Hub {
-    let (hub, publisher) = Hub::new(
+    let (hub, publisher) = hub(state, limits);
+    tokio::spawn(publisher);
+    hub
+}
+
+/// The hub of `state`'s inputs with `limits`, and its publisher, not running yet.
+fn hub(state: &AppState, limits: WatchLimits) -> (Hub, impl Future<Output = ()> + use<>) {
+    Hub::new(
         Inputs {
             map: state.map.clone(),
             reservations: state.reservations.clone(),
@@ -51,9 +58,24 @@ fn running_hub(state: &AppState, limits: WatchLimits) -> Hub {
         },
         limits,
         state.metrics.watch.clone(),
-    );
-    tokio::spawn(publisher);
-    hub
+    )
+}
+
+/// The probes attach (the map's source changes) a moment before a watcher connects, while the
+/// hub's publisher has not yet followed: the watcher's first state is the map as it is then,
+/// not the one before.
+#[tokio::test]
+async fn a_watcher_that_connects_as_the_map_changes_starts_from_the_map_as_it_is() {
+    let (_dir, state, mut writer) = super::state_and_map_writer();
+    let (hub, publisher) = hub(&state, LIMITS);
+    writer.set_source(crate::numa::map::Source::EbpfSysfs);
+    assert_eq!(hub.current().state.source, crate::numa::map::Source::Sysfs);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        publisher.await;
+    });
+    let first = hub.caught_up().await;
+    assert_eq!(first.state.source, crate::numa::map::Source::EbpfSysfs);
 }
 
 /// A watch's body, read line by line.
