@@ -11,6 +11,7 @@ use std::{
 
 use crate::{
     holders::{self, Holders, book::Book},
+    host::HugepageTable,
     sysfs::{HostFs, hugepages},
 };
 
@@ -41,28 +42,32 @@ impl LatestWalk {
     /// memory lock), the latest walk however old; `None` when there is none yet (the metrics
     /// then leave the holders out).
     pub async fn fresh(&self, host: &HostFs) -> Option<Arc<Holders>> {
-        let book = &self.book;
-        if let Some(held) = self.young(book.generation()) {
+        if let Some(held) = self.young(self.book.generation()) {
             return Some(held);
         }
         let Ok(_walking) = self.walking.try_lock() else {
             return self.latest();
         };
-        let (host, book) = (host.clone(), book.clone());
+        let (host, latest) = (host.clone(), self.clone());
         let walk = tokio::task::spawn_blocking(move || {
-            let generation = book.generation();
             let pools = hugepages::read_table(&host).ok()?;
-            Some((generation, holders::walk_with(&host, &pools, &book)))
+            Some(latest.walk(&host, &pools))
         });
         match tokio::time::timeout(WALK_WITHIN, walk).await {
-            Ok(Ok(Some((generation, walked)))) => Some(self.keep(generation, walked)),
+            Ok(Ok(Some(walked))) => Some(walked),
             _ => self.latest(),
         }
     }
 
+    /// Walks the host now with the book, keeps the walk as the latest, and returns it shared.
+    pub fn walk(&self, host: &HostFs, pools: &HugepageTable) -> Arc<Holders> {
+        let generation = self.book.generation();
+        self.keep(generation, holders::walk_with(host, pools, &self.book))
+    }
+
     /// Keeps `held`, walked from the book's `generation`, as the latest walk, and returns it
     /// shared.
-    pub fn keep(&self, generation: u64, held: Holders) -> Arc<Holders> {
+    fn keep(&self, generation: u64, held: Holders) -> Arc<Holders> {
         let held = Arc::new(held);
         if let Ok(mut latest) = self.latest.lock() {
             *latest = Some((Instant::now(), generation, held.clone()));

@@ -44,7 +44,7 @@ use crate::{
         verify::{Settings, Verifier},
     },
     consumers::{self, Consumer, FaultBook},
-    holders::{self, Holders},
+    holders::Holders,
     host::PageSize,
     kubeletconfig::live::KubeletView,
     memorymanager::live::MemoryManagerView,
@@ -373,11 +373,8 @@ async fn hints_handler(State(state): State<AppState>, headers: HeaderMap, body: 
 fn inventory(state: &AppState) -> Result<(Result<Vec<Consumer>, String>, Holders), String> {
     let pools = hugepages::read_table(&state.host).map_err(|e| e.to_string())?;
     let list = consumers::list(&state.host, &pools, &state.faults).map_err(|e| e.to_string());
-    let book = &state.held.book;
-    let generation = book.generation();
-    let held = holders::walk_with(&state.host, &pools, book);
-    state.held.keep(generation, held.clone());
-    Ok((list, held))
+    let held = state.held.walk(&state.host, &pools);
+    Ok((list, Holders::clone(&held)))
 }
 
 async fn discrepancy_handler(State(state): State<AppState>) -> Response {
