@@ -470,3 +470,120 @@ fn the_probes_name_who_made_and_faulted_what_nothing_runs_holds_and_an_eviction_
         assert_eq!(held, 5 * MI2, "the eviction made the latest walk stale");
     }
 }
+
+/// Issue #45: what a tenant can do inside its hugetlbfs volume while the agent walks it. The
+/// kernel refuses a symbolic link in hugetlbfs (no `write_begin` for the link's page: EINVAL),
+/// and a rename out of the mount (EXDEV): asserted, because the walk's safety rests on them
+/// as well as on its own opens (`openat2` beneath the mount, no link, no other mount:
+/// `sysfs::beneath`'s tests show those refused on a tree that has links). Two directories
+/// exchanged as fast as the tenant can, while the agent walks fifty times, never make the walk
+/// name anything but the tenant's files, under the mount; and a volume of more entries than the
+/// walk's bound (100,000) ends the listing there, said in `unread`, with the walk answered.
+#[test]
+fn a_tenants_volume_cannot_send_the_walk_out_of_it_nor_keep_it_listing() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    };
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 8);
+    let tenant = Mounted::new(&lock, "pagesize=2M", None);
+    let other = Mounted::new(&lock, "pagesize=2M", None);
+    let link = std::os::unix::fs::symlink("/proc", tenant.path("link")).expect_err("a link");
+    assert_eq!(link.raw_os_error(), Some(libc::EINVAL), "{link}");
+    fs::create_dir(tenant.path("a")).expect("mkdir");
+    fs::create_dir(tenant.path("b")).expect("mkdir");
+    let mine = [
+        tenant.path("kept"),
+        tenant.path("a/fa"),
+        tenant.path("b/fb"),
+    ];
+    for file in &mine {
+        left_behind(file, 1, MI2, None);
+    }
+    let out = fs::rename(tenant.path("a"), other.path("a")).expect_err("a rename out");
+    assert_eq!(out.raw_os_error(), Some(libc::EXDEV), "{out}");
+    let (a, b) = (cstr(&tenant.path("a")), cstr(&tenant.path("b")));
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
+    let swapper = {
+        let (stop, swaps) = (stop.clone(), swaps.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: NUL-terminated paths; the result is checked.
+                let rc = unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        a.as_ptr(),
+                        libc::AT_FDCWD,
+                        b.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                assert_eq!(
+                    rc,
+                    0,
+                    "RENAME_EXCHANGE: {}",
+                    std::io::Error::last_os_error()
+                );
+                swaps.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let agent = agent();
+    let started = std::time::Instant::now();
+    let mut slowest = Duration::ZERO;
+    let places = [
+        tenant.path("kept"),
+        tenant.path("a/fa"),
+        tenant.path("b/fa"),
+        tenant.path("a/fb"),
+        tenant.path("b/fb"),
+    ];
+    for walk in 0..50 {
+        let at = std::time::Instant::now();
+        let answer = consumers(&agent);
+        slowest = slowest.max(at.elapsed());
+        for h in answer["holders"].as_array().expect("holders") {
+            if h["mountPoint"] != tenant.dir.to_string_lossy().as_ref() {
+                continue;
+            }
+            let path = Path::new(h["path"].as_str().unwrap_or_default());
+            assert!(places.iter().any(|p| p == path), "walk {walk}: {h:#}");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().expect("the swapper");
+    let swapped = swaps.load(Ordering::Relaxed);
+    let rate = swapped as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "{swapped} exchanges ({rate:.0}/s) during 50 walks; the slowest answered in {slowest:?}"
+    );
+    assert!(swapped > 1000, "the swapper barely ran: {swapped}");
+
+    // More entries than the walk lists.
+    let many = tenant.path("many");
+    fs::create_dir(&many).expect("mkdir");
+    for i in 0..100_001 {
+        fs::File::create(many.join(i.to_string())).expect("an empty file");
+    }
+    let at = std::time::Instant::now();
+    let answer = consumers(&agent);
+    println!("a walk of 100,004 entries answered in {:?}", at.elapsed());
+    let unread = answer["unread"].as_array().expect("unread");
+    assert!(
+        unread.iter().any(|u| u["what"]
+            .as_str()
+            .is_some_and(|w| w.ends_with(&*tenant.dir.to_string_lossy()))
+            && u["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("stopped at 100000 entries"))),
+        "{unread:#?}"
+    );
+    fs::remove_dir_all(&many).expect("rm the entries");
+}
+
+fn cstr(path: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes()).expect("a path without NUL")
+}

@@ -9,6 +9,12 @@
 //! noticed within seconds; a configuration that does not parse keeps the last good settings and
 //! says why; once no kubelet runs, the agent falls back to the kubelet's defaults and says so.
 //!
+//! Issue #45: a process a pod could run under the name `kubelet`, with flags that would turn
+//! verification off and a `--config` of its choosing, is never followed: one in a pod-shaped
+//! cgroup, one in a mount namespace of its own, one in a PID namespace of its own. The agent
+//! names each in `GET /v1/kubelet` with why, keeps the file the operator named, and follows the
+//! host's kubelet once one starts.
+//!
 //! This machine runs no kubelet of its own (checked first: the agent would find it too). Every
 //! process started is killed and every directory removed on every exit path (drop guards).
 
@@ -19,7 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hugepage_agent_tests::{Agent, agent_bin, http};
+use hugepage_agent_tests::{Agent, Nested, TestCgroup, agent_bin, host_lock, http};
 
 /// Where the stand-in's `--config` points, as a host path (under the tree).
 const CONFIG: &str = "/etc/kubernetes/kubelet-config.yaml";
@@ -84,7 +90,20 @@ impl Kubelet {
     /// `exe` (the shell copied as `kubelet`) waiting on its standard input, with `args` after
     /// its script as the kubelet's own.
     fn start(exe: &Path, args: &[&str]) -> Kubelet {
-        let child = Command::new(exe)
+        Kubelet::start_under(&[], exe, args)
+    }
+
+    /// The same, run by `wrapper` (e.g. `unshare --mount`), which execs or forks it.
+    fn start_under(wrapper: &[&str], exe: &Path, args: &[&str]) -> Kubelet {
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(exe);
+                command
+            }
+            None => Command::new(exe),
+        };
+        let child = command
             .args(["-c", "read line", "kubelet"])
             .args(args)
             .stdin(Stdio::piped())
@@ -159,6 +178,8 @@ fn setting<'a>(answer: &'a serde_json::Value, name: &str) -> (&'a str, &'a str) 
 
 #[test]
 fn the_agent_answers_with_the_running_kubelets_policy_follows_its_restarts_and_falls_back() {
+    // Processes named kubelet are the host's: no other test may run one meanwhile.
+    let _lock = host_lock();
     no_kubelet_runs();
     let tree = tempfile::tempdir().expect("a host tree");
     host_tree(tree.path());
@@ -302,4 +323,134 @@ fn the_agent_answers_with_the_running_kubelets_policy_follows_its_restarts_and_f
 
     let (status, _) = agent.terminate();
     assert!(status.success(), "{status:?}");
+}
+
+/// The pid of the process named `kubelet` that `parent` is or forked (`unshare --fork`).
+fn kubelet_pid(parent: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let comm = |pid: u32| fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm(parent).trim_end() == "kubelet" {
+            return parent;
+        }
+        let children = fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+            .unwrap_or_default();
+        if let Some(child) = children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<u32>().ok())
+            .find(|&c| comm(c).trim_end() == "kubelet")
+        {
+            return child;
+        }
+        assert!(Instant::now() < deadline, "no kubelet under pid {parent}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn processes_named_kubelet_that_are_not_the_hosts_are_named_and_never_followed() {
+    let lock = host_lock();
+    no_kubelet_runs();
+    let tree = tempfile::tempdir().expect("a host tree");
+    host_tree(tree.path());
+    let bin = tempfile::tempdir().expect("a directory for the stand-in");
+    let exe: PathBuf = bin.path().join("kubelet");
+    fs::copy("/bin/sh", &exe).expect("copy the shell as kubelet");
+    put(
+        tree.path(),
+        "/tmp/not-a-kubelet.yaml",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ntopologyManagerPolicy: none\n",
+    );
+    let off = [
+        "--config=/tmp/not-a-kubelet.yaml",
+        "--feature-gates=MemoryManagerHugepagesVerification=false",
+    ];
+    // A pod's: the cgroup v2 group a kubelet of the systemd driver makes for a pod.
+    let root = TestCgroup::create(&lock, "kubelet-impostor");
+    let slice = root.dir.join("kubepods.slice");
+    let pod = slice.join("kubepods-pod1b4e28ba_2fa1_11d2_883f_0016d3cca427.slice");
+    let _nested = Nested(vec![slice, pod.clone()]);
+    fs::create_dir_all(&pod).expect("the pod's cgroup");
+    let in_pod = Kubelet::start(&exe, &off);
+    fs::write(pod.join("cgroup.procs"), in_pod.pid().to_string()).expect("move into the pod");
+    let in_mounts = Kubelet::start_under(
+        &["unshare", "--mount", "--propagation", "private"],
+        &exe,
+        &off,
+    );
+    let in_pids = Kubelet::start_under(&["unshare", "--pid", "--fork"], &exe, &off);
+    let impostors = [
+        (in_pod.pid(), "is a pod's"),
+        (
+            kubelet_pid(in_mounts.pid()),
+            "its root or mount namespace is not the host's",
+        ),
+        (
+            kubelet_pid(in_pids.pid()),
+            "it runs in a PID namespace of its own",
+        ),
+    ];
+
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg("run").arg("--host-root").arg(tree.path()).args([
+        "--kubelet-config",
+        CONFIG,
+        "--ebpf",
+        "off",
+    ]);
+    let mut agent = Agent::start(cmd);
+    let port = agent.port;
+    agent.wait_for("agent running", Duration::from_secs(20), |_| true);
+    let answer = get(port, "/v1/kubelet");
+    assert_eq!(
+        answer["origin"],
+        format!(
+            "no kubelet process; --kubelet-config {CONFIG} (3 other process(es) named kubelet are not the host's: GET /v1/kubelet says why)"
+        )
+        .as_str(),
+        "{answer:#}"
+    );
+    let candidates = answer["candidates"].as_array().expect("candidates");
+    for (pid, why) in impostors {
+        let named = candidates
+            .iter()
+            .find(|c| c["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} not named: {answer:#}"));
+        let refused = named["refused"].as_str().unwrap_or_default();
+        assert!(refused.contains(why), "pid {pid}: {refused}");
+    }
+    // Verification stays on and the policy is the operator's file's, not the impostors'.
+    assert_eq!(
+        setting(&answer, "featureGates.MemoryManagerHugepagesVerification").0,
+        "true",
+        "{answer:#}"
+    );
+    let file = format!("file {CONFIG}");
+    assert_eq!(
+        setting(&answer, "topologyManagerPolicy"),
+        ("single-numa-node", file.as_str())
+    );
+
+    // The host's kubelet, once it starts, is followed beside them.
+    let kubelet = Kubelet::start(
+        &exe,
+        &["--config", CONFIG, "--topology-manager-policy=restricted"],
+    );
+    let pid = kubelet.pid();
+    let answer = settings_until(port, "the host's kubelet followed", |a| {
+        a["origin"]
+            .as_str()
+            .is_some_and(|o| o.starts_with(&format!("the kubelet, pid {pid}, ")))
+    });
+    let cmdline = format!("kubelet command line (pid {pid})");
+    assert_eq!(
+        setting(&answer, "topologyManagerPolicy"),
+        ("restricted", cmdline.as_str())
+    );
+    assert_eq!(
+        setting(&answer, "featureGates.MemoryManagerHugepagesVerification").0,
+        "true"
+    );
+    drop(agent);
+    drop((kubelet, in_pod, in_mounts, in_pids));
 }

@@ -1,8 +1,11 @@
 //! The latest walk of the hugepages' holders ([`crate::holders`]) for `GET /metrics`: walked
 //! again at a scrape when the last one is older than [`FRESH_FOR`], or when the probes' book saw
 //! a hugetlbfs file made, fallocated, truncated or evicted since ([`Book::generation`]), off the
-//! API threads, one walk at a time, waited for at most [`WALK_WITHIN`]. `GET /v1/consumers`
-//! always walks afresh and leaves its walk here too.
+//! API threads, waited for at most [`WALK_WITHIN`]. `GET /v1/consumers` always walks afresh and
+//! leaves its walk here too. One walk at a time, whoever asks: a scrape that gave up waiting
+//! leaves its walk holding the gate until it ends, so scrapes meanwhile answer with the latest
+//! walk instead of starting more, and a `GET /v1/consumers` that finds a walk running waits
+//! for it and answers with it (it began after the request).
 
 use std::{
     sync::{Arc, Mutex},
@@ -31,7 +34,8 @@ type Walked = Option<(Instant, u64, Arc<Holders>)>;
 pub struct LatestWalk {
     /// What the probes saw between walks; the run loop writes it.
     pub book: Book,
-    /// Held by the scrape that walks: scrapes meanwhile answer with the latest walk.
+    /// Held by the walk under way (moved into it, so it is held until the walk ends, not
+    /// until its caller stops waiting).
     walking: Arc<tokio::sync::Mutex<()>>,
     latest: Arc<Mutex<Walked>>,
 }
@@ -45,13 +49,13 @@ impl LatestWalk {
         if let Some(held) = self.young(self.book.generation()) {
             return Some(held);
         }
-        let Ok(_walking) = self.walking.try_lock() else {
+        let Ok(walking) = self.walking.clone().try_lock_owned() else {
             return self.latest();
         };
         let (host, latest) = (host.clone(), self.clone());
         let walk = tokio::task::spawn_blocking(move || {
             let pools = hugepages::read_table(&host).ok()?;
-            Some(latest.walk(&host, &pools))
+            Some(latest.walk_holding(&host, &pools, walking))
         });
         match tokio::time::timeout(WALK_WITHIN, walk).await {
             Ok(Ok(Some(walked))) => Some(walked),
@@ -59,8 +63,29 @@ impl LatestWalk {
         }
     }
 
-    /// Walks the host now with the book, keeps the walk as the latest, and returns it shared.
+    /// Walks the host now with the book, keeps the walk as the latest, and returns it shared;
+    /// when a walk is under way, waits for it and returns it instead (it began after this was
+    /// asked). Blocks: call it off the API threads.
     pub fn walk(&self, host: &HostFs, pools: &HugepageTable) -> Arc<Holders> {
+        let asked = Instant::now();
+        let walking = self.walking.clone().blocking_lock_owned();
+        if let Ok(latest) = self.latest.lock()
+            && let Some((at, generation, held)) = latest.as_ref()
+            && *at > asked
+            && *generation == self.book.generation()
+        {
+            return held.clone();
+        }
+        self.walk_holding(host, pools, walking)
+    }
+
+    /// Walks with the gate held by `_walking` until the walk is kept.
+    fn walk_holding(
+        &self,
+        host: &HostFs,
+        pools: &HugepageTable,
+        _walking: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Arc<Holders> {
         let generation = self.book.generation();
         self.keep(generation, holders::walk_with(host, pools, &self.book))
     }

@@ -161,11 +161,15 @@ fn discrepancy_path() -> Value {
 fn kubelet_path() -> Value {
     json!({"get": {
         "summary": "The node's kubelet settings the agent selects NUMA nodes with, each with its value and source",
-        "description": "Read from the running kubelet (the process named kubelet: its command line, its --config file and --config-dir drop-ins), else --kubelet-config or the places installers write it, else the kubelet's defaults; the agent's flags override. Re-read when the kubelet restarts or a file changes. A reading that fails keeps the settings in use, names the file and field in `error`, and every source then says it was kept.",
+        "description": "Read from the running kubelet (the one process named kubelet that is the host's: not in a pod's or a container's cgroup, not in a PID namespace of its own, its / the host's root mount; its command line, its --config file and --config-dir drop-ins; with two or more such processes none is followed and, without --kubelet-config, `error` says so), else --kubelet-config or the places installers write it, else the kubelet's defaults; the agent's flags override. Re-read when the kubelet restarts or a file changes. A reading that fails keeps the settings in use, names the file and field in `error`, and every source then says it was kept.",
         "responses": {"200": {"description": "The settings in use", "content": {"application/json": {"schema": {"type": "object", "required": ["origin", "settings", "loadedAt"], "properties": {
             "origin": {"type": "string", "description": "where the settings came from: the kubelet's pid and files, a file, or the kubelet's defaults"},
             "error": {"type": "string", "description": "why the latest reading was not used (file and field named)"},
             "refusal": {"type": "string", "description": "why the kubelet would not start with these settings on this machine (its Topology Manager: more NUMA nodes than max-allowable-numa-nodes under a policy other than none, or options it does not know), when so; the agent runs on, and admissions without numaNodes are refused (503, type no-kubelet-selection)"},
+            "candidates": {"type": "array", "description": "every process named kubelet the latest reading looked at, oldest first", "items": {"type": "object", "required": ["pid"], "properties": {
+                "pid": {"type": "integer"},
+                "refused": {"type": "string", "description": "why it is not taken for the host's kubelet (its cgroup is a pod's or a container's, its PID namespace or root mount is not the host's, or a file that shows it cannot be read); absent: it looks like the host's"}
+            }}},
             "settings": {"type": "object", "description": "KubeletConfiguration field name (feature gates as featureGates.<Name>) to its value and source", "additionalProperties": {"type": "object", "required": ["value", "source"], "properties": {
                 "value": {"type": "string"},
                 "source": {"type": "string", "examples": ["kubelet command line (pid 1234)", "file /var/lib/kubelet/config.yaml", "drop-in /etc/kubernetes/kubelet/config.json.d/50-numa.conf", "flag --topology-policy", "kubelet default"]}

@@ -24,6 +24,8 @@ pub mod view;
 use std::{
     collections::{BTreeMap, HashMap},
     os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use serde::{Deserialize, Serialize};
@@ -31,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     host::{HugepageTable, NumaNode},
     kubelet::cgroup_path::{Owner, classify},
-    sysfs::{HostFs, SysfsError, hugepages},
+    sysfs::{HostFs, SysfsError, beneath::Beneath, hugepages},
 };
 use mounts::{Dev, Mount};
 use procs::{HugeVma, Process};
@@ -297,8 +299,8 @@ type FileKey = (Dev, u64);
 /// A file met in a mount or through a process.
 struct FileSeen {
     page_size: u64,
-    /// Where the agent can open it (under `--host-root`), for the files of the mounts.
-    read_at: Option<String>,
+    /// Where the agent can open it: beneath its mount's root, for the files of the mounts.
+    read_at: Option<(Arc<Beneath>, PathBuf)>,
     /// From `st_blocks` when it was `stat`ed; else `None`.
     held: Option<u64>,
     path: String,
@@ -357,11 +359,14 @@ pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Hol
     };
     let mut files: BTreeMap<FileKey, FileSeen> = BTreeMap::new();
     let mut page_sizes: HashMap<Dev, u64> = HashMap::new();
+    let mut bounds = Bounds::new();
     for (index, mount) in mounts.iter().enumerate() {
-        if let Err(e) = mount_files(host, mount, index, &mut files, &mut page_sizes) {
+        if let Err(error) =
+            mount_files(host, mount, index, &mut files, &mut page_sizes, &mut bounds)
+        {
             unread.push(Unread {
                 what: format!("the files of the hugetlbfs mount {}", mount.mount_point),
-                error: e.to_string(),
+                error,
             });
         }
     }
@@ -451,7 +456,7 @@ pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Hol
     };
     found.gather(&processes, &mut files);
     let files_seen = files.keys().copied().collect();
-    let mut holders = found.files(host, &mounts, files);
+    let mut holders = found.files(&mounts, files);
     let (segment_holders, mut candidates) = found.segments(host, &segments, pools);
     holders.extend(segment_holders);
     holders.extend(found.other_namespaces());
@@ -519,37 +524,73 @@ fn in_use(pools: &HugepageTable) -> BTreeMap<u64, u64> {
         .collect()
 }
 
-/// The regular files under a mount, with what each holds.
+/// The most entries one walk lists in all the mounts together, and the longest it lists them:
+/// a tenant's hugetlbfs volume may hold any number of empty files and directories, and the walk
+/// must end. Past either, the rest is named in `unread`.
+pub const MAX_ENTRIES: usize = 100_000;
+pub const MAX_LISTING: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What is left of the listing's bounds as the mounts are walked.
+struct Bounds {
+    entries: usize,
+    until: std::time::Instant,
+}
+
+impl Bounds {
+    fn new() -> Bounds {
+        Bounds {
+            entries: MAX_ENTRIES,
+            until: std::time::Instant::now() + MAX_LISTING,
+        }
+    }
+
+    /// Takes `n` entries, or says which bound is spent.
+    fn take(&mut self, n: usize) -> Result<(), String> {
+        if std::time::Instant::now() > self.until {
+            return Err(format!(
+                "the listing stopped after {MAX_LISTING:?} (the walk's bound)"
+            ));
+        }
+        self.entries = self.entries.checked_sub(n).ok_or_else(|| {
+            format!("the listing stopped at {MAX_ENTRIES} entries (the walk's bound)")
+        })?;
+        Ok(())
+    }
+}
+
+/// The regular files under a mount, with what each holds: listed beneath the mount's root, no
+/// link followed and no other mount entered ([`crate::sysfs::beneath`]), within `bounds`.
 fn mount_files(
     host: &HostFs,
     mount: &Mount,
     index: usize,
     files: &mut BTreeMap<FileKey, FileSeen>,
     page_sizes: &mut HashMap<Dev, u64>,
-) -> Result<(), SysfsError> {
-    let root = mount_root(host, mount)?;
+    bounds: &mut Bounds,
+) -> Result<(), String> {
+    let (root, st_dev) = mount_root(host, mount).map_err(|e| e.to_string())?;
     let page_size = match mount.page_size {
         Some(size) => size,
-        None => host.statfs(&root)?.1,
+        None => host.statfs(&root).map_err(|e| e.to_string())?.1,
     };
     page_sizes.insert(mount.dev, page_size);
-    let mut dirs = vec![String::new()];
+    let tree = Arc::new(host.beneath(&root, st_dev).map_err(|e| e.to_string())?);
+    let mut dirs = vec![PathBuf::new()];
     while let Some(rel) = dirs.pop() {
-        for name in host.list(format!("{root}{rel}"))? {
-            let rel = format!("{rel}/{name}");
-            let Some(meta) = host.metadata(format!("{root}{rel}"))? else {
-                continue;
-            };
-            if meta.is_dir() {
+        let entries = tree.entries(&rel).map_err(|e| e.to_string())?;
+        bounds.take(entries.len())?;
+        for (name, st) in entries {
+            let rel = rel.join(name);
+            if st.is_dir {
                 dirs.push(rel);
-            } else if meta.is_file() {
+            } else if st.is_file {
                 files.insert(
-                    (mount.dev, meta.ino()),
+                    (mount.dev, st.ino),
                     FileSeen {
                         page_size,
-                        read_at: Some(format!("{root}{rel}")),
-                        held: Some(meta.blocks().saturating_mul(512)),
-                        path: format!("{}{rel}", mount.mount_point),
+                        path: format!("{}/{}", mount.mount_point, rel.display()),
+                        read_at: Some((tree.clone(), rel)),
+                        held: Some(st.blocks.saturating_mul(512)),
                         mount: Some(index),
                         deleted: false,
                         memfd: false,
@@ -565,12 +606,14 @@ fn mount_files(
 /// the mount (the agent shares the host's mount namespace, or the DaemonSet mounts it there),
 /// else through the host's first process (`/proc/1/root`, which takes `CAP_SYS_PTRACE`). The
 /// directory's device tells that it is the mount and not a directory below it.
-fn mount_root(host: &HostFs, mount: &Mount) -> Result<String, SysfsError> {
+fn mount_root(host: &HostFs, mount: &Mount) -> Result<(String, u64), SysfsError> {
     let through_init = format!("/proc/1/root{}", mount.mount_point);
     let mut last = None;
     for root in [mount.mount_point.clone(), through_init] {
         match host.stat(&root) {
-            Ok(Some(meta)) if Dev::from_st_dev(meta.dev()) == mount.dev => return Ok(root),
+            Ok(Some(meta)) if Dev::from_st_dev(meta.dev()) == mount.dev => {
+                return Ok((root, meta.dev()));
+            }
             Ok(found) => {
                 last = Some(SysfsError::Malformed {
                     path: host.path(&root),
@@ -693,12 +736,7 @@ impl Found {
     }
 
     /// A holder for each file that holds pages or that a process uses.
-    fn files(
-        &mut self,
-        host: &HostFs,
-        mounts: &[Mount],
-        files: BTreeMap<FileKey, FileSeen>,
-    ) -> Vec<Holder> {
+    fn files(&mut self, mounts: &[Mount], files: BTreeMap<FileKey, FileSeen>) -> Vec<Holder> {
         let mut out = Vec::new();
         for (key, seen) in files {
             let used = self.files.remove(&key).unwrap_or_default();
@@ -723,9 +761,9 @@ impl Found {
             }
             place(&mut h, used);
             if h.nodes_from != NodesFrom::Mappings
-                && let Some(at) = &seen.read_at
+                && let Some((tree, rel)) = &seen.read_at
             {
-                query_nodes(&mut h, &host.path(at), key.1);
+                query_nodes(&mut h, tree, rel, key.1);
             }
             out.push(h);
         }
@@ -913,8 +951,14 @@ fn place(h: &mut Holder, used: Use) {
 
 /// Places a file's pages by asking the kernel through a mapping of the agent's own
 /// ([`nodes`]); on failure the nodes stay as the mappings left them, and the note says why.
-fn query_nodes(h: &mut Holder, path: &std::path::Path, inode: u64) {
-    match nodes::of_file(path, inode, h.page_size_bytes) {
+fn query_nodes(h: &mut Holder, tree: &Beneath, rel: &Path, inode: u64) {
+    let asked = tree
+        .open_file(rel, inode)
+        .map_err(|e| e.to_string())
+        .and_then(|fd| {
+            nodes::of_descriptor(&fd, inode, h.page_size_bytes).map_err(|e| e.to_string())
+        });
+    match asked {
         Ok(per_node) => {
             h.per_node = per_node;
             h.nodes_from = NodesFrom::Queried;

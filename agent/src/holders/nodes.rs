@@ -10,7 +10,11 @@
 //! holder of `CAP_FOWNER`; refused, the node stays unknown. Anything that fails leaves the
 //! nodes unknown, and the answer says so.
 
-use std::{collections::BTreeMap, ffi::CString, io, os::unix::ffi::OsStrExt, path::Path};
+use std::{
+    collections::BTreeMap,
+    io,
+    os::fd::{AsRawFd, OwnedFd},
+};
 
 use crate::host::NumaNode;
 
@@ -38,36 +42,14 @@ fn failed(call: &'static str) -> NodesError {
     }
 }
 
-/// Bytes of the file at `path` (a path the agent can open) per NUMA node. `inode` is the one
-/// the walk found there: a path replaced since (a symbolic link, a FIFO, another file) is not
-/// followed, opened without blocking and refused.
-pub fn of_file(
-    path: &Path,
+/// Bytes per NUMA node of the file open at `fd` (opened beneath its mount, checked to be the
+/// regular file of inode `inode` the walk found: [`crate::sysfs::beneath::Beneath::open_file`]).
+pub fn of_descriptor(
+    fd: &OwnedFd,
     inode: u64,
     page_size: u64,
 ) -> Result<BTreeMap<NumaNode, u64>, NodesError> {
-    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|e| NodesError::Call {
-        call: "open",
-        source: io::Error::new(io::ErrorKind::InvalidInput, e),
-    })?;
-    // SAFETY: a NUL-terminated path; the descriptor is checked and closed below.
-    let fd = unsafe {
-        libc::open(
-            c_path.as_ptr(),
-            libc::O_RDONLY
-                | libc::O_NOATIME
-                | libc::O_CLOEXEC
-                | libc::O_NOFOLLOW
-                | libc::O_NONBLOCK,
-        )
-    };
-    if fd < 0 {
-        return Err(failed("open"));
-    }
-    let answer = query(fd, inode, page_size);
-    // SAFETY: the descriptor opened above, closed once.
-    unsafe { libc::close(fd) };
-    answer
+    query(fd.as_raw_fd(), inode, page_size)
 }
 
 fn query(

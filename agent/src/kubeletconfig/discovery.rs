@@ -1,6 +1,11 @@
 //! Finds and reads the node's kubelet settings through the `--host-root` seam. First the running
-//! kubelet: the process named `kubelet` under `<host-root>/proc` (its `comm`, or, for a `comm`
-//! such as `kubelet-1.35`, its argv\[0\]'s base name), the oldest if several; its command line names `--config` and `--config-dir`
+//! kubelet: a process named `kubelet` under `<host-root>/proc` (its `comm`, or, for a `comm`
+//! such as `kubelet-1.35`, its argv\[0\]'s base name) that is the host's ([`Candidate`]: not in
+//! a pod's or a container's cgroup, not in a PID namespace of its own, its `/` the same mount
+//! as pid 1's), and only when exactly one is: a pod can name a process `kubelet`, and its
+//! flags would then turn verification off or send the agent to read files it chose. With two
+//! or more host candidates the agent takes none ([`Decision::Ambiguous`]) and says so, until the
+//! operator names the file (`--kubelet-config`). Its command line names `--config` and `--config-dir`
 //! (relative paths are taken from its working directory, `/proc/<pid>/cwd`; every path is a host
 //! path, read under the host root) and sets flags of its own. Without a kubelet process,
 //! `--kubelet-config` when given, else the first of the places installers write the file
@@ -11,6 +16,8 @@ use std::{
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
+
+use serde::Serialize;
 
 use super::{
     cmdline::{self, CmdlineError},
@@ -74,6 +81,12 @@ pub enum DiscoveryError {
     File(#[from] FileError),
     #[error("{path} ({named_by}): no such file")]
     Missing { path: PathBuf, named_by: String },
+    #[error(
+        "{} processes that look like the host's kubelet run (pids {}): the agent follows none of them; name the kubelet's configuration file with --kubelet-config",
+        pids.len(),
+        pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    Ambiguous { pids: Vec<u32> },
 }
 
 /// A running kubelet: its process id and start time (clock ticks after boot), which tell a
@@ -109,21 +122,97 @@ pub struct Found {
     pub layers: Vec<Layer>,
 }
 
-/// One reading: what was looked at, and what was found or why it failed.
+/// One reading: what was looked at, the processes named `kubelet` and what became of each, and
+/// what was found or why it failed.
 #[derive(Debug)]
 pub struct Reading {
     pub stamp: Stamp,
+    pub candidates: Vec<Candidate>,
     pub outcome: Result<Found, DiscoveryError>,
 }
 
-/// Reads the settings (`explicit`: `--kubelet-config`).
+/// A process named `kubelet`, and why it is not taken for the host's kubelet when it is not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Candidate {
+    pub pid: u32,
+    #[serde(skip)]
+    pub start_time: u64,
+    /// Why it is not the host's kubelet; none: it looks like the host's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+impl Candidate {
+    fn process(&self) -> KubeletProcess {
+        KubeletProcess {
+            pid: self.pid,
+            start_time: self.start_time,
+        }
+    }
+}
+
+/// Which kubelet the agent follows, from the candidates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Exactly one candidate is the host's.
+    Kubelet(KubeletProcess),
+    /// None is (or there is no process named `kubelet`).
+    NoKubelet,
+    /// Several are: the agent follows none of them.
+    Ambiguous(Vec<u32>),
+}
+
+/// The kubelet among `candidates`: the one that is the host's, when exactly one is.
+pub fn decide(candidates: &[Candidate]) -> Decision {
+    let hosts: Vec<&Candidate> = candidates.iter().filter(|c| c.refused.is_none()).collect();
+    match hosts.as_slice() {
+        [] => Decision::NoKubelet,
+        [one] => Decision::Kubelet(one.process()),
+        many => Decision::Ambiguous(many.iter().map(|c| c.pid).collect()),
+    }
+}
+
+/// Reads the settings (`explicit`: `--kubelet-config`). With several host candidates, the file
+/// `explicit` names is read when given; otherwise the reading fails saying why.
 pub fn read(host: &HostFs, explicit: Option<&Path>) -> Reading {
     let mut looked = Vec::new();
-    let (kubelet, outcome) = match find_kubelet(host) {
-        Ok(Some(process)) => (Some(process), from_kubelet(host, process, &mut looked)),
-        Ok(None) => (None, from_files(host, explicit, &mut looked)),
+    let (candidates, decision) = match candidates(host) {
+        Ok(candidates) => {
+            let decision = decide(&candidates);
+            (candidates, Ok(decision))
+        }
+        Err(e) => (Vec::new(), Err(e)),
+    };
+    let refused = candidates.iter().filter(|c| c.refused.is_some()).count();
+    let (kubelet, outcome) = match decision {
+        Ok(Decision::Kubelet(process)) => (Some(process), from_kubelet(host, process, &mut looked)),
+        Ok(Decision::NoKubelet) => (
+            None,
+            from_files(host, explicit, "no kubelet process", &mut looked),
+        ),
+        Ok(Decision::Ambiguous(pids)) if explicit.is_some() => {
+            let why = format!(
+                "{} processes look like the host's kubelet (pids {}), so none is followed",
+                pids.len(),
+                pids.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            (None, from_files(host, explicit, &why, &mut looked))
+        }
+        Ok(Decision::Ambiguous(pids)) => (None, Err(DiscoveryError::Ambiguous { pids })),
         Err(e) => (None, Err(e)),
     };
+    let outcome = outcome.map(|mut found| {
+        if refused > 0 {
+            found.origin.push_str(&format!(
+                " ({refused} other process(es) named kubelet are not the host's: GET /v1/kubelet says why)"
+            ));
+        }
+        found
+    });
     looked.sort();
     looked.dedup();
     Reading {
@@ -131,6 +220,7 @@ pub fn read(host: &HostFs, explicit: Option<&Path>) -> Reading {
             kubelet,
             paths: stamp_paths(host, looked),
         },
+        candidates,
         outcome,
     }
 }
@@ -166,14 +256,28 @@ fn stamp_paths(host: &HostFs, paths: Vec<PathBuf>) -> Vec<(PathBuf, Option<FileS
         .collect()
 }
 
-/// The oldest process named `kubelet`, if any. A process that ends while it is looked at is
-/// skipped; no `/proc` under the host root is no process, and `/proc` unreadable an error.
+/// The host's kubelet, when exactly one process named `kubelet` is the host's.
 pub fn find_kubelet(host: &HostFs) -> Result<Option<KubeletProcess>, DiscoveryError> {
-    let mut found: Option<KubeletProcess> = None;
+    Ok(match decide(&candidates(host)?) {
+        Decision::Kubelet(process) => Some(process),
+        Decision::NoKubelet | Decision::Ambiguous(_) => None,
+    })
+}
+
+/// Every process named `kubelet`, oldest first, each judged by [`not_the_hosts`]. A process that
+/// ends while it is looked at is skipped; no `/proc` under the host root is no process, and
+/// `/proc` unreadable an error.
+pub fn candidates(host: &HostFs) -> Result<Vec<Candidate>, DiscoveryError> {
+    let mut found = Vec::new();
     // A host tree without /proc (no mount of it) has no process to find.
     if !host.exists("/proc") {
-        return Ok(None);
+        return Ok(found);
     }
+    let hosts_root = host
+        .read_string_opt("/proc/1/mountinfo")
+        .ok()
+        .flatten()
+        .and_then(|text| root_mount(&text));
     for name in host.list("/proc")? {
         let Ok(pid) = name.parse::<u32>() else {
             continue;
@@ -198,12 +302,124 @@ pub fn find_kubelet(host: &HostFs) -> Result<Option<KubeletProcess>, DiscoveryEr
             path: host.path(proc.join("stat")),
             expected: "a process's stat line (start time in field 22)",
         })?;
-        let process = KubeletProcess { pid, start_time };
-        if found.is_none_or(|f| (start_time, pid) < (f.start_time, f.pid)) {
-            found = Some(process);
+        let refused = not_the_hosts(host, &proc, hosts_root.as_ref());
+        found.push(Candidate {
+            pid,
+            start_time,
+            refused,
+        });
+    }
+    found.sort_by_key(|c| (c.start_time, c.pid));
+    Ok(found)
+}
+
+/// Why the process at `proc` is not the host's kubelet, or none when it looks like the host's:
+/// its cgroups, its PID namespace and its root mount, each read from files any process may read
+/// (the agent holds no `CAP_SYS_PTRACE`, so `/proc/<pid>/ns` and `root` are closed to it).
+/// `hosts_root` is pid 1's root mount; unknown, no process can be shown to share it.
+fn not_the_hosts(host: &HostFs, proc: &Path, hosts_root: Option<&RootMount>) -> Option<String> {
+    let read = |name: &str| host.read_string_opt(proc.join(name)).ok().flatten();
+    let Some(cgroups) = read("cgroup") else {
+        return Some("its cgroups cannot be read".to_owned());
+    };
+    if let Some(why) = cgroup_not_the_hosts(&cgroups) {
+        return Some(why);
+    }
+    let Some(status) = read("status") else {
+        return Some("its status cannot be read".to_owned());
+    };
+    if let Some(why) = pid_namespace_not_the_hosts(&status) {
+        return Some(why);
+    }
+    let Some(hosts_root) = hosts_root else {
+        return Some(
+            "pid 1's mounts cannot be read, so no process can be shown to share the host's root"
+                .to_owned(),
+        );
+    };
+    match read("mountinfo").as_deref().and_then(root_mount) {
+        None => Some("its mounts cannot be read".to_owned()),
+        Some(root) if &root != hosts_root => Some(format!(
+            "its root or mount namespace is not the host's: its / is mount {} of device {} at {}, pid 1's is mount {} of {} at {}",
+            root.id, root.device, root.root, hosts_root.id, hosts_root.device, hosts_root.root
+        )),
+        Some(_) => None,
+    }
+}
+
+/// Why cgroup membership `text` (`/proc/<pid>/cgroup`) is a pod's or a container's, if it is:
+/// a path with a `kubepods` component (either cgroup driver), or one a container runtime
+/// makes (`docker-<id>.scope`, `cri-containerd-…`, `crio-…`, `libpod-…`, or a bare 64-digit
+/// container id under the cgroupfs driver).
+pub fn cgroup_not_the_hosts(text: &str) -> Option<String> {
+    for line in text.lines() {
+        let Some(path) = line.splitn(3, ':').nth(2) else {
+            continue;
+        };
+        for part in path.split('/') {
+            if part.starts_with("kubepods") {
+                return Some(format!("its cgroup {path} is a pod's"));
+            }
+            let scope = part.strip_suffix(".scope").unwrap_or(part);
+            let runtime = [
+                "docker-",
+                "cri-containerd-",
+                "crio-",
+                "libpod-",
+                "containerd-",
+            ]
+            .iter()
+            .any(|prefix| scope.starts_with(prefix));
+            let bare_id = part.len() == 64 && part.bytes().all(|b| b.is_ascii_hexdigit());
+            if runtime || bare_id {
+                return Some(format!("its cgroup {path} is a container's"));
+            }
         }
     }
-    Ok(found)
+    None
+}
+
+/// Why `status` (`/proc/<pid>/status`) shows a PID namespace below the host's, if it does:
+/// `NSpid` lists the pid in the namespace `/proc` was mounted from and in each one below.
+pub fn pid_namespace_not_the_hosts(status: &str) -> Option<String> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let pids: Vec<&str> = line.split_whitespace().collect();
+    (pids.len() > 1).then(|| {
+        format!(
+            "it runs in a PID namespace of its own (NSpid {})",
+            pids.join(" ")
+        )
+    })
+}
+
+/// A process's root: the last mount of its `/` in its `mountinfo` (the one on top).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootMount {
+    id: String,
+    device: String,
+    root: String,
+}
+
+/// The root mount in `mountinfo` text, if there is one.
+pub fn root_mount(mountinfo: &str) -> Option<RootMount> {
+    mountinfo
+        .lines()
+        .rev()
+        .find_map(|line| {
+            let mut fields = line.split(' ');
+            let id = fields.next()?;
+            let (_parent, device, root, point) = (
+                fields.next()?,
+                fields.next()?,
+                fields.next()?,
+                fields.next()?,
+            );
+            (point == "/").then(|| RootMount {
+                id: id.to_owned(),
+                device: device.to_owned(),
+                root: root.to_owned(),
+            })
+        })
 }
 
 fn argv0_is_kubelet(host: &HostFs, proc: &Path) -> bool {
@@ -275,15 +491,17 @@ fn from_kubelet(
     })
 }
 
+/// The settings from files, `why` no kubelet process is read (the origin's first words).
 fn from_files(
     host: &HostFs,
     explicit: Option<&Path>,
+    why: &str,
     looked: &mut Vec<PathBuf>,
 ) -> Result<Found, DiscoveryError> {
     if let Some(path) = explicit {
         let base = read_file(host, path, "--kubelet-config", looked)?;
         return Ok(Found {
-            origin: format!("no kubelet process; --kubelet-config {}", path.display()),
+            origin: format!("{why}; --kubelet-config {}", path.display()),
             layers: vec![file::merge(Some(&base), &[])?],
         });
     }
@@ -314,12 +532,12 @@ fn from_files(
             .map(|p| p.display().to_string())
             .collect();
         return Ok(Found {
-            origin: format!("no kubelet process; {}", shown.join(", ")),
+            origin: format!("{why}; {}", shown.join(", ")),
             layers: vec![file::merge(base.as_ref(), &drop_ins)?],
         });
     }
     Ok(Found {
-        origin: "no kubelet process and no configuration file: the kubelet's defaults".into(),
+        origin: format!("{why} and no configuration file: the kubelet's defaults"),
         layers: Vec::new(),
     })
 }

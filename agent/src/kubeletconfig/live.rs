@@ -20,7 +20,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{
-    discovery::{self, DiscoveryError, Found, Stamp},
+    discovery::{self, Candidate, DiscoveryError, Found, Stamp},
     settings::{KubeletSettings, Layer, MemoryManagerPolicy, Row},
 };
 use crate::{
@@ -42,6 +42,9 @@ pub struct KubeletView {
     pub refusal: Option<String>,
     /// Where the settings came from, in words.
     pub origin: String,
+    /// Every process named `kubelet` the latest reading looked at, and why each that is not
+    /// followed is not the host's.
+    pub candidates: Vec<Candidate>,
     /// Why the latest reading was not used, when it was not.
     pub error: Option<String>,
     /// Whether `settings` are from an earlier reading (the latest failed).
@@ -59,6 +62,8 @@ pub struct KubeletAnswer {
     /// Why the kubelet would not start with these settings on this machine, when so.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refusal: Option<String>,
+    /// Every process named `kubelet` looked at; `refused` says why one is not the host's.
+    pub candidates: Vec<Candidate>,
     pub settings: BTreeMap<String, Row>,
     pub loaded_at: String,
 }
@@ -109,6 +114,7 @@ impl KubeletView {
             origin: self.origin.clone(),
             error: self.error.clone(),
             refusal: self.refusal.clone(),
+            candidates: self.candidates.clone(),
             settings: self.rows(),
             loaded_at: humantime::format_rfc3339_millis(self.loaded_at).to_string(),
         }
@@ -200,7 +206,13 @@ impl LiveKubelet {
         let reading = discovery::read(&self.host, self.explicit.as_deref());
         self.stamp = reading.stamp;
         let before = self.view.load_full();
-        match with_flags(reading.outcome, &self.flags, &self.nodes) {
+        log_refused(&before.candidates, &reading.candidates);
+        match with_flags(
+            reading.outcome,
+            reading.candidates.clone(),
+            &self.flags,
+            &self.nodes,
+        ) {
             Ok(next) => {
                 log_change(&before, &next);
                 let changed = next.settings != before.settings;
@@ -217,6 +229,7 @@ impl LiveKubelet {
                 self.view.store(Arc::new(KubeletView {
                     error: Some(error),
                     kept: true,
+                    candidates: reading.candidates,
                     ..(*before).clone()
                 }));
                 false
@@ -233,7 +246,8 @@ pub fn read_once(
     flags: &Layer,
     nodes: &[NodeInfo],
 ) -> Result<KubeletView, LiveError> {
-    match with_flags(discovery::read(host, explicit).outcome, flags, nodes) {
+    let reading = discovery::read(host, explicit);
+    match with_flags(reading.outcome, reading.candidates.clone(), flags, nodes) {
         Ok(view) => Ok(view),
         Err(error) => {
             let fallback = view(
@@ -245,6 +259,7 @@ pub fn read_once(
             Ok(KubeletView {
                 error: Some(error),
                 kept: true,
+                candidates: reading.candidates,
                 ..fallback
             })
         }
@@ -254,13 +269,17 @@ pub fn read_once(
 /// What a reading found with the agent's `flags` over it, or why it cannot be used.
 fn with_flags(
     outcome: Result<Found, DiscoveryError>,
+    candidates: Vec<Candidate>,
     flags: &Layer,
     nodes: &[NodeInfo],
 ) -> Result<KubeletView, String> {
     let found = outcome.map_err(|e| e.to_string())?;
     let mut layers: Vec<&Layer> = found.layers.iter().collect();
     layers.push(flags);
-    view(&layers, nodes, &found.origin)
+    Ok(KubeletView {
+        candidates,
+        ..view(&layers, nodes, &found.origin)?
+    })
 }
 
 /// The kubelet's refusal to start with its Topology Manager's error `why`, in words.
@@ -299,6 +318,7 @@ pub fn view(layers: &[&Layer], nodes: &[NodeInfo], origin: &str) -> Result<Kubel
         machine,
         refusal,
         origin: origin.to_owned(),
+        candidates: Vec::new(),
         error: None,
         kept: false,
         loaded_at: SystemTime::now(),
@@ -317,6 +337,21 @@ fn log_refusal(was: Option<&str>, next: &KubeletView) {
             info!(origin = %next.origin, "the kubelet's settings start on this machine again")
         }
         _ => {}
+    }
+}
+
+/// A warning for each process named `kubelet` that is newly not followed, and why.
+fn log_refused(before: &[Candidate], now: &[Candidate]) {
+    for candidate in now {
+        let Some(why) = &candidate.refused else {
+            continue;
+        };
+        if !before.iter().any(|b| b == candidate) {
+            warn!(
+                pid = candidate.pid,
+                "a process named kubelet is not followed: {why}"
+            );
+        }
     }
 }
 

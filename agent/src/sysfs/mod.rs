@@ -3,6 +3,7 @@
 //!
 //! Errors always name the file. Parsing of what is read lives in the submodules.
 
+pub mod beneath;
 pub mod cgroup_tree;
 #[cfg(test)]
 pub mod fake;
@@ -80,6 +81,17 @@ pub struct HostFs {
 impl HostFs {
     pub fn new(root: impl Into<PathBuf>) -> HostFs {
         HostFs { root: root.into() }
+    }
+
+    /// The host directory `abs` opened as the root of a tree that others may write, refused
+    /// unless it is on device `dev`: nothing below it is opened except beneath it
+    /// ([`beneath::Beneath`]).
+    pub fn beneath(
+        &self,
+        abs: impl AsRef<Path>,
+        dev: u64,
+    ) -> Result<beneath::Beneath, beneath::BeneathError> {
+        beneath::Beneath::open(&self.path(abs), dev)
     }
 
     /// The host path `abs` (written as on the host, e.g. `/sys/kernel/btf/vmlinux`) under the root.

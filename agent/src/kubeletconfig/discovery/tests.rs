@@ -14,8 +14,48 @@ fn fixture(name: &str) -> String {
     fs::read_to_string(path).expect("fixture")
 }
 
-/// A process `pid` under the fake `/proc`: its `comm`, argv and working directory.
+/// pid 1's root mount, which a host process shares.
+const HOST_ROOT: &str = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n";
+
+/// A process `pid` under the fake `/proc`: its `comm`, argv and working directory, in the
+/// host's cgroups, PID namespace and root (pid 1's mounts written too).
 fn process(root: &Path, pid: u32, comm: &str, argv: &[&str], cwd: &str, start: u64) {
+    process_in(root, pid, comm, argv, cwd, start, Place::HOST);
+}
+
+/// Where a fake process runs: its cgroup file, its `NSpid` and its `mountinfo`.
+#[derive(Clone, Copy)]
+struct Place {
+    cgroup: &'static str,
+    nspid: &'static str,
+    mountinfo: &'static str,
+}
+
+impl Place {
+    const HOST: Place = Place {
+        cgroup: "0::/system.slice/kubelet.service\n",
+        nspid: "4242",
+        mountinfo: HOST_ROOT,
+    };
+}
+
+fn process_in(
+    root: &Path,
+    pid: u32,
+    comm: &str,
+    argv: &[&str],
+    cwd: &str,
+    start: u64,
+    place: Place,
+) {
+    fake::write(root, "/proc/1/mountinfo", HOST_ROOT);
+    fake::write(root, &format!("/proc/{pid}/cgroup"), place.cgroup);
+    fake::write(
+        root,
+        &format!("/proc/{pid}/status"),
+        &format!("Name:\t{comm}\nNSpid:\t{}\n", place.nspid),
+    );
+    fake::write(root, &format!("/proc/{pid}/mountinfo"), place.mountinfo);
     fake::write(root, &format!("/proc/{pid}/comm"), &format!("{comm}\n"));
     fake::write(
         root,
@@ -92,7 +132,7 @@ fn the_running_kubelets_command_line_and_files_are_read_relative_to_its_director
 }
 
 #[test]
-fn a_kubelet_is_known_by_argv0_too_and_the_oldest_of_several_is_taken() {
+fn a_kubelet_is_known_by_argv0_too_and_two_on_the_host_are_followed_by_none() {
     let (dir, host) = fake::tree(&[]);
     process(
         dir.path(),
@@ -102,15 +142,34 @@ fn a_kubelet_is_known_by_argv0_too_and_the_oldest_of_several_is_taken() {
         "/",
         300,
     );
-    process(dir.path(), 11, "kubelet", &["kubelet"], "/", 200);
     process(dir.path(), 12, "sh", &["sh", "-c", "kubelet"], "/", 100);
     assert_eq!(
         find_kubelet(&host).expect("proc"),
         Some(KubeletProcess {
-            pid: 11,
-            start_time: 200
+            pid: 10,
+            start_time: 300
         })
     );
+    process(dir.path(), 11, "kubelet", &["kubelet"], "/", 200);
+    assert_eq!(find_kubelet(&host).expect("proc"), None);
+    let reading = read(&host, None);
+    assert_eq!(reading.stamp.kubelet, None);
+    assert_eq!(
+        reading.outcome.expect_err("ambiguous").to_string(),
+        "2 processes that look like the host's kubelet run (pids 11, 10): the agent follows none of them; name the kubelet's configuration file with --kubelet-config"
+    );
+    // Named by the operator, the file is read.
+    fake::write(
+        dir.path(),
+        "/etc/kubelet.yaml",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ntopologyManagerPolicy: restricted\n",
+    );
+    let (origin, s) = settings(read(&host, Some(Path::new("/etc/kubelet.yaml"))));
+    assert_eq!(
+        origin,
+        "2 processes look like the host's kubelet (pids 11, 10), so none is followed; --kubelet-config /etc/kubelet.yaml"
+    );
+    assert_eq!(s.policy.value, Policy::Restricted);
     assert_eq!(
         start_time("1 (a b) c) S 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 77 0"),
         Some(77)
@@ -225,6 +284,9 @@ fn bad_input_is_one_error_naming_the_file_and_a_change_is_seen_in_the_stamp() {
         "/proc/79/stat",
         "79 (kubelet) S 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 7 0\n",
     );
+    fake::write(dir.path(), "/proc/79/cgroup", Place::HOST.cgroup);
+    fake::write(dir.path(), "/proc/79/status", "NSpid:\t79\n");
+    fake::write(dir.path(), "/proc/79/mountinfo", HOST_ROOT);
     let err = read(&host, None).outcome.expect_err("no cwd").to_string();
     assert!(
         err.starts_with(&format!(
@@ -232,5 +294,111 @@ fn bad_input_is_one_error_naming_the_file_and_a_change_is_seen_in_the_stamp() {
             dir.path().join("proc/79/cwd").display()
         )),
         "{err}"
+    );
+}
+
+#[test]
+fn a_process_named_kubelet_in_a_pod_a_container_or_namespaces_of_its_own_is_never_followed() {
+    let (dir, host) = fake::tree(&[(
+        "/var/lib/kubelet/config.yaml",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ntopologyManagerPolicy: best-effort\n",
+    )]);
+    let off = [
+        "kubelet",
+        "--feature-gates=MemoryManagerHugepagesVerification=false",
+        "--config=/tmp/not-a-kubelet.yaml",
+    ];
+    let places = [
+        (
+            20,
+            Place {
+                cgroup: "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/cri-containerd-ab.scope\n",
+                ..Place::HOST
+            },
+            "its cgroup /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/cri-containerd-ab.scope is a pod's",
+        ),
+        (
+            21,
+            Place {
+                cgroup: "12:memory:/kubepods/besteffort/pod1234/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n0::/\n",
+                ..Place::HOST
+            },
+            "its cgroup /kubepods/besteffort/pod1234/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef is a pod's",
+        ),
+        (
+            22,
+            Place {
+                cgroup: "0::/system.slice/docker-0123.scope\n",
+                ..Place::HOST
+            },
+            "its cgroup /system.slice/docker-0123.scope is a container's",
+        ),
+        (
+            23,
+            Place {
+                nspid: "23 1",
+                ..Place::HOST
+            },
+            "it runs in a PID namespace of its own (NSpid 23 1)",
+        ),
+        (
+            24,
+            Place {
+                mountinfo: "1021 980 0:310 / / rw - overlay overlay rw\n",
+                ..Place::HOST
+            },
+            "its root or mount namespace is not the host's: its / is mount 1021 of device 0:310 at /, pid 1's is mount 27 of 254:0 at /",
+        ),
+    ];
+    for (pid, place, _) in places {
+        process_in(dir.path(), pid, "kubelet", &off, "/", u64::from(pid), place);
+    }
+    let reading = read(&host, None);
+    let refused: Vec<(u32, String)> = reading
+        .candidates
+        .iter()
+        .map(|c| (c.pid, c.refused.clone().unwrap_or_default()))
+        .collect();
+    let expected: Vec<(u32, String)> = places
+        .iter()
+        .map(|(pid, _, why)| (*pid, (*why).to_owned()))
+        .collect();
+    assert_eq!(refused, expected);
+    assert_eq!(reading.stamp.kubelet, None);
+    // The settings are the host's file's, and the origin says others were passed over.
+    let (origin, s) = settings(reading);
+    assert_eq!(
+        origin,
+        "no kubelet process; /var/lib/kubelet/config.yaml (5 other process(es) named kubelet are not the host's: GET /v1/kubelet says why)"
+    );
+    assert_eq!(s.policy.value, Policy::BestEffort);
+    assert!(s.verification());
+    // A file the process cannot be judged by is not taken either.
+    fs::remove_file(dir.path().join("proc/1/mountinfo")).expect("rm");
+    process_in(dir.path(), 30, "kubelet", &["kubelet"], "/", 1, Place::HOST);
+    fs::remove_file(dir.path().join("proc/1/mountinfo")).expect("rm");
+    let last = candidates(&host).expect("proc").remove(0);
+    assert_eq!(
+        last.refused.as_deref(),
+        Some("pid 1's mounts cannot be read, so no process can be shown to share the host's root")
+    );
+}
+
+#[test]
+fn the_hosts_root_mount_is_the_last_mount_on_slash() {
+    let text = "22 27 0:21 / /proc rw - proc proc rw\n27 1 254:0 / / rw - ext4 /dev/vda rw\n90 27 0:50 / / rw - tmpfs tmpfs rw\n";
+    assert_eq!(
+        root_mount(text),
+        Some(RootMount {
+            id: "90".into(),
+            device: "0:50".into(),
+            root: "/".into()
+        })
+    );
+    assert_eq!(root_mount("22 27 0:21 / /proc rw - proc proc rw\n"), None);
+    assert_eq!(pid_namespace_not_the_hosts("Name:\tkubelet\n"), None);
+    assert_eq!(
+        cgroup_not_the_hosts("0::/system.slice/kubelet.service\n1:name=systemd:/\n"),
+        None
     );
 }
