@@ -13,6 +13,10 @@
 //! The build fails unless the result has no program interpreter (`PT_INTERP`): a binary that
 //! asks for `ld-linux` cannot start in a scratch image.
 //!
+//! The binary is built `--locked` (the crates `Cargo.lock` pins, no other) by the pinned stable
+//! toolchain ([`PINNED_RUSTC`]; another one fails the build, naming both), and an SPDX SBOM of
+//! what it links in is written beside the image ([`crate::sbom`]), naming the toolchains.
+//!
 //! Labels: `org.opencontainers.image.version` is the agent crate's version (the tag too),
 //! `revision` the commit (`-dirty` when tracked files differ from it), `source` `--source` or
 //! the `origin` remote (the clone's own path as a `file://` URL when it has none), `licenses`
@@ -30,7 +34,7 @@ use serde_json::Value;
 
 use crate::{
     cmd::{self, Env},
-    setup,
+    sbom, setup,
 };
 
 /// The image's name; the tag is the agent's version. `deploy/daemonset.yaml` names the same.
@@ -38,6 +42,8 @@ pub const NAME: &str = "localhost/hugepage-agent";
 /// The size the image must stay under, in bytes.
 const MAX_BYTES: u64 = 25_000_000;
 const TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The stable toolchain the shipped binary is built with (`rustc -V`'s version).
+pub const PINNED_RUSTC: &str = "1.95.0";
 /// What the image runs.
 const ENTRYPOINT: &str = "/hugepage-agent";
 const USER: &str = "0:0";
@@ -58,8 +64,23 @@ pub fn build(env: &Env, source: Option<&str>) -> Result<()> {
         },
         licenses: toml_string(&root.join("Cargo.toml"), "license")?,
     };
+    let toolchains = toolchains()?;
     let binary = static_binary(env)?;
     let reference = format!("{NAME}:{version}");
+    let sbom = cmd::target_dir().join(format!("hugepage-agent-{version}.spdx.json"));
+    let packages = sbom::write(
+        &root,
+        &sbom::Build {
+            package: "hugepage-agent",
+            version: &version,
+            revision: &labels.revision,
+            time: commit_time()?.parse().context("the commit's time")?,
+            target: TARGET,
+            toolchains,
+        },
+        &sbom,
+    )?;
+    println!("SBOM (SPDX 2.3): {} ({packages} packages)", sbom.display());
 
     cmd::step(&format!(
         "building {reference} from deploy/image/Containerfile"
@@ -100,6 +121,20 @@ pub fn build(env: &Env, source: Option<&str>) -> Result<()> {
     Ok(())
 }
 
+/// `rustc -V` of the stable toolchain, which must be [`PINNED_RUSTC`], and of the nightly that
+/// builds the eBPF object.
+fn toolchains() -> Result<Vec<String>> {
+    let stable = cmd::output("rustc", &["-V"])?;
+    let version = stable.split_whitespace().nth(1).unwrap_or_default();
+    if version != PINNED_RUSTC {
+        bail!(
+            "the image is built with rustc {PINNED_RUSTC} (xtask/src/image.rs PINNED_RUSTC), and this machine's stable is {stable:?}: install {PINNED_RUSTC}, or change the pin in a commit of its own"
+        );
+    }
+    let nightly = cmd::output("rustc", &["+nightly", "-V"])?;
+    Ok(vec![stable.trim().to_owned(), nightly.trim().to_owned()])
+}
+
 /// The release agent, linked statically; fails when it still needs a program interpreter.
 fn static_binary(env: &Env) -> Result<PathBuf> {
     cmd::step("the release agent, statically linked");
@@ -108,6 +143,7 @@ fn static_binary(env: &Env) -> Result<PathBuf> {
         &[
             "build",
             "--release",
+            "--locked",
             "--package",
             "hugepage-agent",
             "--target",

@@ -41,6 +41,7 @@ mod host;
 mod image;
 mod layers;
 mod manifests;
+mod sbom;
 mod setup;
 mod vm;
 

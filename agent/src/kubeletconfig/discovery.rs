@@ -402,24 +402,21 @@ pub struct RootMount {
 
 /// The root mount in `mountinfo` text, if there is one.
 pub fn root_mount(mountinfo: &str) -> Option<RootMount> {
-    mountinfo
-        .lines()
-        .rev()
-        .find_map(|line| {
-            let mut fields = line.split(' ');
-            let id = fields.next()?;
-            let (_parent, device, root, point) = (
-                fields.next()?,
-                fields.next()?,
-                fields.next()?,
-                fields.next()?,
-            );
-            (point == "/").then(|| RootMount {
-                id: id.to_owned(),
-                device: device.to_owned(),
-                root: root.to_owned(),
-            })
+    mountinfo.lines().rev().find_map(|line| {
+        let mut fields = line.split(' ');
+        let id = fields.next()?;
+        let (_parent, device, root, point) = (
+            fields.next()?,
+            fields.next()?,
+            fields.next()?,
+            fields.next()?,
+        );
+        (point == "/").then(|| RootMount {
+            id: id.to_owned(),
+            device: device.to_owned(),
+            root: root.to_owned(),
         })
+    })
 }
 
 fn argv0_is_kubelet(host: &HostFs, proc: &Path) -> bool {
