@@ -129,6 +129,7 @@ fn main() -> Result<()> {
         Task::Setup => {
             setup::ensure()?;
             setup::ensure_cargo_fuzz()?;
+            setup::ensure_cargo_deny()?;
             setup::ensure_peers()?;
             vm::ensure_prerequisites()
         }
@@ -200,6 +201,13 @@ fn test(env: &cmd::Env) -> Result<()> {
     let before = host::Snapshot::capture();
     cmd::step("module layers: every import points down");
     layers::check(&cmd::workspace().join("agent/src"))?;
+    cmd::step("the supply chain: cargo deny check licenses bans sources (deny.toml)");
+    let deny = setup::ensure_cargo_deny()?.join("cargo-deny");
+    let mut check = std::process::Command::new(deny);
+    check
+        .args(["--locked", "check", "licenses", "bans", "sources"])
+        .current_dir(cmd::workspace());
+    cmd::run(check)?;
     cmd::step("formatting");
     cmd::cargo(env, &["fmt", "--all", "--", "--check"])?;
     cmd::cargo(

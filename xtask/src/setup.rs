@@ -6,8 +6,9 @@
 //! and the CRD models of the Prometheus Operator and cert-manager (npm), each in the project's
 //! cache (`HUGEPAGE_AGENT_CACHE`, else `~/.cache/hugepage-agent`) at pinned versions.
 //!
-//! cargo-fuzz ([`ensure_cargo_fuzz`], for `cargo xtask fuzz` and `test`) is built from the crate
-//! registry at a pinned version into `<cache>/cargo-fuzz-<version>`.
+//! cargo-fuzz ([`ensure_cargo_fuzz`], for `cargo xtask fuzz` and `test`) and cargo-deny
+//! ([`ensure_cargo_deny`], for `test`) are built from the crate registry at pinned versions into
+//! `<cache>/<name>-<version>`.
 //!
 //! bpf-linker lives in `<cache>/bpf-linker-<nightly commit>`: a new nightly gets a new linker, and
 //! the check is "does that binary run", not "does the directory exist". `<cache>/bin` points at the
@@ -77,6 +78,8 @@ pub const BENCH_PACKAGES: [&str; 2] = ["libssl-dev", "pkg-config"];
 const OHA_VERSION: &str = "1.16.0";
 /// cargo-fuzz, which builds and runs the fuzz targets of `fuzz/` (`cargo xtask fuzz`).
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
+/// cargo-deny, the supply chain's check (`deny.toml`).
+const CARGO_DENY_VERSION: &str = "0.20.2";
 
 /// Makes sure everything is installed; returns the build environment.
 pub fn ensure() -> Result<Env> {
@@ -350,27 +353,36 @@ pub fn ensure_oha() -> Result<PathBuf> {
 /// the directory of its binary (for `PATH`: cargo finds `cargo-fuzz` there). The check is "does
 /// that version run".
 pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
-    let prefix = cache_dir()?.join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}"));
+    ensure_cargo_tool("cargo-fuzz", CARGO_FUZZ_VERSION, "about a minute")
+}
+
+/// cargo-deny, the same way into `<cache>/cargo-deny-<version>`.
+pub fn ensure_cargo_deny() -> Result<PathBuf> {
+    ensure_cargo_tool("cargo-deny", CARGO_DENY_VERSION, "about five minutes")
+}
+
+/// A cargo subcommand `name` at `version`, built `--locked` from the crate registry once into
+/// the cache; the directory of its binary.
+fn ensure_cargo_tool(name: &str, version: &str, takes: &str) -> Result<PathBuf> {
+    let prefix = cache_dir()?.join(format!("{name}-{version}"));
     let bin = prefix.join("bin");
-    let wanted = format!("cargo-fuzz {CARGO_FUZZ_VERSION}");
-    let installed = Command::new(bin.join("cargo-fuzz"))
+    let wanted = format!("{name} {version}");
+    let installed = Command::new(bin.join(name))
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == wanted);
     if installed {
         return Ok(bin);
     }
-    cmd::step(&format!(
-        "building cargo-fuzz {CARGO_FUZZ_VERSION} (about a minute, once)"
-    ));
+    cmd::step(&format!("building {name} {version} ({takes}, once)"));
     let mut install = command(
         "cargo",
         &[
             "install",
-            "cargo-fuzz",
+            name,
             "--locked",
             "--version",
-            CARGO_FUZZ_VERSION,
+            version,
             "--force",
             "--root",
         ],
