@@ -117,6 +117,8 @@ pub struct Metrics {
     pub agent_tls: Arc<TlsStats>,
     /// The listener's connections and limits (`listener="webhook"`).
     pub connections: Arc<ConnectionStats>,
+    /// The plain metrics listener's (`--metrics-listen`, `listener="metrics"`).
+    pub metrics_connections: Arc<ConnectionStats>,
     traces: Arc<ExportStats>,
 }
 
@@ -146,6 +148,7 @@ impl Metrics {
             tls: Arc::default(),
             agent_tls: Arc::default(),
             connections: Arc::default(),
+            metrics_connections: Arc::default(),
             traces,
         }
     }
@@ -332,7 +335,10 @@ impl Metrics {
                 e.sample(RELOADS, &labels, n as f64);
             }
         }
-        let listener = [("webhook", &*self.connections)];
+        let listener = [
+            ("webhook", &*self.connections),
+            ("metrics", &*self.metrics_connections),
+        ];
         connections::encode("hugepage_agent_webhook", &listener, &mut e);
         self.traces.encode(&mut e);
         e.finish()
