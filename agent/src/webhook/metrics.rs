@@ -25,7 +25,7 @@ use crate::{
         export::ExportStats,
         metrics::Histogram,
     },
-    tls::TlsStats,
+    tls::{Refusal, TlsStats},
 };
 
 /// From a connection on the same network to an agent that waits on nothing: milliseconds, up
@@ -334,6 +334,16 @@ impl Metrics {
                 let labels = [("files", files), ("result", result)];
                 e.sample(RELOADS, &labels, n as f64);
             }
+        }
+        const FAILURES: &str = "hugepage_agent_webhook_tls_handshake_failures_total";
+        e.family(
+            FAILURES,
+            Kind::Counter,
+            "TLS handshakes of the webhook's listener that failed, by why (client certificates refused, and name_not_allowed: a certificate of --client-ca-file with none of --client-names, closed after the handshake).",
+        );
+        for why in Refusal::ALL {
+            let n = self.tls.refusals(why);
+            e.sample(FAILURES, &[("reason", why.label())], n as f64);
         }
         let listener = [
             ("webhook", &*self.connections),
