@@ -216,7 +216,26 @@ impl Connection {
         config: Arc<ClientConfig>,
         name: ServerName<'static>,
     ) -> io::Result<Connection> {
-        let tcp = TcpStream::connect(("127.0.0.1", port))?;
+        Connection::over(TcpStream::connect(("127.0.0.1", port))?, config, name)
+    }
+
+    /// [`Connection::open_as`] from the source address `source` (127.0.0.2 and so on are peers
+    /// of their own on loopback).
+    pub fn open_from(
+        source: std::net::IpAddr,
+        port: u16,
+        config: Arc<ClientConfig>,
+        name: ServerName<'static>,
+    ) -> io::Result<Connection> {
+        Connection::over(connect_from(source, port)?, config, name)
+    }
+
+    /// The handshake over `tcp`, verifying the server as `name`.
+    pub fn over(
+        tcp: TcpStream,
+        config: Arc<ClientConfig>,
+        name: ServerName<'static>,
+    ) -> io::Result<Connection> {
         tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
         // As Go's clients (kube-scheduler's, kube-apiserver's) do: a request is never held back
         // waiting for the server's delayed ACK of the one before.
@@ -312,4 +331,21 @@ impl Connection {
             }
         }
     }
+}
+
+/// A TCP connection to 127.0.0.1:`port` from the source address `source`.
+pub fn connect_from(source: std::net::IpAddr, port: u16) -> io::Result<TcpStream> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?;
+    let tcp = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind((source, 0).into())?;
+        socket
+            .connect((std::net::Ipv4Addr::LOCALHOST, port).into())
+            .await
+    })?;
+    let tcp = tcp.into_std()?;
+    tcp.set_nonblocking(false)?;
+    Ok(tcp)
 }

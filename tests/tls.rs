@@ -4,6 +4,9 @@
 //! * Client certificates: a valid one is served over TLS 1.3 and 1.2 (HTTP/1.1 by ALPN); none,
 //!   an expired one, one of another CA and one for server authentication only fail the
 //!   handshake, each counted by why, and nothing they sent changes anything.
+//! * Who may change state: a certificate of the CA not named in `--admit-client-names` is
+//!   answered 403 on a real admission and a release (nothing reserved), 200 on a dry run and on
+//!   reads; the webhook's certificate (the default name) admits.
 //! * The server certificate carries the fixed DNS name the clients verify while dialing the IP.
 //! * The plain metrics listener serves `/metrics`, `/healthz`, `/readyz` and nothing of `/v1`.
 //! * Rotation through a Kubernetes Secret volume (a symbolic link swapped): a kept-alive
@@ -288,6 +291,77 @@ fn a_valid_client_certificate_is_served_and_every_other_client_fails_the_handsha
     assert_eq!(
         json(&listed)["reservations"].as_array().map(Vec::len),
         Some(1)
+    );
+    let (exit, log) = secured.agent.terminate();
+    assert!(exit.success(), "{exit:?}: {log:#?}");
+}
+
+#[test]
+fn a_certificate_not_named_in_admit_client_names_may_read_and_dry_run_but_not_reserve() {
+    let files = tempfile::tempdir().expect("a directory for the TLS files");
+    let ca = Ca::new("hugepage-agent CA");
+    ca.server("hugepage-agent").write(files.path(), "tls");
+    fs::write(files.path().join("ca.crt"), &ca.pem).expect("write the CA");
+    let secured = Secured::start(files.path());
+    let port = secured.port();
+
+    let reader = client_config(&[&ca], Some(&ca.client("dashboard")), Versions::Any);
+    let mut conn = Connection::open(port, reader).expect("a certificate of the CA");
+    let refused = conn
+        .request("POST", "/v1/admit", Some("application/json"), ADMIT)
+        .expect("an answer");
+    assert_eq!(refused.status, 403, "{refused:?}");
+    let problem = json(&refused);
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("dashboard") && detail.contains("--admit-client-names"),
+        "{problem:#}"
+    );
+    let listed = conn
+        .request("GET", "/v1/reservations", None, "")
+        .expect("a read");
+    assert_eq!(listed.status, 200, "{listed:?}");
+    assert_eq!(
+        json(&listed)["reservations"].as_array().map(Vec::len),
+        Some(0),
+        "nothing reserved"
+    );
+    let dry = conn
+        .request(
+            "POST",
+            "/v1/admit?dryRun=true",
+            Some("application/json"),
+            ADMIT,
+        )
+        .expect("a dry run");
+    assert_eq!(dry.status, 200, "{dry:?}");
+    assert_eq!(json(&dry)["dryRun"], true);
+
+    let webhook = client_config(
+        &[&ca],
+        Some(&ca.client("hugepage-agent-webhook")),
+        Versions::Any,
+    );
+    let mut admitting = Connection::open(port, webhook).expect("the webhook's certificate");
+    let admitted = admitting
+        .request("POST", "/v1/admit", Some("application/json"), ADMIT)
+        .expect("an answer");
+    assert_eq!(admitted.status, 200, "{admitted:?}");
+    let id = json(&admitted)["reservation"]["id"]
+        .as_str()
+        .expect("a reservation")
+        .to_owned();
+    let release = conn
+        .request("DELETE", &format!("/v1/reservations/{id}"), None, "")
+        .expect("an answer");
+    assert_eq!(release.status, 403, "{release:?}");
+    let listed = conn
+        .request("GET", "/v1/reservations", None, "")
+        .expect("a read");
+    assert_eq!(
+        json(&listed)["reservations"].as_array().map(Vec::len),
+        Some(1),
+        "the reservation is still held"
     );
     let (exit, log) = secured.agent.terminate();
     assert!(exit.success(), "{exit:?}: {log:#?}");

@@ -261,8 +261,10 @@ fn webhook_config(args: WebhookCommandArgs) -> Result<webhook::Settings, ConfigE
         limits,
         tls: args
             .tls
-            .files(None)?
+            .files(args.webhook.client_ca_file.clone())?
             .ok_or(ConfigError::WebhookWithoutTls)?,
+        metrics_listen: read.metrics_listen,
+        client_names: read.client_names,
         agent_port: args.webhook.agent_port,
         agent_tls: read.agent_tls,
         failure_policy: args.webhook.failure_policy,

@@ -25,7 +25,7 @@ use crate::{
         self, AppState, Readiness,
         budget::BodyBudget,
         lane::Lane,
-        server::{Endpoint, Server, ServerError, Serving},
+        server::{Callers, Endpoint, Server, ServerError, Serving},
         watch::{Hub, Inputs as HubInputs},
     },
     config::RunConfig,
@@ -157,7 +157,12 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));
     let tls_task = reloader.map(|r| tokio::spawn(r.watch(stopped.clone())));
     let (api_stats, book) = (metrics.api_connections.clone(), state.held.book.clone());
-    let api = Serving::new(api::router(state.clone()), tls, config.limits, api_stats);
+    let writers = Callers {
+        required: None,
+        writers: Some(config.admit_client_names.clone().into()),
+    };
+    let api = Serving::new(api::router(state.clone()), tls, config.limits, api_stats)
+        .with_callers(writers);
     let mut server = Server::start(bound, config.api_threads, api, stopped.clone())?;
     if let Some(bound) = metrics_bound {
         let stats = metrics.metrics_connections.clone();

@@ -58,8 +58,6 @@ pub const POLL: Duration = Duration::from_secs(1);
 /// Every this many polls the files are read even if nothing about them seems changed (a file
 /// system whose timestamps are coarse).
 pub const FULL_READ_EVERY: u32 = 60;
-/// How long a client may take to complete the handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Larger files are not certificates or keys.
 const MAX_FILE: u64 = 1 << 20;
 
@@ -307,12 +305,15 @@ pub enum Refusal {
     Protocol,
     /// The connection closed or failed during the handshake.
     Closed,
-    /// The handshake took longer than [`HANDSHAKE_TIMEOUT`].
+    /// The handshake took longer than `--handshake-timeout`.
     Timeout,
+    /// The certificate is the CA's but none of its names is in the listener's allowed names
+    /// (the webhook's `--client-names`): closed right after the handshake, no request read.
+    NameNotAllowed,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 9] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::NoCertificate,
         Refusal::Untrusted,
         Refusal::Expired,
@@ -322,6 +323,7 @@ impl Refusal {
         Refusal::Protocol,
         Refusal::Closed,
         Refusal::Timeout,
+        Refusal::NameNotAllowed,
     ];
 
     pub fn label(self) -> &'static str {
@@ -335,6 +337,7 @@ impl Refusal {
             Refusal::Protocol => "protocol",
             Refusal::Closed => "closed",
             Refusal::Timeout => "timeout",
+            Refusal::NameNotAllowed => "name_not_allowed",
         }
     }
 
@@ -615,6 +618,7 @@ impl<M: Material> Reloader<M> {
 }
 
 pub mod flags;
+pub mod identity;
 #[cfg(test)]
 pub(crate) mod test_pki;
 #[cfg(test)]

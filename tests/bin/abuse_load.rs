@@ -17,6 +17,15 @@
 //! reset HTTP/2 streams in a loop until the webhook ends the connection with GOAWAY, then
 //! reconnect at once (refused while the webhook makes them wait, `--abuse-backoff`).
 //!
+//! Then the webhook's places before authentication: a caller that opens a new connection for
+//! each call (`POST /scheduler/filter` of a pod without hugepages over HTTP/1.1, from
+//! 127.0.0.2, its own peer), unloaded and while another peer (127.0.0.1) keeps `--held`
+//! connections (default 256, the webhook's `--max-connections`) open, renewing each as the
+//! webhook closes it:
+//!
+//! * `tls-silent`: each completes its TLS handshake and sends nothing;
+//! * `tls-stalled`: each connects and never begins its handshake.
+//!
 //! Each case is `--rounds` rounds (default 3) of `--seconds` (default 5) unloaded then
 //! `--seconds` under the abuse, each side's samples pooled: a drift of the shared machine's
 //! other load hits both sides alike. With `--cpus split` (the default) the abusing threads run
@@ -31,14 +40,15 @@
 //! (`setrlimit`, inherited by the agent) to what the idle connections need.
 //!
 //! `abuse-load --agent PATH [--rate R] [--seconds S] [--rounds N] [--idle N] [--slowloris N]
-//! [--resetters N] [--cpus split|shared]`.
+//! [--resetters N] [--held N] [--cpus split|shared]`.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr, TcpStream},
+    collections::VecDeque,
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
     path::Path,
     process::Command,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     thread,
@@ -52,11 +62,12 @@ use hugepage_agent_tests::{
     apiserver::StandInApiServer,
     cluster::{self, Pki, WEBHOOK_NAME},
     https::Https,
-    mtls::{self, Versions},
+    mtls::{self, Connection, Versions},
     pin_this_thread, raise_open_files,
 };
+use rustls_pki_types::ServerName;
 
-const USAGE: &str = "abuse-load --agent PATH [--rate R] [--seconds S] [--rounds N] [--idle N] [--slowloris N] [--resetters N] [--cpus split|shared]";
+const USAGE: &str = "abuse-load --agent PATH [--rate R] [--seconds S] [--rounds N] [--idle N] [--slowloris N] [--resetters N] [--held N] [--cpus split|shared]";
 const ADMIT: &str =
     r#"{"containers":[{"name":"a","resources":{"hugepages-2Mi":"2Mi"}}],"numaNodes":[0]}"#;
 /// The target: the well-behaved client's p99 under an abuse at most this times its unloaded p99.
@@ -69,6 +80,7 @@ struct Args {
     idle: usize,
     slowloris: usize,
     resetters: usize,
+    held: usize,
     /// The CPU the abusing threads run on (`--cpus split`), if kept apart.
     abuse_cpu: Option<usize>,
 }
@@ -207,6 +219,7 @@ fn main() {
             "--idle",
             "--slowloris",
             "--resetters",
+            "--held",
             "--cpus",
         ],
     );
@@ -224,11 +237,12 @@ fn main() {
         idle: count("--idle", 3000),
         slowloris: count("--slowloris", 1000),
         resetters: count("--resetters", 2),
+        held: count("--held", 256),
         abuse_cpu,
     };
     println!(
         "{}",
-        raise_open_files((args.idle + args.slowloris) as u64 * 2 + 4096)
+        raise_open_files((args.idle + args.slowloris + args.held) as u64 * 2 + 4096)
     );
     match args.abuse_cpu {
         Some(cpu) => println!(
@@ -239,6 +253,100 @@ fn main() {
     }
     agent_cases(&bin, &args);
     webhook_case(&bin, &args);
+    webhook_places(&bin, &args);
+}
+
+/// The webhook's places before authentication: a new connection per call from its own peer,
+/// unloaded and while another peer holds `--held` connections that handshake and say nothing,
+/// or never handshake.
+fn webhook_places(bin: &Path, args: &Args) {
+    let pki = Pki::new();
+    let api = StandInApiServer::start();
+    let webhook = cluster::webhook(bin, &pki, &api, 1, "ignore", "2s", &[]);
+    let port = webhook.port;
+    let config = mtls::client_config(&[&pki.webhook], None, Versions::Any);
+    let name = ServerName::try_from(WEBHOOK_NAME).expect("a DNS name");
+    let good = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let body = cluster::args(cluster::pod(None), &[]).to_string();
+    let mut filter = || {
+        let mut conn = Connection::open_from(good, port, config.clone(), name.clone())
+            .expect("the well-behaved caller connects");
+        let answer = conn
+            .request("POST", "/scheduler/filter", Some("application/json"), &body)
+            .expect("the well-behaved caller is answered");
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    };
+    for _ in 0..50 {
+        filter();
+    }
+    println!(
+        "webhook: POST /scheduler/filter over HTTP/1.1, a new connection each from 127.0.0.2 at {}/s, {} rounds of {} s unloaded and {} s while 127.0.0.1 holds {} connections",
+        args.rate, args.rounds, args.seconds, args.seconds, args.held
+    );
+    let held = args.held;
+    let (handshaked, name2) = (config.clone(), name.clone());
+    let begin_silent = move || -> Begun {
+        let (config, name) = (handshaked.clone(), name2.clone());
+        let open: Mutex<VecDeque<Connection>> = Mutex::default();
+        let running = Running::new(args).looping(move || {
+            let Ok(tcp) = TcpStream::connect(("127.0.0.1", port)) else {
+                return;
+            };
+            let mut open = open.lock().expect("the abuser's own list");
+            if let Ok(conn) = Connection::over(tcp, config.clone(), name.clone()) {
+                open.push_back(conn);
+            }
+            if open.len() > held {
+                open.pop_front();
+            }
+        });
+        Box::new(move || running.end())
+    };
+    case(
+        "tls-silent",
+        args,
+        &mut filter,
+        &begin_silent,
+        "connections tried from 127.0.0.1 (handshaked, then silent)",
+    );
+    let begin_stalled = move || -> Begun {
+        let open: Mutex<VecDeque<TcpStream>> = Mutex::default();
+        let running = Running::new(args).looping(move || {
+            let mut open = open.lock().expect("the abuser's own list");
+            if let Ok(tcp) = TcpStream::connect(("127.0.0.1", port)) {
+                open.push_back(tcp);
+            }
+            if open.len() > held {
+                open.pop_front();
+            }
+        });
+        Box::new(move || running.end())
+    };
+    case(
+        "tls-stalled",
+        args,
+        &mut filter,
+        &begin_stalled,
+        "connections tried from 127.0.0.1 (never handshaking)",
+    );
+    let metrics = cluster::metrics(&pki, &webhook);
+    let limited = |limit: &str| {
+        let series = format!(
+            "hugepage_agent_webhook_http_limited_total{{listener=\"webhook\",limit=\"{limit}\"}}"
+        );
+        sample(&metrics, &series)
+    };
+    let timeouts = sample(
+        &metrics,
+        "hugepage_agent_webhook_tls_handshake_failures_total{reason=\"timeout\"}",
+    );
+    println!(
+        "webhook counted: max_connections_per_peer {}, max_handshakes {}, max_connections {}, idle {}; handshakes timed out {timeouts}",
+        limited("max_connections_per_peer"),
+        limited("max_handshakes"),
+        limited("max_connections"),
+        limited("idle"),
+    );
 }
 
 /// The agent: unloaded, then each abuse of HTTP/1.1.

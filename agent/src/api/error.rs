@@ -123,6 +123,19 @@ impl ApiError {
         )
     }
 
+    /// A client certificate whose `names` are not among `--admit-client-names`, asking to
+    /// change state.
+    pub fn forbidden(names: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "Not allowed to change state",
+            format!(
+                "the client certificate's names ({names}) are not in the agent's --admit-client-names: it may read (GET routes, POST /v1/hints, POST /v1/admit?dryRun=true) but not admit for real or release a reservation; nothing was changed"
+            ),
+        )
+    }
+
     pub fn not_found(path: &str) -> ApiError {
         ApiError::new(
             StatusCode::NOT_FOUND,

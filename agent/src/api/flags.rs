@@ -1,5 +1,6 @@
 //! The agent's API as flags: where it listens (`--listen`, `--api-threads`), who may call it
-//! (`--client-ca-file`, `--allow-unauthenticated-clients`), the plain listener for probes and
+//! (`--client-ca-file`, `--allow-unauthenticated-clients`) and which of them may change state
+//! (`--admit-client-names`), the plain listener for probes and
 //! Prometheus (`--metrics-listen`), how large a pod a request may carry (`--max-containers`),
 //! and the map watch's limits (`--max-watchers`, `--watch-heartbeat`, `--watch-max-duration`).
 //!
@@ -24,6 +25,8 @@ pub enum ApiFlagError {
     Flag(#[from] FlagError),
     #[error("--metrics-listen {0}: the address of --listen; give it a port of its own")]
     SameListen(SocketAddr),
+    #[error("--admit-client-names: no name given: no client could admit")]
+    NoAdmitNames,
     #[error(
         "--listen {0} is not a loopback address and no --client-ca-file is given: anyone who reaches it could reserve hugepages; give --client-ca-file with --tls-cert-file and --tls-private-key-file, listen on 127.0.0.1, or add --allow-unauthenticated-clients if that is meant"
     )]
@@ -50,6 +53,17 @@ pub struct ApiArgs {
     /// now and for client authentication. Needs the TLS flags.
     #[arg(long, env = "HUGEPAGE_AGENT_CLIENT_CA_FILE", value_name = "PATH")]
     pub client_ca_file: Option<PathBuf>,
+    /// Comma-separated names (a client certificate's common name or one of its DNS names) that
+    /// may admit for real (POST /v1/admit without dryRun=true) and release reservations (DELETE
+    /// /v1/reservations/{id}); any other certificate of --client-ca-file may only read and is
+    /// answered 403. The default is the common name of the webhook's client certificate.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_ADMIT_CLIENT_NAMES",
+        default_value = "hugepage-agent-webhook",
+        value_name = "NAMES"
+    )]
+    pub admit_client_names: String,
     /// A second, plain-HTTP listener serving only /metrics, /healthz and /readyz (for kubelet
     /// probes and Prometheus), e.g. 0.0.0.0:9821; none by default.
     #[arg(long, env = "HUGEPAGE_AGENT_METRICS_LISTEN", value_name = "ADDR")]
@@ -144,5 +158,16 @@ pub fn exposure(
         Ok(())
     } else {
         Err(ApiFlagError::Unauthenticated(listen))
+    }
+}
+
+impl ApiArgs {
+    /// `--admit-client-names`, at least one.
+    pub fn admit_client_names(&self) -> Result<Vec<String>, ApiFlagError> {
+        let names = crate::tls::identity::names(&self.admit_client_names);
+        if names.is_empty() {
+            return Err(ApiFlagError::NoAdmitNames);
+        }
+        Ok(names)
     }
 }

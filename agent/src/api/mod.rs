@@ -9,6 +9,7 @@
 //! everything else there is 404. [`server`] runs the listeners, [`tls`] secures the API's.
 
 pub mod admit;
+pub mod authz;
 pub mod body;
 pub mod budget;
 pub mod error;
@@ -138,6 +139,7 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi_handler))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(authz::authorize))
         .with_state(state)
 }
 

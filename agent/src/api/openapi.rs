@@ -313,7 +313,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
         "info": {
             "title": "hugepage-agent",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Per-NUMA hugepage verification for Kubernetes nodes (KEP-5759 semantics)."
+            "description": "Per-NUMA hugepage verification for Kubernetes nodes (KEP-5759 semantics). Who may call what: with --client-ca-file every client presents a certificate of that CA; a certificate whose common name or a DNS name is in --admit-client-names (default hugepage-agent-webhook, the webhook's client certificate) may call everything; any other certificate of the CA may read (the GET routes, POST /v1/hints, POST /v1/admit?dryRun=true) and is answered 403 on a real admission and on DELETE /v1/reservations/{id}, nothing changed. Without --client-ca-file (loopback) nothing is checked."
         },
         "paths": {
             "/v1/admit": {"post": {
@@ -327,6 +327,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                 "responses": {
                     "200": {"description": "The verdict (allowed or not)", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Verdict"}}}},
                     "400": problem("Invalid JSON, an invalid field (named in `field`), or a dryRun that is not true or false"),
+                    "403": problem("A real admission (dryRun absent or false) by a client certificate none of whose names is in --admit-client-names (type forbidden; detail names the certificate's names): nothing read or reserved"),
                     "408": problem("The body did not arrive within --body-read-timeout (type body-timeout); the connection is closed"),
             "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
             "503": problem("No room in --body-budget for the body within a second (type body-budget-full): retry after the Retry-After header's seconds; or, without numaNodes, no NUMA selection as the kubelet would make it, because it would not start with its settings on this machine (type no-kubelet-selection, GET /v1/kubelet)"),
@@ -361,7 +362,8 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                 "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
                 "responses": {
                     "200": {"description": "The removed reservation", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Reservation"}}}},
-                    "404": problem("No such reservation")
+                    "404": problem("No such reservation"),
+                    "403": problem("A client certificate none of whose names is in --admit-client-names (type forbidden): nothing released")
                 }
             }},
             "/v1/conditions": {"get": {

@@ -24,11 +24,29 @@
 //! the connection is served as HTTP/2; the agent's API never offers it, and its connections are
 //! HTTP/1.1 only.
 //!
+//! **Who calls.** With a client CA, the names of the certificate a client presented
+//! ([`ClientNames`]: its common name and DNS SANs) make the connection's [`Caller`], which every
+//! request carries in its extensions: a listener with required names ([`Callers::required`],
+//! the webhook's `--client-names`) closes a connection whose certificate has none of them right
+//! after the handshake, before reading a request (counted as the handshake refusal
+//! `name_not_allowed`); one with writers' names ([`Callers::writers`], the agent's
+//! `--admit-client-names`) marks whether the caller may change state, which the routes check
+//! ([`super::authz`]). Without a client CA there is no caller and nothing is checked.
+//!
 //! A client that misbehaves must not hurt the others; what a listener tolerates is its
-//! [`Limits`], and what they did is counted in its [`ConnectionStats`]:
-//! * at most `max_connections` open at once (its threads together): one more is accepted and
-//!   closed at once with a reset, so the client learns at once instead of waiting in the
-//!   backlog, where it would also delay the well-behaved connections queued behind it;
+//! [`Limits`], and what they did is counted in its [`ConnectionStats`]. Before its client is
+//! authenticated a connection holds places of its own ([`slots`]):
+//! * at most `max_connections_per_peer` from one source address, handshaking and served
+//!   together, so that one peer cannot hold every place; one more is accepted and closed at
+//!   once with a reset;
+//! * at most `max_handshakes` TLS handshakes at once, counted apart from the served
+//!   connections, so handshakes that stall keep no served connection out; each must end
+//!   within `handshake_timeout`, and the first request's head must then be complete within
+//!   `handshake_timeout` of it, or the connection is closed (counted `idle`);
+//! * at most `max_connections` served at once (its threads together; a TLS connection counts
+//!   from the end of its handshake): one more is accepted and closed at once with a reset, so
+//!   the client learns at once instead of waiting in the backlog, where it would also delay the
+//!   well-behaved connections queued behind it;
 //! * a request's head must be complete within `header_read_timeout`, counted from when the
 //!   connection is ready for it: hyper starts that timer when it waits for a head, after
 //!   an answer too, so the same limit closes an idle keep-alive connection;
@@ -41,35 +59,44 @@
 //!   streams before they were served (rapid reset, CVE-2023-44487) or made the server reset
 //!   more than `http2_max_local_reset_streams` ("MadeYouReset", CVE-2025-8671); header lists
 //!   as large as an HTTP/1.1 head; a ping every [`H2_PING_EVERY`] ends a connection whose
-//!   peer is gone;
+//!   peer is gone; a connection with no stream open for `http2_idle_timeout` is closed with
+//!   GOAWAY (hyper has no such limit: the service counts the streams open, a stream's answer
+//!   included until its body ends);
 //! * a peer whose HTTP/2 connection was ended for abuse is refused at accept, as one over
 //!   `max_connections` is, for `abuse_backoff`, longer if it goes on ([`backoff`]).
 
 mod backoff;
 pub mod flags;
+mod slots;
 
 pub use backoff::MAX_BASE as MAX_ABUSE_BACKOFF;
 
 use std::{
     convert::Infallible,
+    future::Future,
     io,
     net::SocketAddr,
-    sync::Arc,
+    pin::Pin,
     sync::mpsc,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    task::{Context, Poll},
     thread,
     time::{Duration, Instant},
 };
 
-use axum::{Router, response::Response};
+use axum::{Router, body::Body, response::Response};
 use hyper::{
     Request,
-    body::Incoming,
+    body::{Frame, Incoming, SizeHint},
     server::conn::{http1, http2},
 };
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::graceful::GracefulConnection,
-    service::{TowerToHyperService, TowerToHyperServiceFuture},
+    service::TowerToHyperService,
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite},
@@ -81,8 +108,12 @@ use tracing::{debug, error, info, warn};
 use super::body::Timed;
 use crate::{
     telemetry::connections::{ConnectionStats, Cut},
-    tls::{HANDSHAKE_TIMEOUT, Refusal, ServerTls},
+    tls::{
+        Refusal, ServerTls,
+        identity::{AllowedNames, ClientNames},
+    },
 };
+use slots::{Handshakes, Handshaking, PeerSlot, Peers};
 
 /// Connections waiting to be accepted.
 const BACKLOG: u32 = 1024;
@@ -122,18 +153,29 @@ pub struct Limits {
     /// Bytes of request bodies the listener holds at once, all connections together
     /// ([`super::budget`]).
     pub body_budget: usize,
+    /// TLS handshakes running at once, apart from `max_connections`.
+    pub max_handshakes: usize,
+    /// How long a TLS handshake may take, and then how long the first request's head may take.
+    pub handshake_timeout: Duration,
+    /// Connections (handshaking and served) one source address may hold at once.
+    pub max_connections_per_peer: usize,
+    /// How long an HTTP/2 connection may have no stream open before it is closed (GOAWAY).
+    pub http2_idle_timeout: Duration,
 }
 
 impl Limits {
     /// The webhook's defaults: [`Limits::DEFAULT`] but for `--max-connections` 256 (far above
     /// its clients: an HTTP/2 connection per API server, a few per scheduler, probes,
     /// Prometheus; each connection's HTTP/2 windows, [`H2_CONNECTION_WINDOW`], within its
-    /// memory limit beside the body budget) and `--body-budget` 64Mi (within the Deployment's
+    /// memory limit beside the body budget), `--body-budget` 64Mi (within the Deployment's
     /// 256 MiB memory limit with the Node cache, the agents' connections and each body's parse
-    /// beside it, #38).
+    /// beside it, #38), and, in the same proportions as the agent's, `--max-handshakes` 128 and
+    /// `--max-connections-per-peer` 64.
     pub const WEBHOOK: Limits = Limits {
         max_connections: 256,
         body_budget: 64 << 20,
+        max_handshakes: 128,
+        max_connections_per_peer: 64,
         ..Limits::DEFAULT
     };
 
@@ -148,6 +190,21 @@ impl Limits {
         http2_max_local_reset_streams: 1024,
         abuse_backoff: Duration::from_secs(1),
         body_budget: AGENT_BODY_BUDGET,
+        // Half the connections: two peers are needed to fill it, one cannot (a quarter each).
+        max_handshakes: 512,
+        // A TLS 1.3 handshake is one round trip and a few milliseconds of CPU; a client dialing
+        // for a request (the API server, the scheduler's pool, the webhook's pool) sends its
+        // head at once. Five seconds is far above both on a working network, and half the
+        // fixed ten seconds it replaces.
+        handshake_timeout: Duration::from_secs(5),
+        // A quarter: each API server keeps one HTTP/2 connection or a few, each scheduler an
+        // HTTP/1.1 pool of tens at its busiest, each webhook replica one pool and one watch per
+        // agent; four peers are needed to hold every place.
+        max_connections_per_peer: 256,
+        // Above Go's HTTP/2 transport's own idle time (90s for the API server's webhook
+        // client is the IdleConnTimeout of net/http), so the client closes first in the common
+        // case; a connection nobody uses frees its place within minutes.
+        http2_idle_timeout: Duration::from_secs(120),
     };
 }
 
@@ -166,15 +223,38 @@ impl Default for Limits {
 pub const H2_PING_EVERY: Duration = Duration::from_secs(60);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// What one listener serves with: its routes, its TLS, its limits and their counts, and the
-/// peers it refuses for a while.
+/// Which client certificates a listener serves and which may change state, by their names.
+#[derive(Debug, Clone, Default)]
+pub struct Callers {
+    /// A certificate with none of these names is closed after the handshake (the webhook's
+    /// `--client-names`); `None`: any certificate of the client CA.
+    pub required: Option<AllowedNames>,
+    /// Only a certificate with one of these names may change state (the agent's
+    /// `--admit-client-names`); `None`: any certificate of the client CA.
+    pub writers: Option<AllowedNames>,
+}
+
+/// Who sent a request, by its connection's client certificate: in every request's extensions
+/// when the listener asks for client certificates.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub names: Arc<ClientNames>,
+    /// Whether its names are among [`Callers::writers`].
+    pub may_change: bool,
+}
+
+/// What one listener serves with: its routes, its TLS and which callers it serves, its limits
+/// and their counts, the places connections hold, and the peers it refuses for a while.
 #[derive(Debug, Clone)]
 pub struct Serving {
     pub router: Router,
     pub tls: Option<ServerTls>,
+    pub callers: Callers,
     pub limits: Limits,
     pub stats: Arc<ConnectionStats>,
     backoff: Arc<backoff::Backoff>,
+    peers: Arc<Peers>,
+    handshakes: Arc<Handshakes>,
 }
 
 impl Serving {
@@ -187,10 +267,18 @@ impl Serving {
         Serving {
             router,
             tls,
+            callers: Callers::default(),
             limits,
             stats,
             backoff: Arc::new(backoff::Backoff::new(limits.abuse_backoff)),
+            peers: Arc::default(),
+            handshakes: Arc::default(),
         }
+    }
+
+    /// The same, serving `callers` by their certificates' names.
+    pub fn with_callers(self, callers: Callers) -> Serving {
+        Serving { callers, ..self }
     }
 }
 
@@ -434,20 +522,19 @@ async fn serve(listener: TcpListener, serving: Serving, mut stop: watch::Receive
         };
         match accepted {
             Ok((tcp, peer)) => {
-                if serving.backoff.waits(peer.ip(), Instant::now()) {
-                    refuse(tcp, peer, Cut::Backoff, &serving);
-                    continue;
-                }
-                let Some(counted) = Counted::open(&serving) else {
-                    refuse(tcp, peer, Cut::OverLimit, &serving);
-                    continue;
+                let place = match place(&serving, peer) {
+                    Ok(place) => place,
+                    Err(why) => {
+                        refuse(tcp, peer, why, &serving);
+                        continue;
+                    }
                 };
                 tokio::spawn(serve_connection(
                     tcp,
                     peer,
                     serving.clone(),
                     stop.clone(),
-                    (connection.clone(), counted),
+                    (connection.clone(), place),
                 ));
             }
             Err(err) => accept_failed(err).await,
@@ -456,6 +543,48 @@ async fn serve(listener: TcpListener, serving: Serving, mut stop: watch::Receive
     drop(listener);
     drop(connection);
     open.closed().await;
+}
+
+/// The places a connection holds from its accept: its peer's, and a served connection's
+/// (plain HTTP) or a handshake's (TLS).
+struct Place {
+    _peer: PeerSlot,
+    first: First,
+}
+
+/// A place dropped with the connection (served) or at the end of its handshake.
+enum First {
+    Served { _counted: Counted },
+    Handshake { _handshaking: Handshaking },
+}
+
+/// The places a new connection from `peer` takes, or the limit that refuses it.
+fn place(serving: &Serving, peer: SocketAddr) -> Result<Place, Cut> {
+    let limits = &serving.limits;
+    if serving.backoff.waits(peer.ip(), Instant::now()) {
+        return Err(Cut::Backoff);
+    }
+    let Some(peer_slot) = Peers::take(&serving.peers, peer.ip(), limits.max_connections_per_peer)
+    else {
+        return Err(Cut::PerPeer);
+    };
+    let first = if serving.tls.is_some() {
+        match Handshakes::take(&serving.handshakes, limits.max_handshakes) {
+            Some(handshaking) => First::Handshake {
+                _handshaking: handshaking,
+            },
+            None => return Err(Cut::Handshakes),
+        }
+    } else {
+        match Counted::open(serving) {
+            Some(counted) => First::Served { _counted: counted },
+            None => return Err(Cut::OverLimit),
+        }
+    };
+    Ok(Place {
+        _peer: peer_slot,
+        first,
+    })
 }
 
 /// A connection counted open in its listener's stats until dropped.
@@ -508,55 +637,160 @@ async fn accept_failed(err: io::Error) {
 /// headers by default.
 const READ_BUFFER: usize = 64 << 10;
 
-/// One connection: the TLS handshake (with its deadline) when configured, then HTTP/1.1, or
-/// HTTP/2 as well when ALPN chose `h2`; how it ended is counted if a limit ended it. `_held`
-/// keeps the listener's drain waiting and the connection counted open until it ends.
+/// One connection: the TLS handshake (with its deadline) when configured, its caller's names
+/// checked, then HTTP/1.1, or HTTP/2 as well when ALPN chose `h2`; how it ended is counted if a
+/// limit ended it. `held` keeps the listener's drain waiting and the connection's places taken
+/// until it ends (a handshake's place only until the handshake ends).
 async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
     serving: Serving,
     mut stop: watch::Receiver<bool>,
-    _held: (watch::Receiver<()>, Counted),
+    held: (watch::Receiver<()>, Place),
 ) {
-    let service = TimedBodies::new(&serving);
+    let (_drain, Place { _peer, first }) = held;
+    let limits = serving.limits;
     let Some(tls) = serving.tls.as_ref() else {
-        let ended = until_stopped(http1_connection(tcp, service, &serving.limits), stop).await;
+        let service = TimedBodies::new(&serving, None);
+        let idle = service.activity.idle(limits.handshake_timeout, None);
+        let ended = until_stopped(http1_connection(tcp, service, &limits), idle, stop).await;
+        drop(first);
         return counted(ended, peer, &serving);
     };
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(tcp));
+    let handshake = tokio::time::timeout(limits.handshake_timeout, tls.acceptor().accept(tcp));
     let shaken = tokio::select! {
         shaken = handshake => shaken,
         _ = stop.wait_for(|stopped| *stopped) => return,
     };
-    let ended = match shaken {
-        Ok(Ok(stream)) if stream.get_ref().1.alpn_protocol() == Some(b"h2") => {
-            let connection =
-                http2_builder(&serving.limits).serve_connection(TokioIo::new(stream), service);
-            until_stopped(connection, stop).await
-        }
-        Ok(Ok(stream)) => {
-            until_stopped(http1_connection(stream, service, &serving.limits), stop).await
-        }
+    drop(first);
+    let stream = match shaken {
+        Ok(Ok(stream)) => stream,
         Ok(Err(err)) => return tls.refused(Refusal::of(&err)),
         Err(_) => return tls.refused(Refusal::Timeout),
+    };
+    let caller = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|leaf| ClientNames::of(leaf));
+    if let (Some(names), Some(required)) = (&caller, &serving.callers.required)
+        && !names.any_of(required)
+    {
+        debug!(%peer, names = %names.joined(), "client certificate of none of the allowed names");
+        return tls.refused(Refusal::NameNotAllowed);
+    }
+    let Some(_counted) = Counted::open(&serving) else {
+        return serving.stats.cut(Cut::OverLimit);
+    };
+    let caller = caller.map(|names| Caller {
+        may_change: serving
+            .callers
+            .writers
+            .as_ref()
+            .is_none_or(|writers| names.any_of(writers)),
+        names: Arc::new(names),
+    });
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    let service = TimedBodies::new(&serving, caller);
+    let ended = if h2 {
+        let idle = service
+            .activity
+            .idle(limits.handshake_timeout, Some(limits.http2_idle_timeout));
+        let connection = http2_builder(&limits).serve_connection(TokioIo::new(stream), service);
+        until_stopped(connection, idle, stop).await
+    } else {
+        let idle = service.activity.idle(limits.handshake_timeout, None);
+        until_stopped(http1_connection(stream, service, &limits), idle, stop).await
     };
     counted(ended, peer, &serving);
 }
 
-/// The router, each request's body wrapped in [`Timed`] with `body_read_timeout`.
+/// The requests of one connection in flight (an answer until its body ends), and when the last
+/// ended: what closes a connection that sent no request in time, or an idle HTTP/2 one.
+#[derive(Debug)]
+struct Activity {
+    open: AtomicUsize,
+    served: AtomicBool,
+    last: Mutex<Instant>,
+}
+
+/// One request in flight, until dropped.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *self.0.last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Activity {
+    fn new() -> Arc<Activity> {
+        Arc::new(Activity {
+            open: AtomicUsize::new(0),
+            served: AtomicBool::new(false),
+            last: Mutex::new(Instant::now()),
+        })
+    }
+
+    fn begin(self: &Arc<Activity>) -> InFlight {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        self.served.store(true, Ordering::Release);
+        InFlight(Arc::clone(self))
+    }
+
+    /// Ends when no request has come within `first` of now, or, once one has, when no request
+    /// has been in flight for `then` (never without it).
+    fn idle(
+        self: &Arc<Activity>,
+        first: Duration,
+        then: Option<Duration>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let activity = Arc::clone(self);
+        let start = Instant::now();
+        async move {
+            loop {
+                let served = activity.served.load(Ordering::Acquire);
+                let (since, limit) = match (served, then) {
+                    (false, _) => (start, first),
+                    (true, Some(limit)) => (
+                        *activity.last.lock().unwrap_or_else(|e| e.into_inner()),
+                        limit,
+                    ),
+                    (true, None) => return std::future::pending().await,
+                };
+                let now = Instant::now();
+                let busy = activity.open.load(Ordering::Acquire) > 0;
+                if !busy && now >= since + limit {
+                    return;
+                }
+                let wake = if busy { now + limit } else { since + limit };
+                tokio::time::sleep_until(wake.into()).await;
+            }
+        }
+    }
+}
+
+/// The router, each request's body wrapped in [`Timed`] with `body_read_timeout` and its
+/// caller in its extensions; each request counted in flight until its answer's body ends.
 #[derive(Clone)]
 struct TimedBodies {
     router: TowerToHyperService<Router>,
     limit: Duration,
     stats: Arc<ConnectionStats>,
+    caller: Option<Caller>,
+    activity: Arc<Activity>,
 }
 
 impl TimedBodies {
-    fn new(serving: &Serving) -> TimedBodies {
+    fn new(serving: &Serving, caller: Option<Caller>) -> TimedBodies {
         TimedBodies {
             router: TowerToHyperService::new(serving.router.clone()),
             limit: serving.limits.body_read_timeout,
             stats: Arc::clone(&serving.stats),
+            caller,
+            activity: Activity::new(),
         }
     }
 }
@@ -564,11 +798,50 @@ impl TimedBodies {
 impl hyper::service::Service<Request<Incoming>> for TimedBodies {
     type Response = Response;
     type Error = Infallible;
-    type Future = TowerToHyperServiceFuture<Router, Request<Timed<Incoming>>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let request = request.map(|body| Timed::new(body, self.limit, Arc::clone(&self.stats)));
-        self.router.call(request)
+        let in_flight = self.activity.begin();
+        let mut request = request.map(|body| Timed::new(body, self.limit, Arc::clone(&self.stats)));
+        if let Some(caller) = &self.caller {
+            request.extensions_mut().insert(caller.clone());
+        }
+        let answer = self.router.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            Ok(response.map(|body| {
+                Body::new(Answering {
+                    body,
+                    _in_flight: in_flight,
+                })
+            }))
+        })
+    }
+}
+
+/// An answer's body, its request counted in flight until the body ends.
+struct Answering {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for Answering {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -619,8 +892,15 @@ fn http2_builder(limits: &Limits) -> http2::Builder<TokioExecutor> {
 
 /// Counts the end of a connection if a limit made it, and makes a peer that abused HTTP/2
 /// wait; other errors are the client's going away, nothing to report.
-fn counted(ended: Result<(), hyper::Error>, peer: SocketAddr, serving: &Serving) {
-    let Err(err) = ended else { return };
+fn counted(ended: Result<Option<Cut>, hyper::Error>, peer: SocketAddr, serving: &Serving) {
+    let err = match ended {
+        Ok(Some(why)) => {
+            debug!(%peer, limit = why.label(), "connection closed by a limit");
+            return serving.stats.cut(why);
+        }
+        Ok(None) => return,
+        Err(err) => err,
+    };
     let Some(why) = cut_by(&err) else { return };
     debug!(%peer, limit = why.label(), "connection ended by a limit: {err}");
     serving.stats.cut(why);
@@ -648,21 +928,25 @@ fn cut_by(err: &hyper::Error) -> Option<Cut> {
         .then_some(Cut::Http2Abuse)
 }
 
-/// Serves `connection` until the client closes it or `stop` turns true; then lets it finish the
-/// requests it has begun. How it ended.
+/// Serves `connection` until the client closes it, `idle` ends, or `stop` turns true; then lets
+/// it finish the requests it has begun (HTTP/2: GOAWAY). How it ended; an idle end is counted
+/// by the caller through [`counted`] as [`Cut::Idle`] when `idle` ended it.
 async fn until_stopped<C>(
     connection: C,
+    idle: impl Future<Output = ()>,
     mut stop: watch::Receiver<bool>,
-) -> Result<(), hyper::Error>
+) -> Result<Option<Cut>, hyper::Error>
 where
     C: GracefulConnection<Error = hyper::Error>,
 {
     tokio::pin!(connection);
-    tokio::select! {
-        ended = connection.as_mut() => return ended,
-        _ = stop.wait_for(|stopped| *stopped) => connection.as_mut().graceful_shutdown(),
-    }
-    connection.await
+    let cut = tokio::select! {
+        ended = connection.as_mut() => return ended.map(|()| None),
+        _ = idle => Some(Cut::Idle),
+        _ = stop.wait_for(|stopped| *stopped) => None,
+    };
+    connection.as_mut().graceful_shutdown();
+    connection.await.map(|()| cut)
 }
 
 #[cfg(test)]

@@ -79,6 +79,8 @@ pub struct RunConfig {
     pub kubelet: KubeletFlags,
     /// TLS for the API listener.
     pub tls: Option<TlsFiles>,
+    /// The client certificates' names that may change state (`--admit-client-names`).
+    pub admit_client_names: Vec<String>,
     /// The plain listener for `/metrics`, `/healthz`, `/readyz`.
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// `--allow-unauthenticated-clients`: the API beyond loopback without client certificates.
@@ -150,6 +152,7 @@ impl RunConfig {
             kubelet: args.kubelet.flags(&host, args.verification.verification)?,
             listen: addresses.listen,
             metrics_listen: addresses.metrics_listen,
+            admit_client_names: args.api.admit_client_names()?,
             api_threads: usize::from(args.api.api_threads),
             max_containers: usize::try_from(args.api.max_containers).unwrap_or(usize::MAX),
             ebpf: args.probes.ebpf,

@@ -112,7 +112,7 @@ fn each_subcommand_takes_only_the_flags_it_uses() {
         "fault-scope",
         "psi-memory-threshold",
         "api-threads",
-        "client-ca-file",
+        "admit-client-names",
         "topology-policy",
     ] {
         assert!(
@@ -125,6 +125,8 @@ fn each_subcommand_takes_only_the_flags_it_uses() {
         "agent-port",
         "http2-max-concurrent-streams",
         "abuse-backoff",
+        "http2-idle-timeout",
+        "client-names",
     ] {
         assert!(!run.iter().any(|f| f == absent), "run takes --{absent}");
     }
@@ -513,4 +515,54 @@ fn a_pod_may_have_256_containers_unless_told() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn the_limits_before_authentication_and_the_callers_names_are_read() {
+    let told = run(&[
+        "--max-handshakes",
+        "3",
+        "--handshake-timeout",
+        "1s",
+        "--max-connections-per-peer",
+        "2",
+    ])
+    .expect("valid");
+    assert_eq!(
+        told.limits,
+        Limits {
+            max_handshakes: 3,
+            handshake_timeout: Duration::from_secs(1),
+            max_connections_per_peer: 2,
+            ..Limits::DEFAULT
+        }
+    );
+    assert_eq!(told.admit_client_names, ["hugepage-agent-webhook"]);
+    let names = run(&["--admit-client-names", "a, b,"]).expect("valid");
+    assert_eq!(names.admit_client_names, ["a", "b"]);
+    let none = run(&["--admit-client-names", ","]).expect_err("no name");
+    assert!(none.to_string().contains("--admit-client-names"), "{none}");
+
+    let hook = webhook(&[
+        "--http2-idle-timeout",
+        "10s",
+        "--client-ca-file",
+        "callers.pem",
+        "--client-names",
+        "kube-apiserver,kube-scheduler",
+        "--metrics-listen",
+        "127.0.0.1:9821",
+    ])
+    .expect("valid");
+    assert_eq!(hook.limits.http2_idle_timeout, Duration::from_secs(10));
+    assert_eq!(hook.limits.max_connections_per_peer, 64);
+    assert_eq!(hook.tls.client_ca, Some("callers.pem".into()));
+    assert_eq!(
+        hook.client_names,
+        Some(vec![
+            "kube-apiserver".to_owned(),
+            "kube-scheduler".to_owned()
+        ])
+    );
+    assert_eq!(hook.metrics_listen, Some(([127, 0, 0, 1], 9821).into()));
 }

@@ -35,10 +35,18 @@ pub enum Cut {
     /// A request body that found no room in `--body-budget` within its wait: 503 with
     /// `Retry-After`.
     BodyBudget,
+    /// Accepted from a peer that already holds `--max-connections-per-peer` (handshaking and
+    /// served) and closed at once.
+    PerPeer,
+    /// Accepted while `--max-handshakes` handshakes run and closed at once.
+    Handshakes,
+    /// No first request within `--handshake-timeout` of the handshake's end, or an HTTP/2
+    /// connection with no stream open for `--http2-idle-timeout`: closed (HTTP/2: GOAWAY).
+    Idle,
 }
 
 impl Cut {
-    pub const ALL: [Cut; 9] = [
+    pub const ALL: [Cut; 12] = [
         Cut::OverLimit,
         Cut::HeaderTimeout,
         Cut::BodyTimeout,
@@ -48,6 +56,9 @@ impl Cut {
         Cut::Backoff,
         Cut::BodyTooLarge,
         Cut::BodyBudget,
+        Cut::PerPeer,
+        Cut::Handshakes,
+        Cut::Idle,
     ];
 
     /// The `limit` label.
@@ -62,6 +73,9 @@ impl Cut {
             Cut::Backoff => "abuse_backoff",
             Cut::BodyTooLarge => "body_too_large",
             Cut::BodyBudget => "body_budget",
+            Cut::PerPeer => "max_connections_per_peer",
+            Cut::Handshakes => "max_handshakes",
+            Cut::Idle => "idle",
         }
     }
 }

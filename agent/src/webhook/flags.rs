@@ -1,4 +1,5 @@
-//! The webhook's flags: where it listens (`--listen`), how it reaches the node agents
+//! The webhook's flags: where it listens (`--listen`, `--metrics-listen`), who may call it
+//! (`--client-ca-file`, `--client-names`), how it reaches the node agents
 //! (`--agent-port`, the client side of mTLS), what it tells the scheduler and the API server when
 //! an agent does not answer (`--failure-policy`, `--agent-timeout`), the largest scheduler call
 //! it reads (`--extender-body-limit`), the scheduler pods with hugepages are given
@@ -22,6 +23,26 @@ pub struct WebhookArgs {
     /// Address of the HTTPS listener the API server and kube-scheduler call.
     #[arg(long, env = "HUGEPAGE_AGENT_LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: String,
+    /// PEM CA certificates: callers (kube-apiserver, kube-scheduler) must present a client
+    /// certificate one of them signed, valid now and for client authentication, or the
+    /// handshake fails. Re-read when it changes on disk.
+    #[arg(long, env = "HUGEPAGE_AGENT_CLIENT_CA_FILE", value_name = "PATH")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Comma-separated names: with --client-ca-file, a caller's certificate must carry one of
+    /// them as its common name or a DNS name, or the connection is closed right after the
+    /// handshake; empty: any certificate of the CA.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_CLIENT_NAMES",
+        value_name = "NAMES",
+        requires = "client_ca_file"
+    )]
+    pub client_names: Option<String>,
+    /// A second, plain-HTTP listener serving only /metrics, /healthz and /readyz (kubelet
+    /// probes and Prometheus present no client certificate), e.g. 0.0.0.0:9821; none by
+    /// default.
+    #[arg(long, env = "HUGEPAGE_AGENT_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
     /// The port every node's agent listens on, at the node's first InternalIP.
     #[arg(long, env = "HUGEPAGE_AGENT_AGENT_PORT", default_value_t = 9820, value_parser = clap::value_parser!(u16).range(1..))]
     pub agent_port: u16,
@@ -93,6 +114,9 @@ pub struct WebhookArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Read {
     pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+    /// `--client-names`; `None`: any certificate of `--client-ca-file`.
+    pub client_names: Option<Vec<String>>,
     pub agent_tls: ClientFiles,
     pub agent_timeout: std::time::Duration,
     pub extender_body_limit: usize,
@@ -106,6 +130,16 @@ impl WebhookArgs {
     pub fn read(&self) -> Result<Read, FlagError> {
         Ok(Read {
             listen: address("--listen", &self.listen, "0.0.0.0:8443")?,
+            metrics_listen: self
+                .metrics_listen
+                .as_deref()
+                .map(|text| address("--metrics-listen", text, "0.0.0.0:9821"))
+                .transpose()?,
+            client_names: self
+                .client_names
+                .as_deref()
+                .map(crate::tls::identity::names)
+                .filter(|names| !names.is_empty()),
             agent_tls: ClientFiles {
                 ca: self.agent_ca_file.clone(),
                 cert: self.agent_client_cert_file.clone(),

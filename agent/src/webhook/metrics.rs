@@ -25,7 +25,7 @@ use crate::{
         export::ExportStats,
         metrics::Histogram,
     },
-    tls::TlsStats,
+    tls::{Refusal, TlsStats},
 };
 
 /// From a connection on the same network to an agent that waits on nothing: milliseconds, up
@@ -117,6 +117,8 @@ pub struct Metrics {
     pub agent_tls: Arc<TlsStats>,
     /// The listener's connections and limits (`listener="webhook"`).
     pub connections: Arc<ConnectionStats>,
+    /// The plain metrics listener's (`--metrics-listen`, `listener="metrics"`).
+    pub metrics_connections: Arc<ConnectionStats>,
     traces: Arc<ExportStats>,
 }
 
@@ -146,6 +148,7 @@ impl Metrics {
             tls: Arc::default(),
             agent_tls: Arc::default(),
             connections: Arc::default(),
+            metrics_connections: Arc::default(),
             traces,
         }
     }
@@ -332,7 +335,20 @@ impl Metrics {
                 e.sample(RELOADS, &labels, n as f64);
             }
         }
-        let listener = [("webhook", &*self.connections)];
+        const FAILURES: &str = "hugepage_agent_webhook_tls_handshake_failures_total";
+        e.family(
+            FAILURES,
+            Kind::Counter,
+            "TLS handshakes of the webhook's listener that failed, by why (client certificates refused, and name_not_allowed: a certificate of --client-ca-file with none of --client-names, closed after the handshake).",
+        );
+        for why in Refusal::ALL {
+            let n = self.tls.refusals(why);
+            e.sample(FAILURES, &[("reason", why.label())], n as f64);
+        }
+        let listener = [
+            ("webhook", &*self.connections),
+            ("metrics", &*self.metrics_connections),
+        ];
         connections::encode("hugepage_agent_webhook", &listener, &mut e);
         self.traces.encode(&mut e);
         e.finish()

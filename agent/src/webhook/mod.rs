@@ -2,8 +2,10 @@
 //! agents before a node is chosen, and a validating admission webhook that has the chosen
 //! node's agent admit (and reserve) when the pod is bound. This module is the command's wiring:
 //! the HTTPS listener
-//! (`--listen`, `--tls-cert-file`, `--tls-private-key-file`, re-read on change by
-//! [`crate::tls`]'s reloader; HTTP/2 and HTTP/1.1), the mTLS client of the agents ([`agents`],
+//! (`--listen`, `--tls-cert-file`, `--tls-private-key-file`, with `--client-ca-file` its callers'
+//! certificates asked for and, with `--client-names`, their names checked; re-read on change by
+//! [`crate::tls`]'s reloader; HTTP/2 and HTTP/1.1), the plain listener for probes and Prometheus
+//! (`--metrics-listen`), the mTLS client of the agents ([`agents`],
 //! over pooled connections ([`dial`]), its files re-read on change too ([`agent_tls`])), the
 //! routes ([`routes`], each call continuing the caller's trace ([`trace`])), and the stop on
 //! SIGINT or SIGTERM.
@@ -56,7 +58,7 @@ use tracing::{info, warn};
 use crate::{
     api::{
         budget::BodyBudget,
-        server::{Endpoint, Limits, Server, ServerError, Serving},
+        server::{Callers, Endpoint, Limits, Server, ServerError, Serving},
     },
     telemetry::export::ExportStats,
     tls::{self, Alpn, TlsError, TlsFiles},
@@ -83,6 +85,11 @@ pub enum FailurePolicy {
 pub struct Settings {
     /// Where it listens (`--listen`).
     pub listen: SocketAddr,
+    /// The plain listener for `/metrics`, `/healthz`, `/readyz` (`--metrics-listen`).
+    pub metrics_listen: Option<SocketAddr>,
+    /// The names a caller's certificate must carry one of (`--client-names`); `None`: any
+    /// certificate of `--client-ca-file` (in `tls`), or any caller without it.
+    pub client_names: Option<Vec<String>>,
     /// What its listener tolerates of its clients.
     pub limits: Limits,
     /// Its serving certificate and key (`--tls-cert-file`, `--tls-private-key-file`).
@@ -143,6 +150,10 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
         threads: "webhook",
     };
     let bound = Server::bind(endpoint, listen)?;
+    let metrics_bound = settings
+        .metrics_listen
+        .map(|addr| Server::bind(Endpoint::METRICS, addr))
+        .transpose()?;
     let addr = bound.addr();
     let (stop, stopped) = watch::channel(false);
     let (nodes, node_watch) = cache::NodeCache::start(
@@ -179,13 +190,23 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
     };
     let watcher = tokio::spawn(reloader.watch(stopped.clone()));
     let client_watcher = tokio::spawn(client_reloader.watch(stopped.clone()));
+    let callers = Callers {
+        required: settings.client_names.clone().map(Into::into),
+        writers: None,
+    };
     let serving = Serving::new(
-        routes::router(context),
+        routes::router(context.clone()),
         Some(server_tls),
         limits,
         connections,
-    );
-    let server = Server::start(bound, THREADS, serving, stopped)?;
+    )
+    .with_callers(callers);
+    let mut server = Server::start(bound, THREADS, serving, stopped.clone())?;
+    if let Some(bound) = metrics_bound {
+        let stats = Arc::clone(&context.metrics.metrics_connections);
+        let plain = Serving::new(routes::metrics_router(context), None, limits, stats);
+        server = server.and(Server::start(bound, 1, plain, stopped)?);
+    }
     info!(
         listen = %addr,
         agent_port = settings.agent_port,

@@ -116,6 +116,18 @@ pub const ROUTES: [Route; 7] = [
     },
 ];
 
+/// The plain metrics listener's routes (`--metrics-listen`): `/metrics`, `/healthz`, `/readyz`
+/// only, the same handlers; anything else 404.
+pub fn metrics_router(context: Context) -> Router {
+    ROUTES
+        .iter()
+        .filter(|r| r.method == "GET")
+        .fold(Router::new(), |router, r| {
+            router.route(r.path, (r.handler)())
+        })
+        .with_state(context)
+}
+
 pub fn router(context: Context) -> Router {
     ROUTES
         .iter()

@@ -1,7 +1,7 @@
-//! The listeners' limits as flags: connections at once, the head's and the body's time-outs and
-//! the body budget for every listener (`run`'s and the webhook's, each with its own defaults:
+//! The listeners' limits as flags: connections at once (per peer too), handshakes at once and
+//! their time-out, the head's and the body's time-outs and the body budget for every listener (`run`'s and the webhook's, each with its own defaults:
 //! [`Limits::DEFAULT`], [`Limits::WEBHOOK`]), and HTTP/2's for the webhook's listener, the only
-//! one that offers it.
+//! one that offers it (its idle time-out among them).
 
 use clap::Args;
 
@@ -42,6 +42,29 @@ pub struct LimitArgs {
     /// Deployment's 256Mi memory limit).
     #[arg(long, env = "HUGEPAGE_AGENT_BODY_BUDGET", value_name = "BYTES")]
     pub body_budget: Option<String>,
+    /// TLS handshakes the listener runs at once, counted apart from --max-connections (a
+    /// connection counts there once its handshake is done); one more is accepted and closed at
+    /// once with a reset. Default: 512 for `run`, 128 for `webhook`.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_MAX_HANDSHAKES",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_handshakes: Option<u32>,
+    /// How long a TLS handshake may take, and then how long the connection may take to send its
+    /// first request's complete head (a plain connection: from its accept); past either it is
+    /// closed.
+    #[arg(long, env = "HUGEPAGE_AGENT_HANDSHAKE_TIMEOUT", default_value = "5s")]
+    pub handshake_timeout: String,
+    /// Connections one source address may hold at once, handshaking and served together, so
+    /// that one peer cannot take every place; one more is accepted and closed at once with a
+    /// reset. Default: 256 for `run`, 64 for `webhook` (a quarter of --max-connections).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_MAX_CONNECTIONS_PER_PEER",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_connections_per_peer: Option<u32>,
 }
 
 impl LimitArgs {
@@ -63,6 +86,15 @@ impl LimitArgs {
                 Some(text) => bytes("--body-budget", text, budget::MAX_BYTES)?,
                 None => defaults.body_budget,
             },
+            max_handshakes: self.max_handshakes.map_or(defaults.max_handshakes, count),
+            handshake_timeout: duration(
+                "--handshake-timeout",
+                &self.handshake_timeout,
+                above_zero,
+            )?,
+            max_connections_per_peer: self
+                .max_connections_per_peer
+                .map_or(defaults.max_connections_per_peer, count),
             ..defaults
         })
     }
@@ -106,6 +138,15 @@ pub struct Http2Args {
     /// times; 0s turns it off.
     #[arg(long, env = "HUGEPAGE_AGENT_ABUSE_BACKOFF", default_value = "1s")]
     pub abuse_backoff: String,
+    /// An HTTP/2 connection with no stream open for this long is closed with GOAWAY (above the
+    /// 90s after which Go's HTTP/2 clients, the API server's among them, close an idle
+    /// connection themselves).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_HTTP2_IDLE_TIMEOUT",
+        default_value = "120s"
+    )]
+    pub http2_idle_timeout: String,
 }
 
 impl Http2Args {
@@ -123,6 +164,11 @@ impl Http2Args {
                     )
                 })
             })?,
+            http2_idle_timeout: duration(
+                "--http2-idle-timeout",
+                &self.http2_idle_timeout,
+                above_zero,
+            )?,
             ..limits
         })
     }

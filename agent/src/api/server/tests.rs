@@ -415,3 +415,65 @@ async fn an_oversized_head_is_431_and_garbage_400_each_counted() {
     .await;
     stop.send(true).expect("stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_connection_without_a_first_request_in_time_is_closed_and_counted_idle() {
+    let limits = Limits {
+        handshake_timeout: Duration::from_millis(300),
+        ..Limits::DEFAULT
+    };
+    let (addr, stop, _server, stats) = limited(limits);
+    let took = tokio::task::spawn_blocking(move || {
+        let mut tcp = TcpStream::connect(addr).expect("connect");
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let started = std::time::Instant::now();
+        let mut rest = Vec::new();
+        let _ = tcp.read_to_end(&mut rest);
+        started.elapsed()
+    })
+    .await
+    .expect("client");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "closed after {took:?}"
+    );
+    eventually("counted", || stats.cuts(Cut::Idle) == 1).await;
+    // One that asks at once is answered, and kept alive past the first request's limit.
+    let body = tokio::task::spawn_blocking(move || get_body(addr, "/"))
+        .await
+        .expect("client");
+    assert_eq!(body, "hello");
+    stop.send(true).expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn one_peer_holds_at_most_its_places_and_the_next_is_reset() {
+    let limits = Limits {
+        max_connections_per_peer: 2,
+        ..Limits::DEFAULT
+    };
+    let (addr, stop, _server, stats) = limited(limits);
+    let held: Vec<_> = (0..2)
+        .map(|_| TcpStream::connect(addr).expect("connect"))
+        .collect();
+    eventually("both open", || stats.open() == 2).await;
+    let over = tokio::task::spawn_blocking(move || {
+        let mut over = TcpStream::connect(addr).expect("the kernel accepts it");
+        over.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let _ = write!(over, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+        let mut answer = Vec::new();
+        over.read_to_end(&mut answer).map(|_| answer)
+    })
+    .await
+    .expect("client");
+    match over {
+        Ok(answer) => assert!(answer.is_empty(), "answered over the peer's places"),
+        Err(err) => assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}"),
+    }
+    assert_eq!(stats.cuts(Cut::PerPeer), 1);
+    drop(held);
+    eventually("closed", || stats.open() == 0).await;
+    stop.send(true).expect("stop");
+}
