@@ -216,7 +216,16 @@ impl Connection {
         config: Arc<ClientConfig>,
         name: ServerName<'static>,
     ) -> io::Result<Connection> {
-        let tcp = TcpStream::connect(("127.0.0.1", port))?;
+        Connection::open_to(([127, 0, 0, 1], port).into(), config, name)
+    }
+
+    /// [`Connection::open_as`] to `addr`.
+    pub fn open_to(
+        addr: std::net::SocketAddr,
+        config: Arc<ClientConfig>,
+        name: ServerName<'static>,
+    ) -> io::Result<Connection> {
+        let tcp = TcpStream::connect(addr)?;
         tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
         // As Go's clients (kube-scheduler's, kube-apiserver's) do: a request is never held back
         // waiting for the server's delayed ACK of the one before.
