@@ -45,11 +45,12 @@ fn ip(last: u8) -> Ipv4Addr {
 /// NUMA node, the Nodes in the stand-in API server, and the webhook confirming within
 /// [`WINDOW`].
 struct Cluster {
+    /// First: dropped before the stand-in API server, which waits for its connections to end.
+    webhook: Agent,
     pki: Pki,
     api: StandInApiServer,
     port: u16,
     agents: Vec<(Agent, SocketAddr)>,
-    webhook: Agent,
     _trees: Vec<tempfile::TempDir>,
 }
 
