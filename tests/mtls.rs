@@ -230,6 +230,15 @@ impl Connection {
         Connection::over(connect_from(source, port)?, config, name)
     }
 
+    /// [`Connection::open_as`] to `addr`.
+    pub fn open_to(
+        addr: std::net::SocketAddr,
+        config: Arc<ClientConfig>,
+        name: ServerName<'static>,
+    ) -> io::Result<Connection> {
+        Connection::over(TcpStream::connect(addr)?, config, name)
+    }
+
     /// The handshake over `tcp`, verifying the server as `name`.
     pub fn over(
         tcp: TcpStream,

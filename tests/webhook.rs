@@ -137,6 +137,7 @@ fn cluster() -> Cluster {
 fn filter_keeps_the_nodes_whose_agents_admit_and_fails_the_others_with_the_agents_message() {
     let c = cluster();
     let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
+    wait_ready(&c.pki, &webhook);
     let (status, result) = call(
         &c.pki,
         &webhook,
@@ -196,6 +197,7 @@ fn filter_keeps_the_nodes_whose_agents_admit_and_fails_the_others_with_the_agent
 fn prioritize_puts_the_roomiest_single_numa_fit_first() {
     let c = cluster();
     let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
+    wait_ready(&c.pki, &webhook);
     let (status, list) = call(
         &c.pki,
         &webhook,
@@ -340,7 +342,11 @@ fn under_failure_policy_fail_a_silent_absent_or_garbled_agent_fails_its_node_wit
         node("garbage", Ipv4Addr::new(127, 0, 0, 15), "8Gi"),
     ];
     let api = StandInApiServer::start();
+    for n in &nodes {
+        api.put_node(n.clone());
+    }
     let webhook = webhook(&pki, &api, port, "fail", "500ms");
+    wait_ready(&pki, &webhook);
     let started = Instant::now();
     let (status, result) = call(
         &pki,
@@ -425,6 +431,7 @@ fn a_pod_without_hugepages_is_answered_with_every_node_and_no_agent_is_called() 
 fn the_nodenames_form_is_answered_from_the_node_cache_in_its_own_form_and_bad_bodies_are_400() {
     let c = cluster();
     let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
+    wait_ready(&c.pki, &webhook);
     wait_ready(&c.pki, &webhook);
     let by_name = json!({
         "pod": pod(Some("2Gi")),
@@ -538,6 +545,7 @@ fn node_lists(api: &StandInApiServer) -> usize {
 fn the_node_cache_follows_the_watch_through_its_ends_410s_and_address_changes_without_a_restart() {
     let c = cluster();
     let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
+    wait_ready(&c.pki, &webhook);
     wait_ready(&c.pki, &webhook);
     assert_eq!(node_lists(&c.api), 1, "{:?}", c.api.requests());
     let ip = |last| Ipv4Addr::new(127, 0, 0, last);
@@ -778,6 +786,10 @@ fn story_2_across_three_nodes_filter_prioritize_bind_deny_and_admit_after_releas
         response,
         json!({"uid": "review-job-b-real-false", "allowed": true})
     );
+    // The API server writes the binding (the webhook confirms B's reservation by it).
+    let mut bound_b = job_b.clone();
+    bound_b["spec"]["nodeName"] = json!("real");
+    api.put_pod(bound_b);
     let reserved = std::fs::read_to_string(state.path().join("reservations.json"))
         .expect("the agent's reservations file");
     assert!(
@@ -1119,7 +1131,9 @@ fn calls_to_an_agent_reuse_one_connection_and_one_the_agent_closed_is_replaced()
     let ip = Ipv4Addr::new(127, 0, 0, 31);
     let addr = SocketAddr::new(IpAddr::V4(ip), port);
     let first = agent(&pki, tree.path(), ip, port);
+    api.put_node(node("n", ip, "8Gi"));
     let webhook = webhook(&pki, &api, port, "fail", "2s");
+    wait_ready(&pki, &webhook);
     let mut used = Vec::new();
     for _ in 0..3 {
         assert_eq!(filter_one(&pki, &webhook, "n", ip).0, ["n"]);
@@ -1164,7 +1178,9 @@ fn rotated_agent_client_files_are_used_without_a_restart_and_bad_ones_keep_the_p
     let tree = host_tree(2048);
     let ip = Ipv4Addr::new(127, 0, 0, 41);
     let _agent = agent(&pki, tree.path(), ip, port);
+    api.put_node(node("n", ip, "8Gi"));
     let mut webhook = webhook(&pki, &api, port, "fail", "2s");
+    wait_ready(&pki, &webhook);
     assert_eq!(filter_one(&pki, &webhook, "n", ip).0, ["n"]);
 
     // A broken certificate: refused, logged once with the file named, the previous kept.
@@ -1230,6 +1246,7 @@ fn connect(pki: &Pki, webhook: &Agent, alpn: &[&[u8]]) -> Https {
 fn over_http2_the_webhook_answers_as_over_http_1_1_and_accepts_the_apiservers_timeout_query() {
     let c = cluster();
     let webhook = webhook(&c.pki, &c.api, c.port, "ignore", "2s");
+    wait_ready(&c.pki, &webhook);
     let mut h2 = connect(&c.pki, &webhook, &[b"h2", b"http/1.1"]);
     assert_eq!(h2.alpn.as_deref(), Some(&b"h2"[..]), "HTTP/2 chosen");
     let mut h1 = connect(&c.pki, &webhook, &[b"http/1.1"]);
@@ -1280,7 +1297,9 @@ fn one_trace_spans_the_caller_the_webhook_and_the_agent_and_is_forwarded_without
         exporting[1],
         ("OTEL_SERVICE_NAME", "hugepage-agent-webhook"),
     ];
+    api.put_node(node("n", ip, "8Gi"));
     let traced = cluster::webhook(&agent_bin(), &pki, &api, port, "fail", "2s", &named);
+    wait_ready(&pki, &traced);
     let body = args(pod(Some("2Gi")), &[node("n", ip, "8Gi")]).to_string();
     let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
     let mut client = connect(&pki, &traced, &[b"h2", b"http/1.1"]);

@@ -273,6 +273,7 @@ fn webhook_config(args: WebhookCommandArgs) -> Result<webhook::Settings, ConfigE
         kubeconfig: args.webhook.kubeconfig,
         scheduler_name: read.scheduler_name,
         streams: read.streams,
+        reservation_confirm_within: read.reservation_confirm_within,
     })
 }
 

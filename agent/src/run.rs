@@ -102,8 +102,9 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
     };
     let readiness = Readiness::default();
     let faults = FaultBook::default();
-    let store = Store::restore(&config.state_dir, config.reservation_ttl)
+    let mut store = Store::restore(&config.state_dir, config.reservation_ttl)
         .map_err(|e| RunError::State(format!("--state-dir: {e}")))?;
+    store.limit_namespaces(config.namespace_reservation_limit);
     let reservations = Arc::new(Mutex::new(store));
     let (mut psi_monitor, psi_reader) = Monitor::new(config.host.clone(), config.psi);
     psi_monitor.evaluate(std::time::SystemTime::now());

@@ -1,13 +1,17 @@
 //! Admission's flags: how verification reads the kernel (`--verification`,
 //! `--verification-mode`, `--on-sysfs-error`) and how long reservations last where they are kept
-//! (`--reservation-ttl`, `--state-dir`).
+//! (`--reservation-ttl`, `--state-dir`) and what one namespace may hold
+//! (`--namespace-reservation-limit`).
 
 use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
 
-use super::verify::{Gate, Mode, OnSysfsError, Settings};
-use crate::flags::{FlagError, above_zero, duration};
+use super::{
+    reservations::NamespaceLimit,
+    verify::{Gate, Mode, OnSysfsError, Settings},
+};
+use crate::flags::{FlagError, above_zero, bytes, duration};
 
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Verification")]
@@ -49,10 +53,45 @@ pub struct ReservationArgs {
         default_value = "/var/lib/hugepage-agent"
     )]
     pub state_dir: PathBuf,
+    /// The most of one page size a namespace's reservations may hold at once on this node:
+    /// bytes (4Gi) or a percentage of the node's pool of that size (50%). The default, 100%,
+    /// never refuses a pod the node could serve: one pod can reserve no more than the pool. A
+    /// lower value bounds what one namespace's pods, admitted together, hold before they start.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_NAMESPACE_RESERVATION_LIMIT",
+        default_value = "100%",
+        value_name = "BYTES|PERCENT"
+    )]
+    pub namespace_reservation_limit: String,
 }
 
 impl ReservationArgs {
     pub fn ttl(&self) -> Result<Duration, FlagError> {
         duration("--reservation-ttl", &self.reservation_ttl, above_zero)
     }
+
+    /// `--namespace-reservation-limit`, read.
+    pub fn namespace_limit(&self) -> Result<NamespaceLimit, FlagError> {
+        namespace_limit(&self.namespace_reservation_limit)
+    }
 }
+
+/// `1`% to `100`%, or bytes above 0.
+pub fn namespace_limit(text: &str) -> Result<NamespaceLimit, FlagError> {
+    const FLAG: &str = "--namespace-reservation-limit";
+    match text.strip_suffix('%') {
+        Some(p) => match p.parse::<u64>() {
+            Ok(p @ 1..=100) => Ok(NamespaceLimit::Percent(p)),
+            _ => Err(FlagError::Bytes {
+                flag: FLAG,
+                value: text.to_owned(),
+                reason: "a percentage must be a whole number from 1 to 100".to_owned(),
+            }),
+        },
+        None => Ok(NamespaceLimit::Bytes(bytes(FLAG, text, u64::MAX)? as u64)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

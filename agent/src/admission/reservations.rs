@@ -118,6 +118,27 @@ pub struct Store {
     generation: u64,
     /// Woken after each change (one permit kept when nobody waits): for the watch's hub.
     changed: Arc<Notify>,
+    /// What one namespace may hold reserved (`--namespace-reservation-limit`).
+    namespace_limit: NamespaceLimit,
+}
+
+/// `--namespace-reservation-limit`: the bytes of one page size a namespace's reservations may
+/// hold at once on the node, as bytes or as a percentage of the node's pool of that size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NamespaceLimit {
+    Bytes(u64),
+    /// 1 to 100.
+    Percent(u64),
+}
+
+impl NamespaceLimit {
+    /// The limit for a size whose pool on the node is `pool` bytes.
+    pub fn of(self, pool: u64) -> u64 {
+        match self {
+            NamespaceLimit::Bytes(bytes) => bytes,
+            NamespaceLimit::Percent(p) => (u128::from(pool) * u128::from(p) / 100) as u64,
+        }
+    }
 }
 
 /// The file's content at one generation of the store, and the file.
@@ -180,6 +201,7 @@ impl Store {
             next: 0,
             generation: 0,
             changed: Arc::new(Notify::new()),
+            namespace_limit: NamespaceLimit::Percent(100),
         };
         let text = match fs::read(&path) {
             Ok(text) => text,
@@ -257,6 +279,33 @@ impl Store {
     /// The reservations in force at `now`.
     pub fn in_force(&self, now: SystemTime) -> impl Iterator<Item = &Reservation> {
         self.entries.values().filter(move |r| r.expires_at > now)
+    }
+
+    /// Limits what one namespace may hold reserved to `limit`.
+    pub fn limit_namespaces(&mut self, limit: NamespaceLimit) {
+        self.namespace_limit = limit;
+    }
+
+    /// Why reserving what `verdict` admitted for pod `pod_uid` of `namespace` at `now` would
+    /// take the namespace past its limit, if it would ([`over_namespace_limit`]); `pool` is the
+    /// node's pool of a size, in bytes.
+    pub fn over_namespace_limit(
+        &self,
+        verdict: &Verdict,
+        namespace: &str,
+        pod_uid: &str,
+        pool: impl Fn(PageSize) -> u64,
+        now: SystemTime,
+    ) -> Option<String> {
+        over_namespace_limit(self.in_force(now), verdict, namespace, pod_uid, |size| {
+            self.namespace_limit.of(pool(size))
+        })
+    }
+
+    /// A reservation held for `pod_uid` under another namespace or name than
+    /// `namespace/name`, if any ([`other_owner`]).
+    pub fn other_owner(&self, pod_uid: &str, namespace: &str, name: &str) -> Option<&Reservation> {
+        other_owner(self.entries.values(), pod_uid, namespace, name)
     }
 
     /// Reserves what `verdict` admitted for `pod_uid`, replacing that pod's earlier reservation;
@@ -468,6 +517,52 @@ pub fn parse(text: &[u8]) -> Result<Vec<Reservation>, String> {
         ));
     }
     Ok(checkpoint.reservations)
+}
+
+/// Why reserving what `verdict` admitted for pod `pod_uid` of `namespace` would take the
+/// namespace's reservations of a size in `reservations` (the pod's own left out: it is
+/// replaced) past `limit` of that size; none when it would not.
+pub fn over_namespace_limit<'a>(
+    reservations: impl IntoIterator<Item = &'a Reservation>,
+    verdict: &Verdict,
+    namespace: &str,
+    pod_uid: &str,
+    limit: impl Fn(PageSize) -> u64,
+) -> Option<String> {
+    let mut held: BTreeMap<PageSize, u64> = BTreeMap::new();
+    for r in reservations {
+        if r.namespace == namespace && r.pod_uid != pod_uid {
+            for (size, bytes) in &r.bytes {
+                *held.entry(*size).or_default() += bytes;
+            }
+        }
+    }
+    verdict.checks.iter().find_map(|c| {
+        let already = held.get(&c.page_size).copied().unwrap_or(0);
+        let most = limit(c.page_size);
+        (already.saturating_add(c.requested_bytes) > most).then(|| {
+            format!(
+                "namespace {namespace} would hold {} bytes of {} reserved on this node, over its --namespace-reservation-limit of {most} ({already} reserved for its other pods, {} requested)",
+                already.saturating_add(c.requested_bytes),
+                c.resource,
+                c.requested_bytes
+            )
+        })
+    })
+}
+
+/// The first of `reservations` held for `pod_uid` under another namespace or name than
+/// `namespace/name`: a UID names one pod, so a request naming it under another name is not
+/// that pod's, and never replaces its reservation.
+pub fn other_owner<'a>(
+    reservations: impl IntoIterator<Item = &'a Reservation>,
+    pod_uid: &str,
+    namespace: &str,
+    name: &str,
+) -> Option<&'a Reservation> {
+    reservations
+        .into_iter()
+        .find(|r| r.pod_uid == pod_uid && (r.namespace != namespace || r.name != name))
 }
 
 /// Bytes of `size` that `reservations` hold for pods other than `pod_uid` on nodes that meet

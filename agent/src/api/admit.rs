@@ -24,7 +24,7 @@ use crate::{
         reservations,
         verify::{Gate, Settings, Verdict, VerifyError, pressure_message, refuse_under_pressure},
     },
-    host::NumaNode,
+    host::{NumaNode, PageSize},
     kube::{
         identifiers, json,
         pod::{
@@ -314,6 +314,19 @@ fn select(state: &AppState, parsed: &Parsed) -> Result<(Plan, bool), ApiError> {
     Ok((plan, true))
 }
 
+/// The reason of a refusal past `--namespace-reservation-limit`.
+const NAMESPACE_LIMIT: &str = "NamespaceReservationLimit";
+
+/// Bytes of `size` in the node's pools (every NUMA node's `nr_hugepages` of the map).
+fn pool_bytes(nodes: &[crate::numa::map::NodeView], size: PageSize) -> u64 {
+    nodes
+        .iter()
+        .flat_map(|n| &n.sizes)
+        .filter(|s| s.page_size_bytes == size.0)
+        .map(|s| s.total.saturating_mul(s.page_size_bytes))
+        .sum()
+}
+
 /// Verifies one admission request ([`parse`]d), and reserves what it admits for a named pod
 /// unless it is a dry run.
 pub fn admit(state: &AppState, parsed: &Parsed, run: Run) -> Result<Decided, ApiError> {
@@ -366,6 +379,22 @@ pub fn admit(state: &AppState, parsed: &Parsed, run: Run) -> Result<Decided, Api
     }
     let pod = parsed.pod_ref.clone();
     let mut pending = None;
+    if run == Run::Real && verdict.allowed && !pod.uid.is_empty() && !verdict.checks.is_empty() {
+        if let Some(held) = store.other_owner(&pod.uid, &pod.namespace, &pod.name) {
+            return Err(ApiError::reservation_conflict(format!(
+                "pod UID {} is reserved for {}/{} (reservation {}), not for {}/{}: a reservation is never replaced by one for another namespace or name",
+                pod.uid, held.namespace, held.name, held.id, pod.namespace, pod.name
+            )));
+        }
+        let snapshot = state.map.load();
+        let pool = |size: PageSize| pool_bytes(&snapshot.nodes, size);
+        if let Some(why) = store.over_namespace_limit(&verdict, &pod.namespace, &pod.uid, pool, now)
+        {
+            verdict.allowed = false;
+            verdict.reason = Some(NAMESPACE_LIMIT);
+            verdict.message = Some(why);
+        }
+    }
     if run == Run::Real && verdict.allowed && !pod.uid.is_empty() && !verdict.checks.is_empty() {
         let (made, replaced, snapshot) =
             store.reserve(&verdict, &pod.uid, &pod.namespace, &pod.name, now);

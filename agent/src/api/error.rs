@@ -154,6 +154,17 @@ impl ApiError {
         )
     }
 
+    /// A reservation of the pod's UID is held for another namespace or name: it is never
+    /// replaced by this one (`detail` names both).
+    pub fn reservation_conflict(detail: String) -> ApiError {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "reservation-conflict",
+            "The pod's UID is reserved under another name",
+            detail,
+        )
+    }
+
     pub fn method_not_allowed() -> ApiError {
         ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,

@@ -331,6 +331,7 @@ pub fn document(nodes: &[NumaNode]) -> Value {
                     "408": problem("The body did not arrive within --body-read-timeout (type body-timeout); the connection is closed"),
             "413": problem("Body larger than 1 MiB, or a pod of more containers (app and init together) than --max-containers (type too-many-containers)"),
             "503": problem("No room in --body-budget for the body within a second (type body-budget-full): retry after the Retry-After header's seconds; or, without numaNodes, no NUMA selection as the kubelet would make it, because it would not start with its settings on this machine (type no-kubelet-selection, GET /v1/kubelet)"),
+                    "409": problem("A real admission of a pod UID reserved for another namespace or name (type reservation-conflict, both named in detail): nothing is reserved or replaced"),
                     "415": problem("Content type is not application/json"),
                     "500": problem("The reservation could not be saved (type state-write-failed, the file and the error named in detail): a disk fault on the node, not a verdict")
                 }

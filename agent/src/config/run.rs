@@ -74,6 +74,7 @@ pub struct RunConfig {
     pub psi: PsiConfig,
     pub reject_under_pressure: bool,
     pub reservation_ttl: std::time::Duration,
+    pub namespace_reservation_limit: crate::admission::reservations::NamespaceLimit,
     pub state_dir: PathBuf,
     /// The agent's overrides of the node's kubelet settings, and where its files are.
     pub kubelet: KubeletFlags,
@@ -164,6 +165,7 @@ impl RunConfig {
             reject_under_pressure: args.psi.reject_under_pressure,
             psi,
             reservation_ttl: args.reservations.ttl()?,
+            namespace_reservation_limit: args.reservations.namespace_limit()?,
             state_dir: args.reservations.state_dir,
             tls,
             allow_unauthenticated_clients: args.api.allow_unauthenticated_clients,

@@ -2,7 +2,11 @@
 //! to a node. What it checks ([`subject`], a plain function):
 //!
 //! * `pods/binding` CREATE: the `Binding`'s `target.name` is the node; the pod (the request's
-//!   `name` in its `namespace`) is read through the Kubernetes API;
+//!   `name` in its `namespace`) is read through the Kubernetes API, and only a pod that exists,
+//!   has the Binding's `metadata.uid` when it carries one, is not bound yet and is not being
+//!   deleted ([`bindable`]) is judged: any other binding is denied (404 or 409, saying why) and
+//!   reserves nothing, whatever the failure policy. What is reserved is the pod's request as the
+//!   API has it, never as the review tells it;
 //! * `pods` CREATE with `spec.nodeName` set (a pod that bypasses the scheduler): the pod is the
 //!   request's object;
 //! * anything else is allowed at once, as is a pod that asks for no hugepages.
@@ -16,6 +20,10 @@
 //! with an admission warning saying why, `fail` denies saying why. A request the webhook cannot
 //! read is denied with code 400 naming what is wrong. A refusal of a node whose streamed state
 //! ([`super::table`]) fits the pod is counted: the table was behind the kernel.
+//!
+//! The webhook cannot tell who sent a review, so every reservation it makes is held until the
+//! API confirms it ([`super::confirm`]): a review the API server never followed with the binding
+//! holds its pages for `--reservation-confirm-within` at most.
 
 use std::{net::SocketAddr, time::SystemTime};
 
@@ -28,6 +36,7 @@ use tracing::{info, warn};
 use super::{
     FailurePolicy,
     ask::{Ask, Heard, ask_all},
+    confirm::{self, MAX_PENDING, Made, Unconfirmed},
     context::Context,
     decide::Judged,
     metrics::Verdict,
@@ -40,10 +49,12 @@ use crate::kube::json::text_or_none;
 /// What a request asks the webhook to judge.
 #[derive(Debug, Clone)]
 pub enum Subject {
-    /// A pod bound to `node` by a `pods/binding`; the pod is read through the API.
+    /// A pod bound to `node` by a `pods/binding`; the pod is read through the API. `uid` is the
+    /// Binding's `metadata.uid` when it carries one (kube-scheduler's binder sets the pod's).
     Binding {
         namespace: String,
         pod: String,
+        uid: Option<String>,
         node: String,
     },
     /// A pod created with `spec.nodeName` already set, as sent.
@@ -59,14 +70,16 @@ impl PartialEq for Subject {
                 Subject::Binding {
                     namespace,
                     pod,
+                    uid,
                     node,
                 },
                 Subject::Binding {
                     namespace: n,
                     pod: p,
+                    uid: u,
                     node: o,
                 },
-            ) => (namespace, pod, node) == (n, p, o),
+            ) => (namespace, pod, uid, node) == (n, p, u, o),
             (Subject::Placed { pod, node }, Subject::Placed { pod: p, node: o }) => {
                 (pod.get(), node) == (p.get(), o)
             }
@@ -92,6 +105,7 @@ struct Object {
 struct Named {
     name: Option<String>,
     namespace: Option<String>,
+    uid: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -106,6 +120,8 @@ struct NamedFields {
     name: Option<String>,
     #[serde(default, deserialize_with = "text_or_none")]
     namespace: Option<String>,
+    #[serde(default, deserialize_with = "text_or_none")]
+    uid: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -132,6 +148,7 @@ impl<'de> Deserialize<'de> for Named {
         or_default(d, |f: NamedFields| Named {
             name: f.name,
             namespace: f.namespace,
+            uid: f.uid,
         })
     }
 }
@@ -178,6 +195,7 @@ pub fn subject(request: &AdmissionRequest) -> Result<Subject, String> {
             Ok(Subject::Binding {
                 namespace,
                 pod,
+                uid: given(binding.metadata.uid),
                 node,
             })
         }
@@ -210,10 +228,18 @@ pub async fn validate(
         Ok(Subject::Binding {
             namespace,
             pod,
+            uid: bound_uid,
             node,
         }) => match read_pod(context, &namespace, &pod).await {
-            Ok(value) => (value, node),
-            Err(why) => return unverified(context, uid, &node, &why),
+            Ok(read) => match bindable(&read, bound_uid.as_deref()) {
+                Ok(()) => match serde_json::value::to_raw_value(&read) {
+                    Ok(value) => (value, node),
+                    Err(e) => return invalid(uid, format!("pod {namespace}/{pod}: {e}")),
+                },
+                Err(refusal) => return refused(uid, &node, refusal),
+            },
+            Err(Unread::Gone(why)) => return refused(uid, &node, Refusal::Gone(why)),
+            Err(Unread::Unreadable(why)) => return unverified(context, uid, &node, &why),
         },
         Err(why) => return invalid(uid, why),
     };
@@ -223,6 +249,12 @@ pub async fn validate(
     };
     if pod.need().is_empty() {
         return allowed(uid, Verdict::NotChecked);
+    }
+    if !dry_run && !context.pending.has_room(&pod.uid) {
+        let why = format!(
+            "{MAX_PENDING} reservations await the API's confirmation (--reservation-confirm-within)"
+        );
+        return unverified(context, uid, &node, &why);
     }
     let target = [context.nodes.candidate(&node).and_then(|c| c.agent)];
     let heard = ask_all(
@@ -242,6 +274,9 @@ pub async fn validate(
         None => return unverified(context, uid, &node, "the agent was not asked"),
     };
     if reply.allowed {
+        if let (false, Some(made), Ok(agent)) = (dry_run, &reply.reservation, &target[0]) {
+            pending(context, &pod, &node, *agent, &made.id).await;
+        }
         info!(pod = %pod.name, node, dry_run, numa_nodes = ?reply.numa_nodes, "binding admitted by the node's agent");
         return allowed(uid, Verdict::Allowed);
     }
@@ -264,6 +299,29 @@ pub async fn validate(
     denied(uid, status, Verdict::Denied)
 }
 
+/// Holds the reservation `id` the agent at `agent` made for `pod` on `node` until the API
+/// confirms it ([`super::confirm`]); the pod's reservation on another node is released at once.
+async fn pending(context: &Context, pod: &PodRequest, node: &str, agent: SocketAddr, id: &str) {
+    let meta = &pod.pod.metadata;
+    let made = Made {
+        uid: pod.uid.clone(),
+        namespace: meta.namespace.clone(),
+        name: meta.name.clone(),
+        node: node.to_owned(),
+        agent,
+        id: id.to_owned(),
+    };
+    if let Some(earlier) = context.pending.record(made, tokio::time::Instant::now()) {
+        confirm::release(
+            &context.client,
+            &context.metrics,
+            &earlier,
+            Unconfirmed::Moved,
+        )
+        .await;
+    }
+}
+
 /// Whether the table has a fresh state of `node` (its agent at `addr`) that `pod` fits.
 fn table_fits(context: &Context, node: &str, addr: Option<&SocketAddr>, pod: &PodRequest) -> bool {
     let (Some(table), Some(addr)) = (context.table.as_ref(), addr) else {
@@ -277,14 +335,88 @@ fn table_fits(context: &Context, node: &str, addr: Option<&SocketAddr>, pod: &Po
     })
 }
 
-/// The pod `namespace/name`, read through the API, as JSON text.
-async fn read_pod(context: &Context, namespace: &str, name: &str) -> Result<Box<RawValue>, String> {
+/// Why a bound pod was not read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Unread {
+    /// The API says there is no such pod.
+    Gone(String),
+    /// The API could not be asked, or did not answer: the failure policy decides.
+    Unreadable(String),
+}
+
+/// Why a binding reserves nothing, whatever the failure policy: the API's pod is not the one a
+/// binding may place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No pod of that name.
+    Gone(String),
+    /// The pod of that name has another UID than the Binding's.
+    OtherUid { bound: String, api: String },
+    /// The pod is already bound to `node`.
+    Bound { node: String },
+    /// The pod is being deleted.
+    Terminating,
+}
+
+/// Whether the API's `pod` may be bound by a Binding carrying `bound_uid`:
+/// it is the Binding's pod (same UID when the Binding names one), not yet bound and not being
+/// deleted.
+pub fn bindable(pod: &Pod, bound_uid: Option<&str>) -> Result<(), Refusal> {
+    let api_uid = pod.metadata.uid.clone().unwrap_or_default();
+    if let Some(bound) = bound_uid
+        && bound != api_uid
+    {
+        return Err(Refusal::OtherUid {
+            bound: bound.to_owned(),
+            api: api_uid,
+        });
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Err(Refusal::Terminating);
+    }
+    match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+        Some(node) if !node.is_empty() => Err(Refusal::Bound {
+            node: node.to_owned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The pod `namespace/name`, read through the API.
+async fn read_pod(context: &Context, namespace: &str, name: &str) -> Result<Pod, Unread> {
     let pods: Api<Pod> = Api::namespaced(context.kube.clone(), namespace);
-    let pod = pods
-        .get(name)
-        .await
-        .map_err(|e| format!("pod {namespace}/{name} cannot be read through the API: {e}"))?;
-    serde_json::value::to_raw_value(&pod).map_err(|e| format!("pod {namespace}/{name}: {e}"))
+    pods.get(name).await.map_err(|e| match e {
+        kube::Error::Api(status) if status.code == 404 => {
+            Unread::Gone(format!("pod {namespace}/{name} does not exist in the API"))
+        }
+        e => Unread::Unreadable(format!(
+            "pod {namespace}/{name} cannot be read through the API: {e}"
+        )),
+    })
+}
+
+/// A binding the API's pod does not allow: denied (code 409, or 404 for a pod that does not
+/// exist) whatever the failure policy, nothing reserved.
+fn refused(uid: String, node: &str, refusal: Refusal) -> (AdmissionResponse, Verdict) {
+    let (code, message) = match refusal {
+        Refusal::Gone(why) => (404, why),
+        Refusal::OtherUid { bound, api } => (
+            409,
+            format!("the Binding's metadata.uid {bound} is not the pod's UID in the API ({api})"),
+        ),
+        Refusal::Bound { node: on } => (409, format!("the pod is already bound to node {on}")),
+        Refusal::Terminating => (
+            409,
+            "the pod is being deleted (metadata.deletionTimestamp is set)".to_owned(),
+        ),
+    };
+    info!(node, code, "binding denied: {message}");
+    let status = Status {
+        code,
+        reason: "BindingNotAllowed".to_owned(),
+        message: format!("hugepage-agent webhook: binding to node {node} refused: {message}"),
+    };
+    denied(uid, status, Verdict::Invalid)
 }
 
 fn allowed(uid: String, verdict: Verdict) -> (AdmissionResponse, Verdict) {

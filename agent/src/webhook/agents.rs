@@ -1,6 +1,8 @@
 //! The webhook's calls to the node agents, one function with the query as its parameter
 //! ([`Client::admit`]): `POST /v1/admit?dryRun=true` for the extender (and for admission
-//! requests that are dry runs), `POST /v1/admit`, which reserves, for the admission webhook.
+//! requests that are dry runs), `POST /v1/admit`, which reserves, for the admission webhook;
+//! and `DELETE /v1/reservations/{id}` ([`Client::release`]) for a reservation the API did not
+//! confirm ([`super::confirm`]).
 //!
 //! Connections are kept alive and reused by agent address ([`super::pool`]); a connection that
 //! failed or that the agent closed is closed, never parked again. A dial may take up to
@@ -48,6 +50,7 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most an agent's answer may be.
 pub const ANSWER_LIMIT: usize = 1 << 20;
 const ADMIT: &str = "/v1/admit";
+const RESERVATIONS: &str = "/v1/reservations";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -77,6 +80,15 @@ pub struct Reply {
     pub numa_nodes: Vec<u32>,
     #[serde(default)]
     pub checks: Vec<CheckReply>,
+    /// The reservation a real admission made.
+    #[serde(default)]
+    pub reservation: Option<ReservationReply>,
+}
+
+/// The reservation of a verdict: its id, for `DELETE /v1/reservations/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ReservationReply {
+    pub id: String,
 }
 
 /// One page size's check in a verdict.
@@ -164,6 +176,35 @@ impl Client {
         result
     }
 
+    /// `DELETE /v1/reservations/{id}` on the agent at `addr`: the reservation released, or
+    /// already gone (404). An id of anything but ASCII letters, digits and `-` (agents make
+    /// `<micros>-<n>`) is not sent.
+    pub async fn release(&self, addr: SocketAddr, id: &str) -> Result<(), CallError> {
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return Err(CallError::Answer {
+                addr,
+                detail: format!("reservation id {id:?} is not an agent's"),
+            });
+        }
+        let target = format!("{RESERVATIONS}/{id}");
+        let post = Post {
+            method: "DELETE",
+            target: &target,
+            host: SERVER_NAME,
+            headers: &[],
+            body: &[],
+        };
+        let answer = self.send(addr, &post).await?;
+        match answer.status {
+            200..=299 | 404 => Ok(()),
+            status => Err(CallError::Status {
+                addr,
+                status,
+                detail: problem_detail(&answer.body),
+            }),
+        }
+    }
+
     /// The pool of the client config in use (a new one after a reload).
     fn pool(&self) -> Arc<Pool> {
         let config = self.config.load_full();
@@ -203,6 +244,7 @@ impl Client {
             .map(|(name, value)| (name.as_str(), value.as_bytes()))
             .collect();
         let post = Post {
+            method: "POST",
             target,
             host: SERVER_NAME,
             headers: &headers,

@@ -151,6 +151,11 @@ impl NodeCache {
         }
     }
 
+    /// How many Nodes the cache holds.
+    pub fn count(&self) -> usize {
+        self.read().len()
+    }
+
     /// A number that changes whenever a Node's agent address does (a Node added or gone too).
     pub fn agents_moved(&self) -> u64 {
         self.agents_moved.load(Ordering::Relaxed)

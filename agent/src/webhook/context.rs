@@ -1,11 +1,15 @@
 //! What every call of the webhook needs besides its arguments: the agents' client, the failure
 //! policy and deadline, the metrics, the Node cache, the Kubernetes API client (for the pod of a
 //! binding), what request bodies may take (the budget, the extender's limit), the scheduler
-//! pods are given, and the table the agents' streams keep.
+//! pods are given, the table the agents' streams keep, and the reservations awaiting
+//! confirmation.
 
 use std::{sync::Arc, time::Duration};
 
-use super::{FailurePolicy, agents::Client, cache::NodeCache, metrics::Metrics, table::Table};
+use super::{
+    FailurePolicy, agents::Client, cache::NodeCache, confirm::Pending, metrics::Metrics,
+    table::Table,
+};
 use crate::api::budget::BodyBudget;
 
 #[derive(Clone)]
@@ -25,6 +29,8 @@ pub struct Context {
     pub scheduler_name: std::sync::Arc<str>,
     /// The agents' streamed states (`--agent-streams`).
     pub table: Option<Arc<Table>>,
+    /// The reservations bindings made, awaiting the API's confirmation.
+    pub pending: Arc<Pending>,
 }
 
 impl std::fmt::Debug for Context {

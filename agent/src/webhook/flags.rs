@@ -104,6 +104,17 @@ pub struct WebhookArgs {
         value_name = "DURATION"
     )]
     pub stream_fresh_within: String,
+    /// How long a reservation a binding made may go unconfirmed by the API (its pod of that
+    /// UID bound to that node) before the webhook releases it on the agent; above the time the
+    /// API server takes from the validating webhook to the binding's write (milliseconds), and
+    /// below the agents' --reservation-ttl (30s).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_RESERVATION_CONFIRM_WITHIN",
+        default_value = "10s",
+        value_name = "DURATION"
+    )]
+    pub reservation_confirm_within: String,
     /// kubeconfig of the Kubernetes API (its current context); without it, the in-cluster
     /// configuration of the pod the webhook runs in.
     #[arg(long, env = "HUGEPAGE_AGENT_KUBECONFIG", value_name = "PATH")]
@@ -123,6 +134,7 @@ pub struct Read {
     pub scheduler_name: String,
     /// `--stream-fresh-within`, when `--agent-streams` is true.
     pub streams: Option<std::time::Duration>,
+    pub reservation_confirm_within: std::time::Duration,
 }
 
 impl WebhookArgs {
@@ -162,6 +174,11 @@ impl WebhookArgs {
                     )
                 })
                 .transpose()?,
+            reservation_confirm_within: duration(
+                "--reservation-confirm-within",
+                &self.reservation_confirm_within,
+                above_zero,
+            )?,
         })
     }
 }

@@ -49,9 +49,11 @@ pub enum Http1Error {
     Truncated { got: usize, length: usize },
 }
 
-/// A request: `POST` of a JSON body.
+/// A request: `POST` of a JSON body (or a `DELETE`, its body empty).
 #[derive(Debug)]
 pub struct Post<'a> {
+    /// `POST` or `DELETE`.
+    pub method: &'a str,
     /// The path and query (`/v1/admit?dryRun=true`).
     pub target: &'a str,
     /// The `Host` header's value.
@@ -89,7 +91,8 @@ where
 /// The request's bytes: head and body, for one write.
 fn request(post: &Post<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(256 + post.body.len());
-    out.extend_from_slice(b"POST ");
+    out.extend_from_slice(post.method.as_bytes());
+    out.push(b' ');
     out.extend_from_slice(post.target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(post.host.as_bytes());

@@ -4,7 +4,8 @@
 //! judged, the Node cache's size and watch errors, the nodes kept (fail-open) or filtered out (fail-closed) because their agent did not answer, and the
 //! latency of the agent calls that completed (a call abandoned at the deadline is counted as a
 //! node without an answer, not timed); the agents' streams (fresh and stale, ended), the
-//! candidates judged from their table and the bindings that table had wrong; the reloads of its
+//! candidates judged from their table and the bindings that table had wrong; the reservations
+//! released unconfirmed ([`super::confirm`]); the reloads of its
 //! TLS files, served and agent client ones; its listener's connections and what its limits cut; and the trace exporter's spans
 //! exported and dropped. Every series exists from the start
 //! at zero; no label carries a pod or a node.
@@ -17,7 +18,11 @@ use std::{
     time::Duration,
 };
 
-use super::{FailurePolicy, mutate::Judged};
+use super::{
+    FailurePolicy,
+    confirm::{UNCONFIRMED, Unconfirmed},
+    mutate::Judged,
+};
 use crate::{
     telemetry::{
         connections::{self, ConnectionStats},
@@ -111,6 +116,8 @@ pub struct Metrics {
     table_answers: AtomicU64,
     /// Bindings the agent refused while the table had the node fit.
     table_disagreements: AtomicU64,
+    /// Reservations released unconfirmed, per [`UNCONFIRMED`].
+    unconfirmed: [AtomicU64; UNCONFIRMED.len()],
     /// The served files' reloads (`--tls-cert-file`, `--tls-private-key-file`).
     pub tls: Arc<TlsStats>,
     /// The agent client files' reloads (`--agent-ca-file`, `--agent-client-*-file`).
@@ -145,6 +152,7 @@ impl Metrics {
             stream_ends: AtomicU64::new(0),
             table_answers: AtomicU64::new(0),
             table_disagreements: AtomicU64::new(0),
+            unconfirmed: Default::default(),
             tls: Arc::default(),
             agent_tls: Arc::default(),
             connections: Arc::default(),
@@ -223,6 +231,11 @@ impl Metrics {
     /// A binding the agent refused while the table had its node fit.
     pub fn table_disagreement(&self) {
         self.table_disagreements.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A reservation released because the API did not confirm it, and why.
+    pub fn unconfirmed(&self, why: Unconfirmed) {
+        self.unconfirmed[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The exposition.
@@ -324,6 +337,15 @@ impl Metrics {
             &[],
             self.table_disagreements.load(Ordering::Relaxed) as f64,
         );
+        const UNCONFIRMED_TOTAL: &str = "hugepage_agent_webhook_unconfirmed_reservations_total";
+        e.family(UNCONFIRMED_TOTAL, Kind::Counter, "Reservations a binding made that the API did not confirm within --reservation-confirm-within, released on the agent, by reason: not_bound (the pod is not bound), bound_elsewhere (bound to another node), gone (no such pod), uid_changed (the name is another pod now), unreadable (the pod could not be read), moved (the same pod reserved on another node since: released at once).");
+        for (reason, n) in UNCONFIRMED.iter().zip(&self.unconfirmed) {
+            e.sample(
+                UNCONFIRMED_TOTAL,
+                &[("reason", reason)],
+                n.load(Ordering::Relaxed) as f64,
+            );
+        }
         const RELOADS: &str = "hugepage_agent_webhook_tls_reloads_total";
         e.family(RELOADS, Kind::Counter, "Changed TLS files, served or the agent client's: loaded (reloaded), or refused and the previous material kept (rejected).");
         for (files, stats) in [("serving", &self.tls), ("agent_client", &self.agent_tls)] {

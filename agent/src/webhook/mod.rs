@@ -27,6 +27,7 @@ pub mod agent_tls;
 pub mod agents;
 pub mod ask;
 pub mod cache;
+pub mod confirm;
 pub mod context;
 pub mod decide;
 pub mod dial;
@@ -110,6 +111,9 @@ pub struct Settings {
     /// The bound of a streamed state's freshness (`--stream-fresh-within`); `None`: no streams
     /// (`--agent-streams false`).
     pub streams: Option<Duration>,
+    /// How long a binding's reservation may go unconfirmed by the API
+    /// (`--reservation-confirm-within`).
+    pub reservation_confirm_within: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -175,8 +179,17 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
         );
         tokio::spawn(run)
     });
+    let pending = Arc::new(confirm::Pending::new(settings.reservation_confirm_within));
+    let confirming = tokio::spawn(confirm::run(
+        pending.clone(),
+        kube.clone(),
+        client.clone(),
+        metrics.clone(),
+        stopped.clone(),
+    ));
     let connections = Arc::clone(&metrics.connections);
     let context = routes::Context {
+        pending,
         table,
         client,
         policy: settings.failure_policy,
@@ -224,6 +237,9 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
         if let Err(err) = watcher.await {
             warn!("a TLS file watcher failed: {err}");
         }
+    }
+    if let Err(err) = confirming.await {
+        warn!("the confirmation of reservations failed: {err}");
     }
     if let Err(err) = node_watch.await {
         warn!("the Node watch failed: {err}");

@@ -1,11 +1,10 @@
 //! What the webhook reads of a `Node` object: its name, where its agent listens (the first
 //! address of type `InternalIP` in `status.addresses`, with `--agent-port`), and its allocatable
-//! hugepages per page size (`status.allocatable`, as the kubelet reports its pools). Nothing else
-//! of the object is read. The same reading serves both forms of `ExtenderArgs`: a `Node` the
-//! scheduler sent (JSON, read as a `v1.Node`) and one from the webhook's cache
-//! ([`super::cache`]). A field that is missing or of another shape is said so, never guessed.
-//! A Node the scheduler sent is read from its text: its name alone first, then the whole object,
-//! each object's values freed before the next is read.
+//! hugepages per page size (`status.allocatable`, as the kubelet reports its pools), read from
+//! the Nodes of the webhook's cache ([`super::cache`]), which the API server's watch fills.
+//! Nothing else of the object is read. A field that is missing or of another shape is said so,
+//! never guessed. Of a Node a caller sent (the `nodes` form of `ExtenderArgs`) only its name is
+//! read ([`name_of`]): its addresses are the caller's to write, never dialled.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -47,19 +46,6 @@ struct Metadata {
 pub fn name_of(object: &RawValue) -> Option<String> {
     let named: Named = serde_json::from_str(object.get()).ok()?;
     named.metadata?.name.filter(|n| !n.is_empty())
-}
-
-/// Reads `nodes.items[index]` as the scheduler sent it; the agent listens on `port`.
-pub fn candidate(index: usize, node: &RawValue, port: u16) -> Result<Candidate, NodeError> {
-    let name = name_of(node).ok_or(NodeError::NoName { index })?;
-    Ok(match serde_json::from_str::<Node>(node.get()) {
-        Ok(typed) => of_node(name, &typed, port),
-        Err(e) => Candidate {
-            name,
-            agent: Err(format!("the Node object is not a v1.Node: {e}")),
-            allocatable: None,
-        },
-    })
 }
 
 /// The candidate `name` is, from its `Node`; the agent listens on `port`.

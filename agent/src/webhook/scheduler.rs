@@ -3,11 +3,14 @@
 //! agents of the others ([`super::ask`]) and decide ([`super::decide`]).
 //!
 //! Both forms are served, each answered in its own: `nodes` (whole `Node` objects, the
-//! scheduler's `nodeCacheCapable: false`) read by [`super::node`] with no API call, and
-//! `nodenames` (`nodeCacheCapable: true`, the shipped configuration) looked up in the
-//! [`NodeCache`]; a name the cache does not hold is failed with a message saying so.
+//! scheduler's `nodeCacheCapable: false`) and `nodenames` (`nodeCacheCapable: true`, the shipped
+//! configuration). Either way each node is looked up by name in the [`NodeCache`], which the API
+//! server's watch fills: nothing else of a `Node` the caller sent is read, so no address a caller
+//! wrote is ever dialled. The `nodes` form's names are deduplicated, and a call naming more
+//! distinct nodes than the cache holds is failed. A name the cache does not hold is failed with a
+//! message saying so.
 
-use std::time::SystemTime;
+use std::{collections::HashSet, time::SystemTime};
 
 use tracing::{debug, warn};
 
@@ -17,7 +20,7 @@ use super::{
     context::Context,
     decide::{self, Judged},
     extender::{ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList},
-    node::{self, Candidate},
+    node::{self, Candidate, NodeError},
     pod::{self, PodRequest},
     table,
 };
@@ -42,15 +45,15 @@ pub async fn filter(context: &Context, args: ExtenderArgs) -> ExtenderFilterResu
             node_names: Some(names),
             ..ExtenderFilterResult::default()
         },
-        (Some(list), _) => match from_objects(&list, context.client.port()) {
-            Ok(looked) => {
+        (Some(list), _) => match from_objects(&context.nodes, &list) {
+            Ok((named, looked)) => {
                 let sorted = sort(context, &pod, &looked).await;
-                let mut keep = vec![false; list.items.len()];
-                for i in &sorted.kept {
-                    if let Some(k) = keep.get_mut(*i) {
-                        *k = true;
-                    }
-                }
+                let kept: HashSet<&str> = sorted
+                    .kept
+                    .iter()
+                    .filter_map(|i| looked.get(*i).map(|(name, _)| name.as_str()))
+                    .collect();
+                let keep: Vec<bool> = named.iter().map(|n| kept.contains(n.as_str())).collect();
                 let items = list
                     .items
                     .into_iter()
@@ -107,7 +110,8 @@ pub async fn prioritize(
 ) -> Result<Vec<HostPriority>, String> {
     let pod = pod::read(args.pod.as_deref()).map_err(|e| e.to_string())?;
     let looked = match (args.nodes, args.node_names) {
-        (Some(list), _) => from_objects(&list, context.client.port())?,
+        (Some(list), _) if pod.need().is_empty() => return Ok(unscored(names_of(&list)?)),
+        (Some(list), _) => from_objects(&context.nodes, &list)?.1,
         (None, Some(names)) if pod.need().is_empty() => return Ok(unscored(names)),
         (None, Some(names)) => from_cache(&context.nodes, names),
         (None, None) => return Err(NO_NODES.to_owned()),
@@ -134,17 +138,41 @@ fn unscored(hosts: impl IntoIterator<Item = String>) -> Vec<HostPriority> {
         .collect()
 }
 
-/// The `nodes` form's candidates, read from the objects sent; a Node without a name fails the
-/// call.
-fn from_objects(list: &NodeList, port: u16) -> Result<Vec<Looked>, String> {
+/// The `nodes` form: each item's name, and the candidates of the distinct names, from the
+/// cache (nothing else of the objects sent is read). A Node without a name fails the call, as
+/// does a list of more distinct names than the cache holds.
+fn from_objects(cache: &NodeCache, list: &NodeList) -> Result<(Vec<String>, Vec<Looked>), String> {
+    let named = names_of(list)?;
+    let distinct = distinct(&named, cache.count())?;
+    Ok((named, from_cache(cache, distinct)))
+}
+
+/// The name of each Node of `list`; a Node without one fails the call.
+fn names_of(list: &NodeList) -> Result<Vec<String>, String> {
     list.items
         .iter()
         .enumerate()
-        .map(|(i, item)| {
-            let c = node::candidate(i, item, port).map_err(|e| e.to_string())?;
-            Ok((c.name.clone(), Ok(c)))
-        })
-        .collect()
+        .map(|(index, item)| node::name_of(item).ok_or(NodeError::NoName { index }))
+        .collect::<Result<Vec<String>, NodeError>>()
+        .map_err(|e| e.to_string())
+}
+
+/// `names` without repeats, in their first order; more than `bound` distinct names is an error
+/// saying so.
+pub fn distinct(names: &[String], bound: usize) -> Result<Vec<String>, String> {
+    let mut seen = HashSet::new();
+    let mut distinct = Vec::new();
+    for name in names {
+        if seen.insert(name.as_str()) {
+            if distinct.len() == bound {
+                return Err(format!(
+                    "nodes.items names more distinct nodes than the {bound} the webhook's Node cache holds"
+                ));
+            }
+            distinct.push(name.clone());
+        }
+    }
+    Ok(distinct)
 }
 
 /// The `nodenames` form's candidates, from the cache.
@@ -221,3 +249,6 @@ async fn judge_all(context: &Context, pod: &PodRequest, looked: &[Looked]) -> Ve
     debug!(pod = %pod.name, judged = ?judged, "candidates judged");
     judged
 }
+
+#[cfg(test)]
+mod tests;

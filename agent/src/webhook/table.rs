@@ -261,6 +261,7 @@ pub fn judge(streamed: &Streamed, pod: &PodRequest, now: SystemTime) -> Option<J
                 available_bytes: c.available_bytes,
             })
             .collect(),
+        reservation: None,
     };
     Some(super::decide::judge(super::ask::Heard::Answer(reply)))
 }

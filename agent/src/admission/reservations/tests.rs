@@ -342,3 +342,70 @@ fn taking_back_a_reservation_already_replaced_changes_nothing() {
     assert_eq!(kept, std::slice::from_ref(&third.id));
     assert_ne!(first.id, third.id);
 }
+
+#[test]
+fn a_uid_reserved_under_one_name_is_held_against_any_other_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    saved(&mut store, &verdict(&[0], 2 * GI, 8 * GI), POD_A);
+    assert_eq!(store.other_owner(POD_A, "batch", "job"), None);
+    assert_eq!(store.other_owner(POD_B, "other", "thief"), None);
+    let held = store
+        .other_owner(POD_A, "other", "job")
+        .expect("another namespace");
+    assert_eq!(
+        (held.namespace.as_str(), held.name.as_str()),
+        ("batch", "job")
+    );
+    assert!(store.other_owner(POD_A, "batch", "thief").is_some());
+}
+
+#[test]
+fn a_namespace_is_held_to_its_limit_with_its_pod_s_own_reservation_replaced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    store.limit_namespaces(NamespaceLimit::Bytes(3 * GI));
+    saved(&mut store, &verdict(&[0], 2 * GI, 8 * GI), POD_A);
+    let pool = |_| 8 * GI;
+    let two = verdict(&[1], 2 * GI, 8 * GI);
+    let why = store
+        .over_namespace_limit(&two, "batch", POD_B, pool, t0())
+        .expect("past 3 GiB");
+    assert_eq!(
+        why,
+        format!(
+            "namespace batch would hold {} bytes of hugepages-2Mi reserved on this node, over its --namespace-reservation-limit of {} (2147483648 reserved for its other pods, 2147483648 requested)",
+            4 * GI,
+            3 * GI
+        )
+    );
+    // The pod itself again: its reservation is replaced, not added to.
+    let three = verdict(&[0], 3 * GI, 8 * GI);
+    assert_eq!(
+        store.over_namespace_limit(&three, "batch", POD_A, pool, t0()),
+        None
+    );
+    // Another namespace; or after the reservation expired.
+    assert_eq!(
+        store.over_namespace_limit(&two, "other", POD_B, pool, t0()),
+        None
+    );
+    let later = t0() + Duration::from_secs(31);
+    assert_eq!(
+        store.over_namespace_limit(&two, "batch", POD_B, pool, later),
+        None
+    );
+    // A percentage of the node's pool of the size.
+    store.limit_namespaces(NamespaceLimit::Percent(50));
+    assert!(
+        store
+            .over_namespace_limit(&two, "batch", POD_B, pool, t0())
+            .is_none()
+    );
+    assert!(
+        store
+            .over_namespace_limit(&two, "batch", POD_B, |_| 6 * GI, t0())
+            .is_some()
+    );
+    assert_eq!(NamespaceLimit::Percent(100).of(u64::MAX), u64::MAX);
+}

@@ -47,6 +47,7 @@ fn a_binding_names_the_pod_and_the_node() {
         Ok(Subject::Binding {
             namespace: "telco".to_owned(),
             pod: "dpdk-0".to_owned(),
+            uid: Some("5d0c8ba2-3b1f-4f7a-9f35-6c1d2e3f4a5b".to_owned()),
             node: "worker-1".to_owned()
         })
     );
@@ -107,5 +108,43 @@ fn other_resources_pass() {
     assert_eq!(
         subject(&r),
         Ok(Subject::Pass("not the creation of a pod or of its binding"))
+    );
+}
+
+/// The pod the API has: UID `uid`, bound to `node` when given, being deleted when `deleting`.
+fn api_pod(uid: &str, node: Option<&str>, deleting: bool) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": "dpdk-0", "namespace": "telco", "uid": uid,
+            "deletionTimestamp": deleting.then_some("2026-11-28T15:00:00Z")
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "c"}]}
+    }))
+    .expect("a pod")
+}
+
+#[test]
+fn only_the_binding_s_own_pod_unbound_and_not_terminating_may_be_bound() {
+    const UID: &str = "5d0c8ba2-3b1f-4f7a-9f35-6c1d2e3f4a5b";
+    let pending = api_pod(UID, None, false);
+    assert_eq!(bindable(&pending, Some(UID),), Ok(()));
+    assert_eq!(bindable(&pending, None), Ok(()));
+    assert_eq!(
+        bindable(&pending, Some("other")),
+        Err(Refusal::OtherUid {
+            bound: "other".to_owned(),
+            api: UID.to_owned()
+        })
+    );
+    assert_eq!(
+        bindable(&api_pod(UID, Some("worker-2"), false), Some(UID)),
+        Err(Refusal::Bound {
+            node: "worker-2".to_owned()
+        })
+    );
+    assert_eq!(bindable(&api_pod(UID, Some(""), false), Some(UID)), Ok(()));
+    assert_eq!(
+        bindable(&api_pod(UID, None, true), Some(UID)),
+        Err(Refusal::Terminating)
     );
 }

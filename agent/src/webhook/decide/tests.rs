@@ -21,6 +21,7 @@ fn fits(nodes: &[u32], checks: &[(u64, u64)]) -> Judged {
                 available_bytes,
             })
             .collect(),
+        reservation: None,
     })
 }
 
@@ -115,6 +116,7 @@ fn a_refusal_without_a_message_names_its_reason() {
         message: None,
         numa_nodes: vec![],
         checks: vec![],
+        reservation: None,
     };
     assert_eq!(
         judge(Heard::Answer(reply)),

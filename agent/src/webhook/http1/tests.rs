@@ -3,6 +3,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, duplex};
 use super::*;
 
 const POST: Post<'static> = Post {
+    method: "POST",
     target: "/v1/admit?dryRun=true",
     host: "hugepage-agent",
     headers: &[(

@@ -8,6 +8,13 @@ fn raw(value: &serde_json::Value) -> Box<RawValue> {
     serde_json::value::to_raw_value(value).expect("JSON")
 }
 
+/// The candidate the cache keeps of the Node `value`, its agent on `port`.
+fn candidate(value: &serde_json::Value, port: u16) -> Candidate {
+    let name = name_of(&raw(value)).expect("a name");
+    let node: Node = serde_json::from_value(value.clone()).expect("a v1.Node");
+    of_node(name, &node, port)
+}
+
 #[test]
 fn the_agent_is_at_the_first_internal_ip_and_allocatable_hugepages_are_read() {
     let node = json!({
@@ -21,7 +28,7 @@ fn the_agent_is_at_the_first_internal_ip_and_allocatable_hugepages_are_read() {
             "allocatable": {"cpu": "4", "memory": "16Gi", "hugepages-2Mi": "4Gi", "hugepages-1Gi": "0"}
         }
     });
-    let c = candidate(0, &raw(&node), 9820).expect("a candidate");
+    let c = candidate(&node, 9820);
     assert_eq!(c.name, "worker-1");
     assert_eq!(c.agent, Ok("10.0.0.7:9820".parse().expect("address")));
     assert_eq!(
@@ -33,32 +40,19 @@ fn the_agent_is_at_the_first_internal_ip_and_allocatable_hugepages_are_read() {
 #[test]
 fn a_node_without_an_internal_ip_or_allocatable_says_so_and_one_without_a_name_is_refused() {
     let node = json!({"metadata": {"name": "n"}, "status": {"addresses": [{"type": "ExternalIP", "address": "1.2.3.4"}]}});
-    let c = candidate(0, &raw(&node), 9820).expect("a candidate");
+    let c = candidate(&node, 9820);
     assert_eq!(
         c.agent,
         Err("the Node has no InternalIP in status.addresses".to_owned())
     );
     assert_eq!(c.allocatable, None);
     let node = json!({"metadata": {"name": "n"}, "status": {"addresses": [{"type": "InternalIP", "address": "node-1"}]}});
-    let c = candidate(0, &raw(&node), 9820).expect("a candidate");
+    let c = candidate(&node, 9820);
     assert_eq!(
         c.agent,
         Err("the Node's InternalIP \"node-1\" is not an IP address".to_owned())
     );
-    assert_eq!(
-        candidate(3, &raw(&json!({"metadata": {}})), 9820),
-        Err(NodeError::NoName { index: 3 })
-    );
-}
-
-#[test]
-fn an_object_that_is_not_a_node_is_a_candidate_without_an_agent_saying_why() {
-    let node = json!({"metadata": {"name": "n"}, "kind": "Pod", "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.7"}]}});
-    let c = candidate(0, &raw(&node), 9820).expect("a candidate");
-    let why = c.agent.expect_err("no agent for a Pod");
-    assert!(
-        why.starts_with("the Node object is not a v1.Node: invalid value: string \"Pod\""),
-        "{why}"
-    );
-    assert_eq!(c.allocatable, None);
+    assert_eq!(name_of(&raw(&json!({"metadata": {}}))), None);
+    assert_eq!(name_of(&raw(&json!({"metadata": {"name": ""}}))), None);
+    assert_eq!(name_of(&raw(&json!([]))), None);
 }
