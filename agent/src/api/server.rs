@@ -673,7 +673,7 @@ async fn serve_connection(
         .1
         .peer_certificates()
         .and_then(|chain| chain.first())
-        .map(|leaf| ClientNames::of(leaf));
+        .map(ClientNames::of);
     if let (Some(names), Some(required)) = (&caller, &serving.callers.required)
         && !names.any_of(required)
     {
@@ -946,8 +946,18 @@ where
         _ = stop.wait_for(|stopped| *stopped) => None,
     };
     connection.as_mut().graceful_shutdown();
-    connection.await.map(|()| cut)
+    if cut.is_none() {
+        return connection.await.map(|()| None);
+    }
+    // Idle: nothing in flight; a peer that does not read the GOAWAY is not waited for.
+    match tokio::time::timeout(IDLE_CLOSE_GRACE, connection).await {
+        Ok(ended) => ended.map(|()| cut),
+        Err(_) => Ok(cut),
+    }
 }
+
+/// How long an idle connection told to close may take to close before it is dropped.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests;
