@@ -909,11 +909,13 @@ fn admission_passes_what_is_not_its_business_and_follows_the_failure_policy_when
         "a3000000-0000-4000-8000-00000000000a",
         Some("2Gi"),
     );
-    let response = validate(&c.pki, &closed, &binding_review(&missing, "roomy", false));
+    // A pod the API does not have is denied whatever the policy: nothing to reserve for.
+    let response = validate(&c.pki, &open, &binding_review(&missing, "roomy", false));
+    assert_eq!(response["status"]["code"], 404, "{response}");
     assert!(
-        response["status"]["message"].as_str().is_some_and(|m| m
-            .contains("pod telco/missing cannot be read through the API")
-            && m.contains("not found")),
+        response["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("pod telco/missing does not exist in the API")),
         "{response}"
     );
     let response = validate(&c.pki, &open, &binding_review(&job, "ghost", false));
