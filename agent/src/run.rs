@@ -93,18 +93,15 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
     let (writer, map) = sysfs::settled(|| MapWriter::new(config.host.clone(), Source::Sysfs))?;
     let refresher = Refresher::new(writer);
     let metrics = Arc::new(Metrics::for_host(&refresher.current(), traces));
-    let (tls, reloader) = match &config.tls {
-        Some(files) => {
-            let (tls, reloader) = tls::load(files, tls::Alpn::Http1, metrics.tls.clone())?;
-            (Some(tls), Some(reloader))
-        }
-        None => (None, None),
-    };
+    let (tls, reloader) = (config.tls.as_ref())
+        .map(|files| tls::load(files, tls::Alpn::Http1, metrics.tls.clone()))
+        .transpose()?
+        .unzip();
     let readiness = Readiness::default();
     let faults = FaultBook::default();
-    let mut store = Store::restore(&config.state_dir, config.reservation_ttl)
-        .map_err(|e| RunError::State(format!("--state-dir: {e}")))?;
-    store.limit_namespaces(config.namespace_reservation_limit);
+    let store = Store::restore(&config.state_dir, config.reservation_ttl)
+        .map_err(|e| RunError::State(format!("--state-dir: {e}")))?
+        .limit_namespaces(config.namespace_reservation_limit);
     let reservations = Arc::new(Mutex::new(store));
     let (mut psi_monitor, psi_reader) = Monitor::new(config.host.clone(), config.psi);
     psi_monitor.evaluate(std::time::SystemTime::now());
@@ -158,12 +155,8 @@ async fn run_async(config: &RunConfig, traces: Arc<ExportStats>) -> Result<(), R
     let psi_task = tokio::spawn(psi_monitor.run(stopped.clone()));
     let tls_task = reloader.map(|r| tokio::spawn(r.watch(stopped.clone())));
     let (api_stats, book) = (metrics.api_connections.clone(), state.held.book.clone());
-    let writers = Callers {
-        required: None,
-        writers: Some(config.admit_client_names.clone().into()),
-    };
     let api = Serving::new(api::router(state.clone()), tls, config.limits, api_stats)
-        .with_callers(writers);
+        .with_callers(Callers::writers(config.admit_client_names.clone()));
     let mut server = Server::start(bound, config.api_threads, api, stopped.clone())?;
     if let Some(bound) = metrics_bound {
         let stats = metrics.metrics_connections.clone();

@@ -282,8 +282,9 @@ impl Store {
     }
 
     /// Limits what one namespace may hold reserved to `limit`.
-    pub fn limit_namespaces(&mut self, limit: NamespaceLimit) {
+    pub fn limit_namespaces(mut self, limit: NamespaceLimit) -> Store {
         self.namespace_limit = limit;
+        self
     }
 
     /// Why reserving what `verdict` admitted for pod `pod_uid` of `namespace` at `now` would

@@ -234,6 +234,16 @@ pub struct Callers {
     pub writers: Option<AllowedNames>,
 }
 
+impl Callers {
+    /// Any certificate of the client CA is served; only one named in `names` changes state.
+    pub fn writers(names: impl Into<AllowedNames>) -> Callers {
+        Callers {
+            required: None,
+            writers: Some(names.into()),
+        }
+    }
+}
+
 /// Who sent a request, by its connection's client certificate: in every request's extensions
 /// when the listener asks for client certificates.
 #[derive(Debug, Clone)]

@@ -36,10 +36,10 @@ use tracing::{info, warn};
 use super::{
     FailurePolicy,
     ask::{Ask, Heard, ask_all},
-    confirm::{self, MAX_PENDING, Made, Unconfirmed},
+    confirm::{self, MAX_PENDING, Made},
     context::Context,
     decide::Judged,
-    metrics::Verdict,
+    metrics::{Unconfirmed, Verdict},
     pod::{self, PodRequest},
     review::{AdmissionRequest, AdmissionResponse, Status},
     table,

@@ -26,40 +26,16 @@ use kube::Api;
 use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
-use super::{agents::Client, metrics::Metrics};
+use super::{
+    agents::Client,
+    metrics::{Metrics, UNCONFIRMED, Unconfirmed},
+};
 
 /// The most reservations awaiting confirmation at once (a binding a second for the window's
 /// 10 s is 10; this is room for a thousand a second).
 pub const MAX_PENDING: usize = 16_384;
 /// How often the due reservations are looked at.
 const TICK: Duration = Duration::from_millis(250);
-
-/// Why a reservation was released, per `hugepage_agent_webhook_unconfirmed_reservations_total`'s
-/// `reason`, in [`UNCONFIRMED`]'s order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unconfirmed {
-    /// The pod is not bound to any node.
-    NotBound,
-    /// The pod is bound to another node.
-    BoundElsewhere,
-    /// The API has no such pod.
-    Gone,
-    /// The pod of that name has another UID.
-    UidChanged,
-    /// The pod could not be read.
-    Unreadable,
-    /// The same pod was reserved on another node since.
-    Moved,
-}
-
-pub const UNCONFIRMED: [&str; 6] = [
-    "not_bound",
-    "bound_elsewhere",
-    "gone",
-    "uid_changed",
-    "unreadable",
-    "moved",
-];
 
 /// A reservation a binding made on `node`'s agent at `agent`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,11 +18,7 @@ use std::{
     time::Duration,
 };
 
-use super::{
-    FailurePolicy,
-    confirm::{UNCONFIRMED, Unconfirmed},
-    mutate::Judged,
-};
+use super::{FailurePolicy, mutate::Judged};
 use crate::{
     telemetry::{
         connections::{self, ConnectionStats},
@@ -91,6 +87,33 @@ pub enum Verdict {
     /// The request could not be read.
     Invalid,
 }
+
+/// Why a reservation was released ([`super::confirm`]), per `hugepage_agent_webhook_unconfirmed_reservations_total`'s
+/// `reason`, in [`UNCONFIRMED`]'s order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unconfirmed {
+    /// The pod is not bound to any node.
+    NotBound,
+    /// The pod is bound to another node.
+    BoundElsewhere,
+    /// The API has no such pod.
+    Gone,
+    /// The pod of that name has another UID.
+    UidChanged,
+    /// The pod could not be read.
+    Unreadable,
+    /// The same pod was reserved on another node since.
+    Moved,
+}
+
+pub const UNCONFIRMED: [&str; 6] = [
+    "not_bound",
+    "bound_elsewhere",
+    "gone",
+    "uid_changed",
+    "unreadable",
+    "moved",
+];
 
 #[derive(Debug)]
 pub struct Metrics {

@@ -363,8 +363,8 @@ fn a_uid_reserved_under_one_name_is_held_against_any_other_name() {
 #[test]
 fn a_namespace_is_held_to_its_limit_with_its_pod_s_own_reservation_replaced() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
-    store.limit_namespaces(NamespaceLimit::Bytes(3 * GI));
+    let (store, _) = Store::open(dir.path(), Duration::from_secs(30)).expect("opens");
+    let mut store = store.limit_namespaces(NamespaceLimit::Bytes(3 * GI));
     saved(&mut store, &verdict(&[0], 2 * GI, 8 * GI), POD_A);
     let pool = |_| 8 * GI;
     let two = verdict(&[1], 2 * GI, 8 * GI);
@@ -396,7 +396,7 @@ fn a_namespace_is_held_to_its_limit_with_its_pod_s_own_reservation_replaced() {
         None
     );
     // A percentage of the node's pool of the size.
-    store.limit_namespaces(NamespaceLimit::Percent(50));
+    let store = store.limit_namespaces(NamespaceLimit::Percent(50));
     assert!(
         store
             .over_namespace_limit(&two, "batch", POD_B, pool, t0())
