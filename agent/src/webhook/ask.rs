@@ -5,20 +5,32 @@
 //! but it is not cancelled either: it finishes in the background within the dial's and the
 //! answer's own limits ([`super::agents`]), so that its connection is kept. Cancelled, a cold
 //! start's thousand calls whose handshakes outlast the deadline would each throw away a
-//! connection the next call must dial again, and the calls after it as well. Each call that completes
+//! connection the next call must dial again, and the calls after it as well. Calls share one
+//! bound, every scheduler call and binding of the process together ([`MAX_CALLS`] in flight,
+//! those in the background included): a call that has no place by its caller's deadline is
+//! never made, and is silent saying so, so a burst of calls, or one call naming every node,
+//! holds at most that many dials. Each call that completes
 //! is timed in the [`Metrics`]. The calls run in the caller's span and trace context, so that
 //! each is a child of the scheduler's call ([`super::trace`]).
 
 use std::{net::SocketAddr, time::Duration};
 
 use hyper::body::Bytes;
-use tokio::{task::JoinSet, time::Instant};
+use tokio::{sync::Semaphore, task::JoinSet, time::Instant};
 
 use super::{
     agents::{Client, Reply},
     metrics::Metrics,
     trace,
 };
+
+/// The most agent calls in flight at once in the process: five times the calls of a filter of
+/// the largest shipped `nodenames` list the streams cannot answer, well within the descriptors
+/// and the memory limit of the Deployment (a connection is a few tens of KiB).
+pub const MAX_CALLS: usize = 1024;
+
+/// The places of [`MAX_CALLS`].
+static CALLS: Semaphore = Semaphore::const_new(MAX_CALLS);
 
 /// What became of one agent's call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,9 +66,16 @@ pub async fn ask_all(
             Ok(addr) => {
                 let (client, body, addr) = (client.clone(), body.clone(), *addr);
                 calls.spawn(trace::carried(async move {
+                    let Ok(Ok(_place)) = tokio::time::timeout_at(deadline, CALLS.acquire()).await
+                    else {
+                        let why = format!(
+                            "agent at {addr}: not asked: {MAX_CALLS} agent calls were in flight until the deadline"
+                        );
+                        return (i, Err(why), None);
+                    };
                     let started = Instant::now();
                     let result = client.admit(addr, body, ask.dry_run).await;
-                    (i, result, started.elapsed())
+                    (i, result.map_err(|e| e.to_string()), Some(started.elapsed()))
                 }));
             }
             Err(why) => heard[i] = Some(Heard::Silent(why.clone())),
@@ -64,10 +83,12 @@ pub async fn ask_all(
     }
     while let Ok(Some(done)) = tokio::time::timeout_at(deadline, calls.join_next()).await {
         if let Ok((i, result, took)) = done {
-            metrics.agent_call(took);
+            if let Some(took) = took {
+                metrics.agent_call(took);
+            }
             heard[i] = Some(match result {
                 Ok(reply) => Heard::Answer(reply),
-                Err(e) => Heard::Silent(e.to_string()),
+                Err(why) => Heard::Silent(why),
             });
         }
     }
