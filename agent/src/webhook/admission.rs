@@ -224,7 +224,10 @@ pub async fn validate(
     if pod.need().is_empty() {
         return allowed(uid, Verdict::NotChecked);
     }
-    let target = [context.nodes.candidate(&node).and_then(|c| c.agent)];
+    let target = [context
+        .nodes
+        .candidate(&node)
+        .and_then(|c| c.agent.map(|addr| (c.name, addr)))];
     let heard = ask_all(
         &context.client,
         &pod.body,
@@ -245,7 +248,12 @@ pub async fn validate(
         info!(pod = %pod.name, node, dry_run, numa_nodes = ?reply.numa_nodes, "binding admitted by the node's agent");
         return allowed(uid, Verdict::Allowed);
     }
-    if table_fits(context, &node, target[0].as_ref().ok(), &pod) {
+    if table_fits(
+        context,
+        &node,
+        target[0].as_ref().ok().map(|(_, addr)| addr),
+        &pod,
+    ) {
         context.metrics.table_disagreement();
         info!(pod = %pod.name, node, "the node's agent refused a binding that its streamed state fits: the state was behind the kernel");
     }

@@ -20,6 +20,9 @@ use super::{
     trace,
 };
 
+/// An agent to ask: its node's name and where it listens, or why it is not known.
+pub type Target = Result<(String, SocketAddr), String>;
+
 /// What became of one agent's call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Heard {
@@ -41,7 +44,7 @@ pub struct Ask {
 pub async fn ask_all(
     client: &Client,
     body: &Bytes,
-    targets: &[Result<SocketAddr, String>],
+    targets: &[Target],
     ask: Ask,
     timeout: Duration,
     metrics: &Metrics,
@@ -51,11 +54,12 @@ pub async fn ask_all(
     let mut calls = JoinSet::new();
     for (i, target) in targets.iter().enumerate() {
         match target {
-            Ok(addr) => {
-                let (client, body, addr) = (client.clone(), body.clone(), *addr);
+            Ok((node, addr)) => {
+                let (client, body) = (client.clone(), body.clone());
+                let (node, addr) = (node.clone(), *addr);
                 calls.spawn(trace::carried(async move {
                     let started = Instant::now();
-                    let result = client.admit(addr, body, ask.dry_run).await;
+                    let result = client.admit(&node, addr, body, ask.dry_run).await;
                     (i, result, started.elapsed())
                 }));
             }
@@ -79,7 +83,7 @@ pub async fn ask_all(
             h.unwrap_or_else(|| {
                 let at = target
                     .as_ref()
-                    .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+                    .map_or_else(|_| "?".to_owned(), |(_, a)| a.to_string());
                 Heard::Silent(format!("agent at {at}: no answer within {timeout:?}"))
             })
         })

@@ -332,6 +332,13 @@ impl Metrics {
                 e.sample(RELOADS, &labels, n as f64);
             }
         }
+        const EXPIRY: &str = "hugepage_agent_webhook_tls_certificate_expiry_timestamp_seconds";
+        e.family(EXPIRY, Kind::Gauge, "When the certificates in use expire (notAfter, seconds since the epoch): the served leaf (serving), the earliest of the callers' CA file (client_ca), the client certificate presented to the agents (agent_client) and the earliest of the agents' CA file (agent_ca); updated on every reload.");
+        for stats in [&self.tls, &self.agent_tls] {
+            for (certificate, at) in stats.expiry.all() {
+                e.sample(EXPIRY, &[("certificate", certificate)], at as f64);
+            }
+        }
         let listener = [("webhook", &*self.connections)];
         connections::encode("hugepage_agent_webhook", &listener, &mut e);
         self.traces.encode(&mut e);
