@@ -31,13 +31,14 @@ use serde_json::{Value, json};
 
 /// Every optional component but the cgroup layouts, which replace the same paths, and the
 /// MutatingAdmissionPolicy (Kubernetes 1.36 and later: tests/scheduler.rs validates it).
-const COMPONENTS: [&str; 6] = [
+const COMPONENTS: [&str; 7] = [
     "prometheus-operator",
     "grafana-dashboard",
     "cert-manager",
     "webhook",
     "scheduler",
     "scheduler-by-default-webhook",
+    "webhook-client-auth",
 ];
 /// The kinds kubernetes-validate has no schema for, checked against their CRDs instead.
 const CUSTOM_KINDS: [&str; 4] = ["PodMonitor", "PrometheusRule", "Issuer", "Certificate"];
@@ -166,7 +167,7 @@ for (const doc of JSON.parse(input)) {
 
 #[test]
 fn the_prometheus_rule_is_the_alert_rules_and_passes_promtool() {
-    let rendered = render(&["prometheus-operator"]);
+    let rendered = render(&["prometheus-operator", "webhook"]);
     let rule = rendered.find("PrometheusRule", "hugepage-agent");
     let rules_text = std::fs::read_to_string(workspace().join("dashboards/alerts.yaml"))
         .expect("dashboards/alerts.yaml");
@@ -180,7 +181,7 @@ fn the_prometheus_rule_is_the_alert_rules_and_passes_promtool() {
     std::fs::write(file.path(), rule["spec"].to_string()).expect("write the spec");
     let path = file.path().to_str().expect("a UTF-8 path");
     let (ok, out) = promtool(&["check", "rules", path], "");
-    assert!(ok && out.contains("SUCCESS: 8 rules found"), "{out}");
+    assert!(ok && out.contains("SUCCESS: 13 rules found"), "{out}");
 
     let monitor = rendered.find("PodMonitor", "hugepage-agent");
     let agent = rendered.agent();
@@ -199,6 +200,29 @@ fn the_prometheus_rule_is_the_alert_rules_and_passes_promtool() {
     assert_eq!(endpoint["relabelings"][0]["targetLabel"], "node");
     assert_eq!(monitor["metadata"]["namespace"], "hugepage-agent");
     assert_eq!(rule["metadata"]["namespace"], "hugepage-agent");
+
+    // The webhook's PodMonitor: its pods alone, on the plain port --metrics-listen binds.
+    let monitor = rendered.find("PodMonitor", WEBHOOK);
+    let deployment = rendered.find("Deployment", WEBHOOK);
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let selector = &monitor["spec"]["selector"]["matchLabels"];
+    assert!(selects(selector, labels), "{selector}");
+    assert!(!selects(
+        selector,
+        &agent_template(&rendered)["metadata"]["labels"]
+    ));
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["port"], "metrics");
+    let webhook = rendered.webhook();
+    let metrics = webhook.arg("--metrics-listen").expect("--metrics-listen");
+    assert!(
+        metrics.ends_with(&format!(":{}", webhook.port("metrics"))),
+        "{metrics}"
+    );
+    assert_eq!(
+        monitor["metadata"]["namespace"],
+        deployment["metadata"]["namespace"]
+    );
 }
 
 fn agent_template(rendered: &Rendered) -> &Value {
@@ -608,14 +632,19 @@ fn the_webhook_runs_two_unprivileged_replicas_on_different_nodes() {
     let fs_group = pod["securityContext"]["fsGroup"].as_u64();
     assert_eq!(fs_group, Some(u64::from(webhook.run_as_group)));
 
-    // Probes over HTTPS on the port --listen binds.
+    // Probes over plain HTTP on the port --metrics-listen binds (the kubelet presents no
+    // client certificate, which --listen may ask for).
     let settings = webhook_command(&webhook);
     assert_eq!(settings.listen.port(), webhook.port("https"));
+    let metrics = webhook.arg("--metrics-listen").expect("--metrics-listen");
+    let metrics_port = metrics.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
+    assert_eq!(metrics_port, Some(webhook.port("metrics")), "{metrics}");
+    assert_eq!(webhook.port("metrics"), 9821);
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         let get = &webhook.container[probe]["httpGet"];
         assert_eq!(
             (&get["scheme"], &get["path"], &get["port"]),
-            (&json!("HTTPS"), &json!(path), &json!("https")),
+            (&json!("HTTP"), &json!(path), &json!("metrics")),
             "{probe}"
         );
     }
@@ -668,8 +697,9 @@ fn the_webhook_runs_two_unprivileged_replicas_on_different_nodes() {
         labels
     ));
 
-    // Its own NetworkPolicy: these pods alone, their HTTPS port alone, from anywhere (the API
-    // server's and the scheduler's addresses cannot be selected by labels).
+    // Its own NetworkPolicy: these pods alone, their HTTPS port from anywhere (the API server's
+    // and the scheduler's addresses cannot be selected by labels), their metrics port from the
+    // monitoring namespace.
     let own = rendered.find("NetworkPolicy", WEBHOOK);
     assert!(selects(&own["spec"]["podSelector"]["matchLabels"], labels));
     assert!(!selects(
@@ -679,7 +709,13 @@ fn the_webhook_runs_two_unprivileged_replicas_on_different_nodes() {
     assert_eq!(own["spec"]["policyTypes"], json!(["Ingress"]));
     assert_eq!(
         own["spec"]["ingress"],
-        json!([{"ports": [{"port": "https", "protocol": "TCP"}]}])
+        json!([
+            {"ports": [{"port": "https", "protocol": "TCP"}]},
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                "ports": [{"port": "metrics", "protocol": "TCP"}]
+            }
+        ])
     );
 
     // The limits tests/body_budget.rs floods under the memory limit above are the shipped ones.
@@ -1173,4 +1209,66 @@ fn the_scheduler_extender_configuration_has_the_go_types_fields_and_agrees_with_
         "httpTimeout {timeout:?} against --agent-timeout {:?}",
         settings.agent_timeout
     );
+}
+
+#[test]
+fn callers_certificates_are_asked_only_with_the_opt_in_component_and_each_name_is_issued() {
+    // The base: a managed API server presents no certificate, so none is asked.
+    let base = render(&["cert-manager", "webhook", "scheduler"]);
+    let webhook = base.webhook();
+    for flag in ["--client-ca-file", "--client-names"] {
+        assert!(
+            webhook.arg(flag).is_none(),
+            "{flag} without webhook-client-auth"
+        );
+    }
+
+    let rendered = render(&[
+        "cert-manager",
+        "webhook",
+        "scheduler",
+        "webhook-client-auth",
+    ]);
+    let webhook = rendered.webhook();
+    // The CA is the ca.crt of the webhook's serving Secret: the installation's CA.
+    let ca = webhook.arg("--client-ca-file").expect("--client-ca-file");
+    let (dir, file) = ca.rsplit_once('/').expect("a path");
+    assert_eq!(file, "ca.crt");
+    let serving = rendered.find("Certificate", "hugepage-agent-webhook-tls");
+    assert_eq!(
+        webhook.mount(dir).source,
+        Source::Secret {
+            name: serving["spec"]["secretName"]
+                .as_str()
+                .expect("a Secret")
+                .to_owned()
+        }
+    );
+    // Each name is a client certificate of that CA, and only the callers' are named.
+    let names: BTreeSet<&str> = webhook
+        .arg("--client-names")
+        .expect("--client-names")
+        .split(',')
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["hugepage-agent-scheduler", "hugepage-agent-apiserver"])
+    );
+    for name in names {
+        let issued = rendered
+            .all("Certificate")
+            .into_iter()
+            .find(|c| c["spec"]["commonName"] == name)
+            .unwrap_or_else(|| panic!("no Certificate named {name}"));
+        let usages = &issued["spec"]["usages"];
+        assert_eq!(
+            usages,
+            &json!(["client auth", "digital signature"]),
+            "{name}"
+        );
+        assert_eq!(
+            issued["spec"]["issuerRef"], serving["spec"]["issuerRef"],
+            "{name}"
+        );
+    }
 }

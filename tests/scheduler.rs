@@ -331,6 +331,32 @@ fn the_configuration_is_the_go_types_one_profile_and_the_control_planes_extender
         volume["secret"]["items"],
         json!([{"key": "ca.crt", "path": file}])
     );
+    // Its client certificate and key are those of the Certificate named hugepage-agent-scheduler
+    // (the webhook's --client-names with webhook-client-auth).
+    let client = rendered
+        .all("Certificate")
+        .into_iter()
+        .find(|c| c["spec"]["commonName"] == SCHEDULER)
+        .expect("the scheduler's client certificate");
+    let cert = extender["tlsConfig"]["certFile"]
+        .as_str()
+        .expect("certFile");
+    let key = extender["tlsConfig"]["keyFile"].as_str().expect("keyFile");
+    let (cert_dir, cert_file) = cert.rsplit_once('/').expect("a path");
+    let (key_dir, key_file) = key.rsplit_once('/').expect("a path");
+    assert_eq!(cert_dir, key_dir);
+    let volume = volume_at(pod, container(pod, "kube-scheduler"), cert_dir);
+    assert_eq!(volume["secret"]["secretName"], client["spec"]["secretName"]);
+    assert_eq!(
+        volume["secret"]["items"],
+        json!([{"key": "tls.crt", "path": cert_file}, {"key": "tls.key", "path": key_file}])
+    );
+    assert!(
+        client["spec"]["usages"]
+            .as_array()
+            .is_some_and(|u| u.contains(&json!("client auth"))),
+        "{client}"
+    );
     // And the name it dials is the webhook's Service, on the certificate.
     let service = rendered.find("Service", WEBHOOK);
     let host = format!(
@@ -354,7 +380,7 @@ fn the_configuration_is_the_go_types_one_profile_and_the_control_planes_extender
 }
 
 /// One RBAC rule, its lists as sets.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Rule {
     groups: Vec<String>,
     resources: Vec<String>,
@@ -408,12 +434,26 @@ struct Request {
 
 /// The requests of `tests/fixtures/kubernetes/kube-scheduler-requests.json`, one per verb.
 fn requests() -> Vec<Request> {
+    fixture_list("requests")
+}
+
+/// What the API server authorizes of kube-scheduler beyond its requests themselves (a write to
+/// a claim's status is also checked as `resourceclaims/binding`), one per verb.
+fn authorization_checks() -> Vec<Request> {
+    fixture_list("authorizationChecksWithoutOwnRequest")
+        .into_iter()
+        .filter(|r| r.resource == "resourceclaims/binding")
+        .collect()
+}
+
+/// The list `key` of the requests fixture, one request per verb.
+fn fixture_list(key: &str) -> Vec<Request> {
     let path = workspace().join("tests/fixtures/kubernetes/kube-scheduler-requests.json");
     let text = std::fs::read_to_string(&path).expect("the requests fixture");
     let fixture: Value = serde_json::from_str(&text).expect("JSON");
     let text_of = |v: &Value| v.as_str().map(str::to_owned);
     let mut out = Vec::new();
-    for r in fixture["requests"].as_array().expect("requests") {
+    for r in fixture[key].as_array().expect("a list") {
         for verb in r["verbs"].as_array().expect("verbs") {
             out.push(Request {
                 group: text_of(&r["group"]).expect("a group"),
@@ -487,7 +527,7 @@ fn allowed(grants: &[Grant], request: &Request) -> bool {
 }
 
 #[test]
-fn the_second_scheduler_may_make_every_request_kube_scheduler_makes_and_its_own_rules_no_more() {
+fn the_second_scheduler_may_make_every_request_kube_scheduler_makes_and_no_more() {
     let rendered = render(&["webhook", "cert-manager", "scheduler"]);
     let bootstrap_text =
         std::fs::read_to_string(workspace().join("tests/fixtures/kubernetes/bootstrap-roles.yaml"))
@@ -502,51 +542,87 @@ fn the_second_scheduler_may_make_every_request_kube_scheduler_makes_and_its_own_
     assert_eq!(
         bound,
         BTreeSet::from([
-            "ClusterRole/system:kube-scheduler",
-            "ClusterRole/system:volume-scheduler",
+            "ClusterRole/hugepage-agent-scheduler",
             "Role/extension-apiserver-authentication-reader",
             "Role/hugepage-agent-scheduler",
         ])
     );
     let requests = requests();
     assert!(requests.len() > 20, "{} requests", requests.len());
-    let denied: Vec<&Request> = requests.iter().filter(|r| !allowed(&granted, r)).collect();
+    let checks = authorization_checks();
+    assert_eq!(checks.len(), 2, "resourceclaims/binding update and patch");
+    let denied: Vec<&Request> = requests
+        .iter()
+        .chain(&checks)
+        .filter(|r| !allowed(&granted, r))
+        .collect();
     assert!(denied.is_empty(), "not granted: {denied:#?}");
 
-    // The project's own rules: each allows only requests kube-scheduler makes, and is needed
-    // (without it, one of them is denied).
+    // The project's own rules: each allows only requests kube-scheduler makes (or the API server
+    // checks of them), scoped to its own Lease where a name can scope it.
     let own: Vec<&Value> = ["Role", "ClusterRole"]
         .iter()
         .flat_map(|kind| rendered.all(kind))
         .filter(|r| r["metadata"]["labels"]["app.kubernetes.io/component"] == "scheduler")
         .collect();
-    assert_eq!(own.len(), 1, "{:?}", rendered.names());
-    for rule in own[0]["rules"].as_array().expect("rules") {
-        let rule = Rule::of(rule);
-        assert!(rule.names.iter().all(|n| n == SCHEDULER), "{rule:?}");
-        for group in &rule.groups {
-            for resource in &rule.resources {
-                for verb in &rule.verbs {
-                    let asked = requests
-                        .iter()
-                        .any(|r| &r.group == group && &r.resource == resource && &r.verb == verb);
-                    assert!(
-                        asked,
-                        "{group}/{resource} {verb}: kube-scheduler never asks it"
-                    );
+    assert_eq!(own.len(), 2, "{:?}", rendered.names());
+    for role in own {
+        for rule in role["rules"].as_array().expect("rules") {
+            let rule = Rule::of(rule);
+            assert!(rule.names.iter().all(|n| n == SCHEDULER), "{rule:?}");
+            for group in &rule.groups {
+                for resource in &rule.resources {
+                    for verb in &rule.verbs {
+                        let asked = requests.iter().chain(&checks).any(|r| {
+                            &r.group == group && &r.resource == resource && &r.verb == verb
+                        });
+                        assert!(
+                            asked,
+                            "{group}/{resource} {verb}: kube-scheduler never asks it"
+                        );
+                    }
                 }
             }
         }
     }
     let without: Vec<Grant> = granted
-        .into_iter()
+        .iter()
         .filter(|g| g.role != "Role/hugepage-agent-scheduler")
+        .map(|g| Grant {
+            role: g.role.clone(),
+            namespace: g.namespace.clone(),
+            rules: g.rules.clone(),
+        })
         .collect();
     let needing: Vec<&Request> = requests.iter().filter(|r| !allowed(&without, r)).collect();
     assert!(
-        !needing.is_empty() && needing.iter().all(|r| r.name.as_deref() == Some(SCHEDULER)),
+        !needing.is_empty()
+            && needing
+                .iter()
+                .all(|r| r.resource == "leases" && r.namespace.as_deref() == Some(namespace)),
         "{needing:#?}"
     );
+
+    // Nothing reaches the control plane's own scheduler's Lease, nor any Lease or lease
+    // candidate in kube-system.
+    let lease = |resource: &str, verb: &str, name: Option<&str>| Request {
+        group: "coordination.k8s.io".to_owned(),
+        resource: resource.to_owned(),
+        verb: verb.to_owned(),
+        namespace: Some("kube-system".to_owned()),
+        name: name.map(str::to_owned),
+    };
+    for verb in [
+        "get", "list", "watch", "update", "patch", "delete", "create",
+    ] {
+        for request in [
+            lease("leases", verb, Some("kube-scheduler")),
+            lease("leases", verb, None),
+            lease("leasecandidates", verb, None),
+        ] {
+            assert!(!allowed(&granted, &request), "granted: {request:?}");
+        }
+    }
 }
 
 /// The `matchConditions` expressions of an admission configuration or policy.

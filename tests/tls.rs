@@ -556,6 +556,13 @@ fn rotation_reaches_new_connections_keeps_those_in_flight_and_a_bad_file_is_repo
         secured.metric("hugepage_agent_tls_reloads_total{result=\"rejected\"}"),
         1.0
     );
+    // What is served expires when rcgen's certificates do (4096-01-01), the leaf and the CA alike.
+    for certificate in ["serving", "client_ca"] {
+        let series = format!(
+            "hugepage_agent_tls_certificate_expiry_timestamp_seconds{{certificate=\"{certificate}\"}}"
+        );
+        assert_eq!(secured.metric(&series), 67_090_118_400.0, "{series}");
+    }
     let (exit, log) = secured.agent.terminate();
     assert!(exit.success(), "{exit:?}: {log:#?}");
 }

@@ -375,6 +375,8 @@ pub struct TlsStats {
     refused: [AtomicU64; Refusal::ALL.len()],
     reloaded: AtomicU64,
     rejected: AtomicU64,
+    /// When the certificates in use expire, as of the last build.
+    pub expiry: expiry::Expiries,
 }
 
 impl TlsStats {
@@ -442,6 +444,8 @@ pub trait Material: std::fmt::Debug + Send + 'static {
     fn read(&self) -> Result<Self::Contents, TlsError>;
     /// The config `contents` make; errors name the file at fault.
     fn build(&self, contents: &Self::Contents) -> Result<Self::Config, TlsError>;
+    /// When the certificates of `contents` expire ([`expiry`]).
+    fn expiries(&self, contents: &Self::Contents) -> Vec<expiry::Expiry>;
 }
 
 /// The served files and the protocols offered: the API listener's material.
@@ -468,6 +472,15 @@ impl Material for Serving {
 
     fn build(&self, contents: &Contents) -> Result<ServerConfig, TlsError> {
         server_config(&self.files, contents, self.alpn)
+    }
+
+    fn expiries(&self, contents: &Contents) -> Vec<expiry::Expiry> {
+        let ca = contents.client_ca.as_deref();
+        let serving = expiry::of_leaf("serving", &contents.cert);
+        serving
+            .into_iter()
+            .chain(ca.and_then(|ca| expiry::of_bundle("client_ca", ca)))
+            .collect()
     }
 }
 
@@ -527,6 +540,7 @@ pub fn watched<M: Material>(
     let before = stamps(&material);
     let contents = material.read()?;
     let config = Arc::new(ArcSwap::from_pointee(material.build(&contents)?));
+    stats.expiry.set(material.expiries(&contents));
     let reloader = Reloader {
         material,
         config: config.clone(),
@@ -569,6 +583,7 @@ impl<M: Material> Reloader<M> {
         match self.material.build(&contents) {
             Ok(config) => {
                 self.config.store(Arc::new(config));
+                self.stats.expiry.set(self.material.expiries(&contents));
                 self.serving = contents;
                 self.rejected = None;
                 self.stats.reloaded.fetch_add(1, Ordering::Relaxed);
@@ -617,6 +632,7 @@ impl<M: Material> Reloader<M> {
     }
 }
 
+pub mod expiry;
 pub mod flags;
 pub mod identity;
 #[cfg(test)]

@@ -62,6 +62,7 @@ use hugepage_agent::{
         agents::{Client, ClientFiles},
         cache::NodeCache,
         dial::dial,
+        identity::AgentIdentity,
         kubeapi,
         metrics::Metrics,
         stream::{self, Event, MAX_EVENT, START_SPREAD},
@@ -428,8 +429,13 @@ async fn measure(
         cert: pki.join("client.crt"),
         key: pki.join("client.key"),
     };
-    let (client, _reloader) =
-        Client::new(&files, port, metrics.agent_tls.clone()).map_err(|e| e.to_string())?;
+    let (client, _reloader) = Client::new(
+        &files,
+        port,
+        AgentIdentity::Shared,
+        metrics.agent_tls.clone(),
+    )
+    .map_err(|e| e.to_string())?;
     let kube = kubeapi::client(Some(kubeconfig))
         .await
         .map_err(|e| e.to_string())?;
@@ -543,7 +549,11 @@ async fn h2_stream(
     table: &Table,
     config: Arc<ClientConfig>,
 ) -> String {
-    let io = match dial(config, addr).await {
+    let name = match AgentIdentity::Shared.name(node) {
+        Ok(name) => name,
+        Err(e) => return e.to_string(),
+    };
+    let io = match dial(config, addr, name).await {
         Ok(io) => io,
         Err(e) => return e.to_string(),
     };

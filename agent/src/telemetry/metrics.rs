@@ -482,4 +482,13 @@ fn encode_tls(tls: &TlsStats, e: &mut Encoder) {
     for (result, n) in [("reloaded", tls.reloads()), ("rejected", tls.rejections())] {
         e.sample(RL, &[("result", result)], n as f64);
     }
+    const EX: &str = "hugepage_agent_tls_certificate_expiry_timestamp_seconds";
+    e.family(
+        EX,
+        Kind::Gauge,
+        "When the certificates in use expire (notAfter, seconds since the epoch): the served leaf (serving) and the earliest of the client CA file (client_ca); updated on every reload.",
+    );
+    for (certificate, at) in tls.expiry.all() {
+        e.sample(EX, &[("certificate", certificate)], at as f64);
+    }
 }

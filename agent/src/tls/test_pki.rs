@@ -30,3 +30,13 @@ pub fn leaf(issuer: &Issuer<'_, KeyPair>, usage: ExtendedKeyUsagePurpose) -> (St
     let cert = params.signed_by(&key, issuer).expect("signed");
     (cert.pem(), key.serialize_pem())
 }
+
+/// A server leaf of `issuer` for `names`: (certificate PEM, key PEM).
+pub fn named_leaf(issuer: &Issuer<'_, KeyPair>, names: &[&str]) -> (String, String) {
+    let key = KeyPair::generate().expect("key");
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let mut params = CertificateParams::new(names).expect("params");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, issuer).expect("signed");
+    (cert.pem(), key.serialize_pem())
+}

@@ -254,3 +254,38 @@ fn handshake_errors_are_told_apart() {
     assert_eq!(stats.refusals(Refusal::Expired), 2);
     assert_eq!(stats.refusals(Refusal::Untrusted), 0);
 }
+
+#[test]
+fn the_expiries_follow_every_reload_and_stay_with_refused_files() {
+    let dir = valid();
+    let files = &dir.files;
+    let stats = Arc::new(TlsStats::default());
+    let (_tls, mut reloader) = load(files, Alpn::Http1, stats.clone()).expect("valid");
+    let at = |label: &str| {
+        let all = stats.expiry.all();
+        all.iter().find(|(l, _)| *l == label).map(|(_, at)| *at)
+    };
+    let labels: Vec<&str> = stats.expiry.all().iter().map(|(l, _)| *l).collect();
+    assert_eq!(labels, ["serving", "client_ca"]);
+    let first = at("serving").expect("the served leaf's notAfter");
+
+    // A leaf that expires at 2030-01-01: the gauge says so once it is served.
+    let (_, issuer) = ca("rotated CA");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params =
+        rcgen::CertificateParams::new(vec![crate::tls::SERVER_NAME.to_owned()]).expect("params");
+    params.not_after = rcgen::date_time_ymd(2030, 1, 1);
+    let cert = params.signed_by(&key, &issuer).expect("signed");
+    replace(&files.cert, cert.pem());
+    replace(&files.key, key.serialize_pem());
+    assert_eq!(reloader.poll(), Polled::Settling);
+    assert_eq!(reloader.poll(), Polled::Reloaded);
+    assert_eq!(at("serving"), Some(1_893_456_000));
+    assert_ne!(at("serving"), Some(first));
+
+    // A refused file changes nothing: the gauge is what is served.
+    replace(&files.cert, "-----BEGIN CERTIFICATE-----\n");
+    assert_eq!(reloader.poll(), Polled::Settling);
+    assert!(matches!(reloader.poll(), Polled::Rejected(_)));
+    assert_eq!(at("serving"), Some(1_893_456_000));
+}

@@ -256,7 +256,10 @@ pub async fn validate(
         );
         return unverified(context, uid, &node, &why);
     }
-    let target = [context.nodes.candidate(&node).and_then(|c| c.agent)];
+    let target = [context
+        .nodes
+        .candidate(&node)
+        .and_then(|c| c.agent.map(|addr| (c.name, addr)))];
     let heard = ask_all(
         &context.client,
         &pod.body,
@@ -274,13 +277,18 @@ pub async fn validate(
         None => return unverified(context, uid, &node, "the agent was not asked"),
     };
     if reply.allowed {
-        if let (false, Some(made), Ok(agent)) = (dry_run, &reply.reservation, &target[0]) {
+        if let (false, Some(made), Ok((_, agent))) = (dry_run, &reply.reservation, &target[0]) {
             pending(context, &pod, &node, *agent, &made.id).await;
         }
         info!(pod = %pod.name, node, dry_run, numa_nodes = ?reply.numa_nodes, "binding admitted by the node's agent");
         return allowed(uid, Verdict::Allowed);
     }
-    if table_fits(context, &node, target[0].as_ref().ok(), &pod) {
+    if table_fits(
+        context,
+        &node,
+        target[0].as_ref().ok().map(|(_, addr)| addr),
+        &pod,
+    ) {
         context.metrics.table_disagreement();
         info!(pod = %pod.name, node, "the node's agent refused a binding that its streamed state fits: the state was behind the kernel");
     }

@@ -10,7 +10,11 @@ use std::path::{Path, PathBuf};
 use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::{PrivateKeyDer, pem::PemObject};
 
-use crate::tls::{Material, TlsError, certificates, provider, read_file};
+use crate::tls::{
+    Material, TlsError, certificates,
+    expiry::{self, Expiry},
+    provider, read_file,
+};
 
 const CA_FLAG: &str = "--agent-ca-file";
 const CERT_FLAG: &str = "--agent-client-cert-file";
@@ -60,6 +64,12 @@ impl Material for ClientFiles {
 
     fn build(&self, contents: &ClientContents) -> Result<ClientConfig, TlsError> {
         client_config(self, contents)
+    }
+
+    fn expiries(&self, contents: &ClientContents) -> Vec<Expiry> {
+        let client = expiry::of_leaf("agent_client", &contents.cert);
+        let ca = expiry::of_bundle("agent_ca", &contents.ca);
+        client.into_iter().chain(ca).collect()
     }
 }
 

@@ -4,7 +4,8 @@
 //! and `DELETE /v1/reservations/{id}` ([`Client::release`]) for a reservation the API did not
 //! confirm ([`super::confirm`]).
 //!
-//! Connections are kept alive and reused by agent address ([`super::pool`]); a connection that
+//! Connections are kept alive and reused by the name the agent is verified as
+//! (`--agent-identity`, [`super::identity`]) and its address ([`super::pool`]); a connection that
 //! failed or that the agent closed is closed, never parked again. A dial may take up to
 //! [`super::dial::DIAL_TIMEOUT`] and an answer [`ANSWER_TIMEOUT`]: a call abandoned by its
 //! caller's deadline is left to finish within them ([`super::ask`]), so that its connection is
@@ -37,12 +38,13 @@ pub use super::agent_tls::ClientFiles;
 use super::{
     dial::{Stream, dial},
     http1::{self, Answer, Http1Error, Post},
-    pool::{Idle, SWEEP_EVERY},
+    identity::{AgentIdentity, IdentityError},
+    pool::{Idle, Key, SWEEP_EVERY},
     trace,
 };
 use crate::{
     client::problem_detail,
-    tls::{Current, Reloader, SERVER_NAME, TlsError, TlsStats, watched},
+    tls::{Current, Reloader, TlsError, TlsStats, watched},
 };
 
 /// How long an agent may take to answer on an open connection.
@@ -64,6 +66,8 @@ pub enum CallError {
     },
     #[error("agent at {addr}: the answer is not a verdict: {detail}")]
     Answer { addr: SocketAddr, detail: String },
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
 }
 
 /// What the webhook reads of an agent's verdict.
@@ -113,22 +117,26 @@ pub struct Client {
     config: Current<ClientConfig>,
     pool: Arc<ArcSwap<Pool>>,
     port: u16,
+    identity: AgentIdentity,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
             .field("port", &self.port)
+            .field("identity", &self.identity)
             .finish_non_exhaustive()
     }
 }
 
 impl Client {
-    /// Reads the files and builds the client, and the reloader that watches the files (reloads
-    /// and refusals counted in `stats`); errors name the flag and file at fault.
+    /// Reads the files and builds the client, which verifies agents as `identity` says, and the
+    /// reloader that watches the files (reloads and refusals counted in `stats`); errors name the
+    /// flag and file at fault.
     pub fn new(
         files: &ClientFiles,
         port: u16,
+        identity: AgentIdentity,
         stats: Arc<TlsStats>,
     ) -> Result<(Client, Reloader<ClientFiles>), TlsError> {
         let (config, reloader) = watched(files.clone(), stats)?;
@@ -137,7 +145,13 @@ impl Client {
             idle: Idle::default(),
         }));
         tokio::spawn(sweep(Arc::downgrade(&pool)));
-        Ok((Client { config, pool, port }, reloader))
+        let client = Client {
+            config,
+            pool,
+            port,
+            identity,
+        };
+        Ok((client, reloader))
     }
 
     /// The client config in use (the files' latest good reading).
@@ -150,18 +164,25 @@ impl Client {
         self.port
     }
 
-    /// `POST /v1/admit` with `body` (a `v1.Pod`) to the agent at `addr`: a dry run when
-    /// `dry_run` (`?dryRun=true`: verification and NUMA selection only), else the real
+    /// How agents are verified (`--agent-identity`).
+    pub fn identity(&self) -> AgentIdentity {
+        self.identity
+    }
+
+    /// `POST /v1/admit` with `body` (a `v1.Pod`) to the agent of `node` at `addr`: a dry run
+    /// when `dry_run` (`?dryRun=true`: verification and NUMA selection only), else the real
     /// admission, which reserves a pod admitted by its UID.
     pub async fn admit(
         &self,
+        node: &str,
         addr: SocketAddr,
         body: Bytes,
         dry_run: bool,
     ) -> Result<Reply, CallError> {
         let span = trace::agent_call(addr, ADMIT, dry_run);
+        let key = (self.identity.name(node)?, addr);
         let result = self
-            .exchange(addr, body, dry_run, &span)
+            .exchange(key, body, dry_run, &span)
             .instrument(span.clone())
             .await;
         match &result {
@@ -176,10 +197,10 @@ impl Client {
         result
     }
 
-    /// `DELETE /v1/reservations/{id}` on the agent at `addr`: the reservation released, or
-    /// already gone (404). An id of anything but ASCII letters, digits and `-` (agents make
-    /// `<micros>-<n>`) is not sent.
-    pub async fn release(&self, addr: SocketAddr, id: &str) -> Result<(), CallError> {
+    /// `DELETE /v1/reservations/{id}` on the agent of `node` at `addr`: the reservation
+    /// released, or already gone (404). An id of anything but ASCII letters, digits and `-`
+    /// (agents make `<micros>-<n>`) is not sent.
+    pub async fn release(&self, node: &str, addr: SocketAddr, id: &str) -> Result<(), CallError> {
         if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
             return Err(CallError::Answer {
                 addr,
@@ -187,14 +208,16 @@ impl Client {
             });
         }
         let target = format!("{RESERVATIONS}/{id}");
+        let key = (self.identity.name(node)?, addr);
+        let host = key.0.to_str();
         let post = Post {
             method: "DELETE",
             target: &target,
-            host: SERVER_NAME,
+            host: &host,
             headers: &[],
             body: &[],
         };
-        let answer = self.send(addr, &post).await?;
+        let answer = self.send(&key, &post).await?;
         match answer.status {
             200..=299 | 404 => Ok(()),
             status => Err(CallError::Status {
@@ -228,7 +251,7 @@ impl Client {
     /// The request, its answer, and the answer read.
     async fn exchange(
         &self,
-        addr: SocketAddr,
+        key: Key,
         body: Bytes,
         dry_run: bool,
         span: &tracing::Span,
@@ -243,14 +266,16 @@ impl Client {
             .iter()
             .map(|(name, value)| (name.as_str(), value.as_bytes()))
             .collect();
+        let addr = key.1;
+        let host = key.0.to_str();
         let post = Post {
             method: "POST",
             target,
-            host: SERVER_NAME,
+            host: &host,
             headers: &headers,
             body: &body,
         };
-        let answer = self.send(addr, &post).await?;
+        let answer = self.send(&key, &post).await?;
         span.record("http.response.status_code", answer.status);
         if answer.status != 200 {
             return Err(CallError::Status {
@@ -265,37 +290,38 @@ impl Client {
         })
     }
 
-    /// `post` on an idle connection to `addr`, or on a new one; the connection is parked again
+    /// `post` on an idle connection to `key`, or on a new one; the connection is parked again
     /// after an answer that leaves it reusable.
-    async fn send(&self, addr: SocketAddr, post: &Post<'_>) -> Result<Answer, CallError> {
+    async fn send(&self, key: &Key, post: &Post<'_>) -> Result<Answer, CallError> {
         let pool = self.pool();
         let failed = |e: Http1Error| CallError::Http {
-            addr,
+            addr: key.1,
             detail: e.to_string(),
         };
-        let (stream, answer) = match pool.idle.take(addr, Instant::now()) {
+        let (stream, answer) = match pool.idle.take(key, Instant::now()) {
             Some(mut stream) => match exchange_on(&mut stream, post).await {
-                Err(Http1Error::Unanswered(_)) => on_new(&pool, addr, post).await?,
+                Err(Http1Error::Unanswered(_)) => on_new(&pool, key, post).await?,
                 answer => (stream, answer),
             },
-            None => on_new(&pool, addr, post).await?,
+            None => on_new(&pool, key, post).await?,
         };
         let answer = answer.map_err(failed)?;
         if answer.reusable {
-            pool.idle.park(addr, stream, Instant::now());
+            pool.idle.park(key.clone(), stream, Instant::now());
         }
         Ok(answer)
     }
 }
 
-/// `post` on a new connection to `addr` with the pool's config: the connection and the
+/// `post` on a new connection to `key` with the pool's config: the connection and the
 /// exchange's result.
 async fn on_new(
     pool: &Pool,
-    addr: SocketAddr,
+    key: &Key,
     post: &Post<'_>,
 ) -> Result<(Stream, Result<Answer, Http1Error>), CallError> {
-    let mut stream = dial(pool.config.clone(), addr)
+    let (name, addr) = key.clone();
+    let mut stream = dial(pool.config.clone(), addr, name)
         .await
         .map_err(|e| CallError::Http {
             addr,

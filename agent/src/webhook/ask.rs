@@ -32,6 +32,9 @@ pub const MAX_CALLS: usize = 1024;
 /// The places of [`MAX_CALLS`].
 static CALLS: Semaphore = Semaphore::const_new(MAX_CALLS);
 
+/// An agent to ask: its node's name and where it listens, or why it is not known.
+pub type Target = Result<(String, SocketAddr), String>;
+
 /// What became of one agent's call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Heard {
@@ -53,7 +56,7 @@ pub struct Ask {
 pub async fn ask_all(
     client: &Client,
     body: &Bytes,
-    targets: &[Result<SocketAddr, String>],
+    targets: &[Target],
     ask: Ask,
     timeout: Duration,
     metrics: &Metrics,
@@ -63,8 +66,9 @@ pub async fn ask_all(
     let mut calls = JoinSet::new();
     for (i, target) in targets.iter().enumerate() {
         match target {
-            Ok(addr) => {
-                let (client, body, addr) = (client.clone(), body.clone(), *addr);
+            Ok((node, addr)) => {
+                let (client, body) = (client.clone(), body.clone());
+                let (node, addr) = (node.clone(), *addr);
                 calls.spawn(trace::carried(async move {
                     let Ok(Ok(_place)) = tokio::time::timeout_at(deadline, CALLS.acquire()).await
                     else {
@@ -74,7 +78,7 @@ pub async fn ask_all(
                         return (i, Err(why), None);
                     };
                     let started = Instant::now();
-                    let result = client.admit(addr, body, ask.dry_run).await;
+                    let result = client.admit(&node, addr, body, ask.dry_run).await;
                     (i, result.map_err(|e| e.to_string()), Some(started.elapsed()))
                 }));
             }
@@ -100,7 +104,7 @@ pub async fn ask_all(
             h.unwrap_or_else(|| {
                 let at = target
                     .as_ref()
-                    .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+                    .map_or_else(|_| "?".to_owned(), |(_, a)| a.to_string());
                 Heard::Silent(format!("agent at {at}: no answer within {timeout:?}"))
             })
         })

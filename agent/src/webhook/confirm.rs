@@ -156,7 +156,7 @@ pub async fn run(
 pub async fn release(client: &Client, metrics: &Metrics, made: &Made, why: Unconfirmed) {
     metrics.unconfirmed(why);
     let reason = UNCONFIRMED[why as usize];
-    match client.release(made.agent, &made.id).await {
+    match client.release(&made.node, made.agent, &made.id).await {
         Ok(()) => info!(
             pod = %format_args!("{}/{}", made.namespace, made.name),
             uid = made.uid,

@@ -1,7 +1,7 @@
 //! Dialling a node's agent for the webhook's connection pool ([`super::pool`]): TCP to the
 //! node's `InternalIP` and `--agent-port`, `TCP_NODELAY`, then TLS with the client config given,
-//! verifying the agent by the CA and the fixed name [`SERVER_NAME`] (never by the address) and
-//! presenting the client certificate. Both steps together are bounded by [`DIAL_TIMEOUT`], so
+//! verifying the agent by the CA and the name `--agent-identity` gives the node
+//! ([`super::identity`]; never by the address) and presenting the client certificate. Both steps together are bounded by [`DIAL_TIMEOUT`], so
 //! that an agent that accepts and never answers cannot hold a call past it.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -10,8 +10,6 @@ use rustls::ClientConfig;
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsConnector, client::TlsStream};
-
-use crate::tls::SERVER_NAME;
 
 /// How long a TCP connection and its TLS handshake may take together.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -23,8 +21,6 @@ pub type Stream = Box<TlsStream<TcpStream>>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
-    #[error("not a name to verify agents by: {0}")]
-    Name(String),
     #[error("cannot connect: {0}")]
     Connect(#[source] std::io::Error),
     #[error("TLS handshake failed: {0}")]
@@ -33,9 +29,12 @@ pub enum DialError {
     Timeout,
 }
 
-/// A new connection to the agent at `addr` with `config`.
-pub async fn dial(config: Arc<ClientConfig>, addr: SocketAddr) -> Result<Stream, DialError> {
-    let name = ServerName::try_from(SERVER_NAME).map_err(|e| DialError::Name(e.to_string()))?;
+/// A new connection to the agent at `addr` with `config`, verified as `name`.
+pub async fn dial(
+    config: Arc<ClientConfig>,
+    addr: SocketAddr,
+    name: ServerName<'static>,
+) -> Result<Stream, DialError> {
     let dialled = async move {
         let tcp = TcpStream::connect(addr).await.map_err(DialError::Connect)?;
         // A request is one small write: it leaves at once.

@@ -390,6 +390,13 @@ impl Metrics {
             let n = self.tls.refusals(why);
             e.sample(FAILURES, &[("reason", why.label())], n as f64);
         }
+        const EXPIRY: &str = "hugepage_agent_webhook_tls_certificate_expiry_timestamp_seconds";
+        e.family(EXPIRY, Kind::Gauge, "When the certificates in use expire (notAfter, seconds since the epoch): the served leaf (serving), the earliest of the callers' CA file (client_ca), the client certificate presented to the agents (agent_client) and the earliest of the agents' CA file (agent_ca); updated on every reload.");
+        for stats in [&self.tls, &self.agent_tls] {
+            for (certificate, at) in stats.expiry.all() {
+                e.sample(EXPIRY, &[("certificate", certificate)], at as f64);
+            }
+        }
         let listener = [
             ("webhook", &*self.connections),
             ("metrics", &*self.metrics_connections),

@@ -34,6 +34,7 @@ pub mod dial;
 pub mod extender;
 pub mod flags;
 pub mod http1;
+pub mod identity;
 pub mod kubeapi;
 pub mod metrics;
 pub mod mutate;
@@ -99,6 +100,8 @@ pub struct Settings {
     pub agent_port: u16,
     /// The files of the client side of mTLS with the agents.
     pub agent_tls: agents::ClientFiles,
+    /// The name each agent is verified by (`--agent-identity`).
+    pub agent_identity: identity::AgentIdentity,
     pub failure_policy: FailurePolicy,
     /// One deadline for all the agent calls of one scheduler call (`--agent-timeout`).
     pub agent_timeout: Duration,
@@ -145,6 +148,7 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
     let (client, client_reloader) = agents::Client::new(
         &settings.agent_tls,
         settings.agent_port,
+        settings.agent_identity,
         metrics.agent_tls.clone(),
     )?;
     let (server_tls, reloader) = tls::load(&settings.tls, Alpn::H2Http1, metrics.tls.clone())?;

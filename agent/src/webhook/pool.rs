@@ -1,4 +1,6 @@
-//! The webhook's idle connections to the agents, by agent address: a call takes one (the most
+//! The webhook's idle connections to the agents, by the name the agent was verified as and its
+//! address (under `--agent-identity per-node` the name is the node's: a connection verified for
+//! one node is never handed to a call for another, even at the same address): a call takes one (the most
 //! recently parked) or dials, and parks it again after a complete answer. At most
 //! [`IDLE_PER_AGENT`] are kept per agent and none longer than [`IDLE_TIMEOUT`]; [`Idle::sweep`]
 //! closes the expired ones (the client runs it every [`SWEEP_EVERY`]).
@@ -17,7 +19,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use rustls_pki_types::ServerName;
+
 use super::dial::Stream;
+
+/// Whom a connection was dialled to: the name the agent was verified as, and its address.
+pub type Key = (ServerName<'static>, SocketAddr);
 
 /// Idle connections kept per agent: a filter call asks each agent once, and calls overlap
 /// little.
@@ -38,15 +45,15 @@ struct Parked {
 /// The idle connections of one client config.
 #[derive(Default)]
 pub struct Idle {
-    parked: Mutex<HashMap<SocketAddr, Vec<Parked>>>,
+    parked: Mutex<HashMap<Key, Vec<Parked>>>,
 }
 
 impl Idle {
-    /// An idle connection to `addr` that is still open, if there is one; those found closed or
+    /// An idle connection to `key` that is still open, if there is one; those found closed or
     /// expired on the way are closed.
-    pub fn take(&self, addr: SocketAddr, now: Instant) -> Option<Stream> {
+    pub fn take(&self, key: &Key, now: Instant) -> Option<Stream> {
         let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
-        let list = parked.get_mut(&addr)?;
+        let list = parked.get_mut(key)?;
         let mut found = None;
         while let Some(p) = list.pop() {
             if now.saturating_duration_since(p.since) < IDLE_TIMEOUT && quiet(&p.stream) {
@@ -55,15 +62,15 @@ impl Idle {
             }
         }
         if list.is_empty() {
-            parked.remove(&addr);
+            parked.remove(key);
         }
         found
     }
 
-    /// Parks `stream` to `addr` at `now`, unless [`IDLE_PER_AGENT`] already are (it is closed).
-    pub fn park(&self, addr: SocketAddr, stream: Stream, now: Instant) {
+    /// Parks `stream` to `key` at `now`, unless [`IDLE_PER_AGENT`] already are (it is closed).
+    pub fn park(&self, key: Key, stream: Stream, now: Instant) {
         let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
-        let list = parked.entry(addr).or_default();
+        let list = parked.entry(key).or_default();
         if list.len() < IDLE_PER_AGENT {
             list.push(Parked { stream, since: now });
         }

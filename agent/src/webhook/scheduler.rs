@@ -214,7 +214,10 @@ async fn judge_all(context: &Context, pod: &PodRequest, looked: &[Looked]) -> Ve
         .iter()
         .zip(&settled)
         .filter(|(_, s)| s.is_none())
-        .filter_map(|((_, found), _)| found.as_ref().ok().map(|c| c.agent.clone()))
+        .filter_map(|((_, found), _)| {
+            let c = found.as_ref().ok()?;
+            Some(c.agent.clone().map(|addr| (c.name.clone(), addr)))
+        })
         .collect();
     let mut heard = ask_all(
         &context.client,

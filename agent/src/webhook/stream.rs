@@ -33,9 +33,10 @@ use tokio::{
 use tracing::debug;
 
 use super::{
-    agents::Client, cache::NodeCache, dial::dial, http1::MAX_HEAD, metrics::Metrics, table::Table,
+    agents::Client, cache::NodeCache, dial::dial, http1::MAX_HEAD, identity::IdentityError,
+    metrics::Metrics, pool::Key, table::Table,
 };
-use crate::{api::watch::WatchState, tls::SERVER_NAME};
+use crate::api::watch::WatchState;
 
 /// How often the streams are matched to the Node cache.
 pub const SYNC: Duration = Duration::from_secs(1);
@@ -54,6 +55,8 @@ const READ: usize = 2048;
 pub enum StreamError {
     #[error("cannot connect: {0}")]
     Dial(String),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("no event within {0:?}")]
@@ -150,7 +153,10 @@ async fn follow(
     let mut failures = 0u32;
     loop {
         let started = Instant::now();
-        let ended = stream(&node, addr, &table, client.tls_config()).await;
+        let ended = match client.identity().name(&node) {
+            Ok(name) => stream(&node, (name, addr), &table, client.tls_config()).await,
+            Err(e) => StreamError::from(e),
+        };
         table.cut(&node);
         metrics.stream_ended();
         // A stream that lasted is a fresh start: the next failure waits the least again.
@@ -182,11 +188,12 @@ fn drawn(node: &str, attempt: u32) -> f64 {
 /// One connection's stream, until it ends; why it ended.
 async fn stream(
     node: &str,
-    addr: SocketAddr,
+    (name, addr): Key,
     table: &Table,
     config: Arc<ClientConfig>,
 ) -> StreamError {
-    let mut io = match dial(config, addr).await {
+    let host = name.to_str().into_owned();
+    let mut io = match dial(config, addr, name).await {
         Ok(io) => io,
         Err(e) => return StreamError::Dial(e.to_string()),
     };
@@ -195,9 +202,8 @@ async fn stream(
     if let Some(epoch) = &resume.epoch {
         target.push_str(&format!("&epoch={epoch}&generation={}", resume.generation));
     }
-    let request = format!(
-        "GET {target} HTTP/1.1\r\nhost: {SERVER_NAME}\r\naccept: application/x-ndjson\r\n\r\n"
-    );
+    let request =
+        format!("GET {target} HTTP/1.1\r\nhost: {host}\r\naccept: application/x-ndjson\r\n\r\n");
     if let Err(e) = io.write_all(request.as_bytes()).await {
         return e.into();
     }

@@ -19,13 +19,21 @@ use tokio::{
 use tokio_rustls::TlsAcceptor;
 
 use super::*;
-use crate::tls::test_pki::{ca, leaf};
+use crate::tls::{
+    SERVER_NAME,
+    test_pki::{ca, leaf, named_leaf},
+};
 use crate::webhook::pool::IDLE_TIMEOUT;
 
 /// The client's files (a CA, a client certificate of it) and an agent's server config.
 fn pki() -> (tempfile::TempDir, ClientFiles, Arc<ServerConfig>) {
+    pki_for(&[SERVER_NAME])
+}
+
+/// As [`pki`], the agent's certificate for `names`.
+fn pki_for(names: &[&str]) -> (tempfile::TempDir, ClientFiles, Arc<ServerConfig>) {
     let (ca_pem, issuer) = ca("agents' CA");
-    let (server_cert, server_key) = leaf(&issuer, ExtendedKeyUsagePurpose::ServerAuth);
+    let (server_cert, server_key) = named_leaf(&issuer, names);
     let (client_cert, client_key) = leaf(&issuer, ExtendedKeyUsagePurpose::ClientAuth);
     let dir = tempfile::tempdir().expect("tempdir");
     let files = ClientFiles {
@@ -99,7 +107,12 @@ async fn stand(config: Arc<ServerConfig>, linger: Duration, delay: Duration) -> 
 }
 
 fn client(files: &ClientFiles) -> Client {
-    let (client, _reloader) = Client::new(files, 9820, Arc::default()).expect("valid files");
+    client_as(files, AgentIdentity::Shared)
+}
+
+fn client_as(files: &ClientFiles, identity: AgentIdentity) -> Client {
+    let (client, _reloader) =
+        Client::new(files, 9820, identity, Arc::default()).expect("valid files");
     client
 }
 
@@ -112,13 +125,13 @@ async fn dry_runs_and_a_real_admission_differ_by_the_query_only_and_share_one_co
     let client = client(&files);
     for _ in 0..2 {
         let reply = client
-            .admit(agent.addr, Bytes::from_static(POD), true)
+            .admit("a", agent.addr, Bytes::from_static(POD), true)
             .await
             .expect("a verdict");
         assert!(reply.allowed);
     }
     let reply = client
-        .admit(agent.addr, Bytes::from_static(POD), false)
+        .admit("a", agent.addr, Bytes::from_static(POD), false)
         .await
         .expect("a verdict");
     assert_eq!(reply.numa_nodes, [0]);
@@ -141,7 +154,7 @@ async fn a_connection_the_agent_closed_is_dropped_and_the_next_call_dials_anew()
     let client = client(&files);
     for round in 1..=3 {
         let reply = client
-            .admit(agent.addr, Bytes::from_static(POD), true)
+            .admit("a", agent.addr, Bytes::from_static(POD), true)
             .await;
         assert!(reply.is_ok_and(|r| r.allowed), "round {round}");
         tokio::time::sleep(Duration::from_millis(400)).await;
@@ -156,7 +169,7 @@ async fn an_agent_not_listening_is_an_error_naming_it_and_saying_so() {
     let addr = closed.local_addr().expect("its address");
     drop(closed);
     let err = client(&files)
-        .admit(addr, Bytes::from_static(POD), true)
+        .admit("a", addr, Bytes::from_static(POD), true)
         .await
         .expect_err("nobody listens");
     let text = err.to_string();
@@ -214,7 +227,9 @@ async fn a_request_unanswered_on_a_reused_connection_is_sent_once_more_on_a_new_
     let (addr, accepted) = closes_on_second_request(server).await;
     let client = client(&files);
     for call in 1..=3 {
-        let reply = client.admit(addr, Bytes::from_static(POD), call == 3).await;
+        let reply = client
+            .admit("a", addr, Bytes::from_static(POD), call == 3)
+            .await;
         assert!(
             reply.as_ref().is_ok_and(|r| r.numa_nodes == [1]),
             "call {call}: {reply:?}"
@@ -230,7 +245,7 @@ async fn idle_connections_are_closed_by_the_sweep_once_expired_and_not_before() 
     let (_dir, files, server) = pki();
     let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
     let client = client(&files);
-    let call = || client.admit(agent.addr, Bytes::from_static(POD), true);
+    let call = || client.admit("a", agent.addr, Bytes::from_static(POD), true);
     assert!(call().await.is_ok_and(|r| r.allowed));
     let parked = Instant::now();
     let pool = client.pool();
@@ -253,7 +268,7 @@ async fn a_call_past_the_deadline_finishes_in_the_background_and_its_connection_
     let client = client(&files);
     let metrics = Metrics::new(Arc::default());
     let body = Bytes::from_static(POD);
-    let targets = [Ok(agent.addr)];
+    let targets = [Ok(("a".to_owned(), agent.addr))];
     let ask = Ask { dry_run: true };
     let late = ask_all(
         &client,
@@ -285,4 +300,34 @@ async fn a_call_past_the_deadline_finishes_in_the_background_and_its_connection_
     );
     assert_eq!(agent.accepted.load(Ordering::SeqCst), 1, "one connection");
     assert_eq!(agent.targets.lock().expect("the targets").len(), 2);
+}
+
+#[tokio::test]
+async fn per_node_verifies_the_node_dialled_and_never_pools_one_nodes_connection_for_another() {
+    let node_a = format!("node-a.{SERVER_NAME}");
+    let (_dir, files, server) = pki_for(&[SERVER_NAME, &node_a]);
+    let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
+    let per_node = client_as(&files, AgentIdentity::PerNode);
+    let body = || Bytes::from_static(POD);
+    let reply = per_node.admit("node-a", agent.addr, body(), true).await;
+    assert!(reply.is_ok_and(|r| r.allowed), "node A's agent is node A");
+    // Node A's connection is parked; node B's call at the same address dials and is refused.
+    let err = per_node
+        .admit("node-b", agent.addr, body(), true)
+        .await
+        .expect_err("node A's certificate does not name node B");
+    let text = err.to_string();
+    assert!(text.contains("TLS handshake failed"), "{text}");
+    assert!(text.contains("not valid for name"), "{text}");
+    assert_eq!(
+        agent.accepted.load(Ordering::SeqCst),
+        2,
+        "a second connection"
+    );
+    let shared = client_as(&files, AgentIdentity::Shared);
+    let reply = shared.admit("node-b", agent.addr, body(), true).await;
+    assert!(
+        reply.is_ok_and(|r| r.allowed),
+        "shared: any agent of the CA"
+    );
 }
