@@ -378,7 +378,7 @@ fn processes_named_kubelet_that_are_not_the_hosts_are_named_and_never_followed()
         &exe,
         &off,
     );
-    let in_pids = Kubelet::start_under(&["unshare", "--pid", "--fork"], &exe, &off);
+    let in_pids = Kubelet::start_under(&["unshare", "--pid", "--fork", "--kill-child"], &exe, &off);
     let impostors = [
         (in_pod.pid(), "is a pod's"),
         (
@@ -453,4 +453,14 @@ fn processes_named_kubelet_that_are_not_the_hosts_are_named_and_never_followed()
     );
     drop(agent);
     drop((kubelet, in_pod, in_mounts, in_pids));
+    // The forked one (a PID namespace's first process) ends when its standard input closes,
+    // after its parent: gone before the lock is let go, so the next test finds no kubelet.
+    for (pid, _) in impostors {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            assert!(Instant::now() < deadline, "pid {pid} still runs");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    drop(lock);
 }

@@ -54,9 +54,16 @@ fn every_flag_of_every_subcommands_help_is_in_the_cli_reference() {
         cmd.args([sub, "--help"]);
         let (status, help, err) = output(cmd);
         assert!(status.success(), "{sub} --help: {err}");
+        // A flag's own line starts with it (after `-x, `); flags named in another's help are
+        // that other's words.
         let flags: BTreeSet<&str> = help
-            .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == '[')
-            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .lines()
+            .map(str::trim_start)
+            .filter(|l| l.starts_with('-'))
+            .filter_map(|l| {
+                l.split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == '[')
+                    .find(|w| w.starts_with("--") && w.len() > 2)
+            })
             .filter(|w| *w != "--help" && *w != "--version")
             .collect();
         assert!(!flags.is_empty(), "{sub}: no flags in\n{help}");

@@ -1343,6 +1343,8 @@ fn one_trace_spans_the_caller_the_webhook_and_the_agent_and_is_forwarded_without
     // A webhook that exports nothing still forwards the caller's context: the agent's span is
     // the caller's child.
     let untraced = webhook(&pki, &api, port, "fail", "2s");
+    // The `nodes` form's names are found in the Node cache: once it has synced.
+    wait_ready(&pki, &untraced);
     let (other_trace, other_caller) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
     let traceparent = format!("00-{other_trace}-{other_caller}-01");
     let mut client = connect(&pki, &untraced, &[b"http/1.1"]);

@@ -326,20 +326,7 @@ async fn a_connection_over_the_limit_is_closed_at_once_and_counted_and_its_place
     let (addr, stop, server, stats) = limited(limits);
     let held = TcpStream::connect(addr).expect("connect");
     eventually("the first is open", || stats.open() == 1).await;
-    let over = tokio::task::spawn_blocking(move || {
-        let mut over = TcpStream::connect(addr).expect("the kernel accepts it");
-        over.set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("timeout");
-        let _ = write!(over, "GET / HTTP/1.1\r\nHost: t\r\n\r\n");
-        let mut answer = Vec::new();
-        over.read_to_end(&mut answer).map(|_| answer)
-    })
-    .await
-    .expect("client");
-    match over {
-        Ok(answer) => assert!(answer.is_empty(), "answered over the limit"),
-        Err(err) => assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}"),
-    }
+    refused_at_accept(addr, "answered over the limit").await;
     assert_eq!(stats.cuts(Cut::OverLimit), 1);
     drop(held);
     eventually("the first is closed", || stats.open() == 0).await;
@@ -458,6 +445,16 @@ async fn one_peer_holds_at_most_its_places_and_the_next_is_reset() {
         .map(|_| TcpStream::connect(addr).expect("connect"))
         .collect();
     eventually("both open", || stats.open() == 2).await;
+    refused_at_accept(addr, "answered over the peer's places").await;
+    assert_eq!(stats.cuts(Cut::PerPeer), 1);
+    drop(held);
+    eventually("closed", || stats.open() == 0).await;
+    stop.send(true).expect("stop");
+}
+
+/// A request on a new connection to `addr` gets no answer: the connection is closed at accept,
+/// by a reset or an empty close (`why` says what an answer would mean).
+async fn refused_at_accept(addr: SocketAddr, why: &'static str) {
     let over = tokio::task::spawn_blocking(move || {
         let mut over = TcpStream::connect(addr).expect("the kernel accepts it");
         over.set_read_timeout(Some(Duration::from_secs(5)))
@@ -469,11 +466,7 @@ async fn one_peer_holds_at_most_its_places_and_the_next_is_reset() {
     .await
     .expect("client");
     match over {
-        Ok(answer) => assert!(answer.is_empty(), "answered over the peer's places"),
+        Ok(answer) => assert!(answer.is_empty(), "{why}"),
         Err(err) => assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}"),
     }
-    assert_eq!(stats.cuts(Cut::PerPeer), 1);
-    drop(held);
-    eventually("closed", || stats.open() == 0).await;
-    stop.send(true).expect("stop");
 }
