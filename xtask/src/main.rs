@@ -201,6 +201,7 @@ fn test(env: &cmd::Env) -> Result<()> {
     let before = host::Snapshot::capture();
     cmd::step("module layers: every import points down");
     layers::check(&cmd::workspace().join("agent/src"))?;
+    fuzz::check()?;
     cmd::step("the supply chain: cargo deny check licenses bans sources (deny.toml)");
     let deny = setup::ensure_cargo_deny()?.join("cargo-deny");
     let mut check = std::process::Command::new(deny);
@@ -250,7 +251,6 @@ fn test(env: &cmd::Env) -> Result<()> {
     cmd::step(&format!(
         "every fuzz target for {FUZZ_TEST_SECONDS} s (`cargo xtask fuzz` runs them longer)"
     ));
-    fuzz::check()?;
     fuzz::run(fuzz::Budget::Seconds(FUZZ_TEST_SECONDS), 1, None)?;
     cmd::step(
         "the VM test: Linux 6.1, 6.1-rt, 6.12 and 6.12-rt with 4 NUMA nodes under QEMU, the agent's checks inside",
