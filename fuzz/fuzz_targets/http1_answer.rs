@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let piece = 1 + usize::from(first & 0x3f) * 17;
     let limit = [0, 16, 4096, 1 << 20][usize::from(first >> 6)];
     let post = Post {
+        method: "POST",
         target: "/v1/admit?dryRun=true",
         host: "node-1:9820",
         headers: &[(

@@ -4,8 +4,8 @@
 //! * `setup`: prerequisites only (nightly rust-src, bpf-linker, Debian packages, cargo-fuzz, and
 //!   the tests' peers: Prometheus, an OTLP receiver's venv, schemathesis's venv, `@grafana/schema`).
 //! * `run [-- ARGS]`: build the agent (release) and run it on this machine.
-//! * `test`: formatting, clippy, the build without the eBPF toolchain, every test, every fuzz
-//!   target for a few seconds and the VM test; then a check that the tests left nothing on the
+//! * `test`: formatting, clippy, the build without the eBPF toolchain, every fuzz target for a
+//!   few seconds, every test and the VM test; then a check that the tests left nothing on the
 //!   host ([`host`]).
 //! * `fuzz [--seconds N | --runs N] [--jobs N] [TARGET]`: the parsers of outside input under
 //!   libFuzzer ([`fuzz`]).
@@ -242,16 +242,18 @@ fn test(env: &cmd::Env) -> Result<()> {
             "warnings",
         ],
     )?;
+    // Before the long steps: the fuzz crate is not in the workspace, so clippy above does not
+    // build it, and a change of the agent's API shows here first.
+    cmd::step(&format!(
+        "every fuzz target for {FUZZ_TEST_SECONDS} s (`cargo xtask fuzz` runs them longer)"
+    ));
+    fuzz::run(fuzz::Budget::Seconds(FUZZ_TEST_SECONDS), 1, None)?;
     cmd::step("the agent binary the tests run");
     cmd::cargo(env, &["build", "--package", "hugepage-agent"])?;
     cmd::step("docs/reference/ is what the code gives, and every link of the docs resolves");
     docs::run(env, true)?;
     cmd::step("every test");
     let (mut passed, mut failed) = cmd::cargo_test(env, &["test", "--workspace"])?;
-    cmd::step(&format!(
-        "every fuzz target for {FUZZ_TEST_SECONDS} s (`cargo xtask fuzz` runs them longer)"
-    ));
-    fuzz::run(fuzz::Budget::Seconds(FUZZ_TEST_SECONDS), 1, None)?;
     cmd::step(
         "the VM test: Linux 6.1, 6.1-rt, 6.12 and 6.12-rt with 4 NUMA nodes under QEMU, the agent's checks inside",
     );
