@@ -47,11 +47,20 @@ pub const PINNED_RUSTC: &str = "1.95.0";
 /// What the image runs.
 const ENTRYPOINT: &str = "/hugepage-agent";
 const USER: &str = "0:0";
-/// Debian packages that build and inspect images.
-const PACKAGES: [&str; 2] = ["podman", "buildah"];
+/// Debian packages that build, inspect and copy images.
+const PACKAGES: [&str; 3] = ["podman", "buildah", "skopeo"];
+
+/// What [`build`] made: the image's reference in podman's storage, its version and commit, and
+/// the SBOM written beside it.
+pub struct Built {
+    pub reference: String,
+    pub version: String,
+    pub revision: String,
+    pub sbom: PathBuf,
+}
 
 /// Builds the static binary and the image, and checks both.
-pub fn build(env: &Env, source: Option<&str>) -> Result<()> {
+pub fn build(env: &Env, source: Option<&str>) -> Result<Built> {
     setup::ensure_debian_packages(&PACKAGES)?;
     let root = cmd::workspace();
     let version = toml_string(&root.join("agent/Cargo.toml"), "version")?;
@@ -118,7 +127,12 @@ pub fn build(env: &Env, source: Option<&str>) -> Result<()> {
     println!(
         "to load it elsewhere: podman save --format oci-archive -o hugepage-agent.tar {reference}"
     );
-    Ok(())
+    Ok(Built {
+        reference,
+        version,
+        revision: labels.revision,
+        sbom,
+    })
 }
 
 /// `rustc -V` of the stable toolchain, which must be [`PINNED_RUSTC`], and of the nightly that

@@ -19,6 +19,9 @@
 //!   the peers installed again).
 //! * `image [--source URL]`: the agent's OCI image (`localhost/hugepage-agent:<version>`), built
 //!   offline with podman and checked by inspection ([`image`]).
+//! * `release [--out DIR] [--source URL] [--allow-dirty]`: the image and a versioned bundle an
+//!   operator installs from: the OCI archive, its SBOM, one manifest per common choice with the
+//!   image by digest, the release notes from `CHANGELOG.md`, `SHA256SUMS` ([`release`]).
 //! * `manifests [--check]`: the files of `deploy/` generated from `dashboards/` ([`manifests`]).
 //! * `docs [--check]`: `docs/reference/` written from the code, and every relative link of
 //!   `README.md` and `docs/` checked ([`docs`]).
@@ -41,6 +44,7 @@ mod host;
 mod image;
 mod layers;
 mod manifests;
+mod release;
 mod sbom;
 mod setup;
 mod vm;
@@ -102,6 +106,20 @@ enum Task {
         /// The `org.opencontainers.image.source` label (default: the `origin` remote).
         #[arg(long, value_name = "URL")]
         source: Option<String>,
+    },
+    /// Build the image and write a release bundle: the image as an OCI archive with its SBOM,
+    /// one manifest per common choice naming the image by digest, the release notes, SHA256SUMS.
+    Release {
+        /// The directory the bundle's own directory (`hugepage-agent-<version>`) goes in
+        /// (default: the target directory's `release`).
+        #[arg(long, value_name = "DIR")]
+        out: Option<std::path::PathBuf>,
+        /// The image's `org.opencontainers.image.source` label (default: the `origin` remote).
+        #[arg(long, value_name = "URL")]
+        source: Option<String>,
+        /// Release a tree whose tracked files differ from HEAD (its notes say so).
+        #[arg(long)]
+        allow_dirty: bool,
     },
     /// Write the files of deploy/ generated from dashboards/ (the PrometheusRule).
     Manifests {
@@ -169,7 +187,15 @@ fn main() -> Result<()> {
         Task::Layers => layers::check(&cmd::workspace().join("agent/src")),
         Task::Image { source } => {
             let env = setup::ensure()?;
-            image::build(&env, source.as_deref())
+            image::build(&env, source.as_deref()).map(|_| ())
+        }
+        Task::Release {
+            out,
+            source,
+            allow_dirty,
+        } => {
+            let env = setup::ensure()?;
+            release::run(&env, out, source.as_deref(), allow_dirty).map(|_| ())
         }
         Task::Manifests { check } => manifests::run(check),
         Task::Docs { check } => {

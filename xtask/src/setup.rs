@@ -31,8 +31,9 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// root, capabilities and no_new_privs; `openssl` makes the mTLS test certificates and `curl`
 /// presents them, in the agent's network namespace (`nsenter`, `ip` from iproute2); `prometheus`
 /// is the server and promtool the telemetry tests check against; Go and go-spew build the
-/// independent peer that checks the kubelet checkpoint checksum.
-const DEBIAN_PACKAGES: [&str; 8] = [
+/// independent peer that checks the kubelet checkpoint checksum; `docker-registry` (the CNCF
+/// Distribution registry) is the registry a release's archive is pushed to.
+const DEBIAN_PACKAGES: [&str; 9] = [
     "util-linux",
     "libcap2-bin",
     "openssl",
@@ -41,6 +42,7 @@ const DEBIAN_PACKAGES: [&str; 8] = [
     "prometheus",
     "golang-go",
     "golang-github-davecgh-go-spew-dev",
+    "docker-registry",
 ];
 /// The OTLP receiver's packages (PyPI): the official protocol messages and gRPC.
 const PYTHON_PACKAGES: [&str; 3] = [
