@@ -115,6 +115,7 @@ fn until(pki: &Pki, webhook: &Agent, series: &str, want: f64, within: Duration) 
 
 const FRESH: &str = "hugepage_agent_webhook_streams{state=\"fresh\"}";
 const TABLE: &str = "hugepage_agent_webhook_table_answers_total";
+const SKEW: &str = "hugepage_agent_webhook_agents_outside_version_skew";
 const CALLS: &str = "hugepage_agent_webhook_agent_call_seconds_count";
 
 /// `filter` of a pod asking for `pages` 2 MiB pages on `real`: the answer.
@@ -198,6 +199,8 @@ fn a_stream_cut_off_makes_its_node_stale_within_the_bound_and_the_next_filter_as
         webhook,
         nodes,
     } = streamed(3, "200ms", &["--stream-fresh-within", "1s"]);
+    // The agent names its version on every event, the webhook's own: within the skew policy.
+    assert_eq!(sample(&metrics(&pki, &webhook), SKEW), Some(0.0));
     let calls = value(&pki, &webhook, CALLS);
     filter(&pki, &webhook, &nodes, 1);
     assert_eq!(

@@ -599,11 +599,12 @@ async fn h2_stream(
                 Ok(event) => event,
                 Err(e) => return format!("an event that is not one: {e}"),
             };
+            let version = event.agent_version.as_deref();
             match (event.kind.as_str(), event.object) {
                 ("SNAPSHOT" | "MODIFIED", Some(state)) => {
-                    table.put(node, addr, &event.epoch, event.generation, state);
+                    table.put(node, addr, (&event.epoch, event.generation), version, state);
                 }
-                ("BOOKMARK", _) => table.heard(node, addr),
+                ("BOOKMARK", _) => table.heard(node, addr, version),
                 (kind, _) => return format!("a {kind} event without a state"),
             }
             line.drain(..=at);

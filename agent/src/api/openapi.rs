@@ -74,7 +74,7 @@ fn kubelet_selection_schema() -> Value {
 
 /// One line of the map watch's stream.
 fn watch_event_schema() -> Value {
-    json!({"type": "object", "required": ["type", "epoch", "generation"], "properties": {
+    let mut schema = json!({"type": "object", "required": ["type", "epoch", "generation", "agentVersion"], "properties": {
         "type": {"enum": ["SNAPSHOT", "MODIFIED", "BOOKMARK"]},
         "epoch": {"type": "string", "description": "new at each start of the agent"},
         "generation": {"type": "integer", "description": "the state's; a new state has a higher one"},
@@ -101,7 +101,9 @@ fn watch_event_schema() -> Value {
                 }}}
             }}}
         }}
-    }})
+    }});
+    schema["properties"]["agentVersion"] = json!({"type": "string", "description": "the agent's version, on every event; the webhook reports agents outside its version-skew policy (its minor version or the next one)"});
+    schema
 }
 
 fn problem(description: &str) -> Value {

@@ -11,7 +11,8 @@
 //! the same kind of stream as `application/json;stream=watch`, which generic clients and
 //! checkers take for one JSON document): `SNAPSHOT` (the state now) first, `MODIFIED` with each new
 //! state, and `BOOKMARK` (no state) every `heartbeat` while nothing changes. Every event names
-//! the hub's `epoch` (new with each start of the agent) and the `generation`. A watcher that
+//! the hub's `epoch` (new with each start of the agent), the `generation` and the agent's
+//! version (`agentVersion`). A watcher that
 //! resumes with the `epoch` and `generation` it last saw gets no snapshot when nothing changed
 //! since; any other resume gets the state now as a `SNAPSHOT` (generations are not kept). A
 //! watcher is sent the latest state only, never a queue: a slow one skips states, and holds no
@@ -229,6 +230,9 @@ pub struct Event<'a> {
     pub kind: &'static str,
     pub epoch: &'a str,
     pub generation: u64,
+    /// The agent's version, on every event: the webhook checks it against its own
+    /// (docs/install/release.md, versions).
+    pub agent_version: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<&'a WatchState>,
 }
@@ -524,6 +528,7 @@ fn line(kind: &'static str, epoch: &str, published: &Published, with_state: bool
         kind,
         epoch,
         generation: published.generation,
+        agent_version: env!("CARGO_PKG_VERSION"),
         object: with_state.then_some(&*published.state),
     };
     let mut text = serde_json::to_vec(&event).unwrap_or_default();

@@ -134,6 +134,8 @@ pub struct Metrics {
     watch_errors: AtomicU64,
     /// The agents' streams: fresh and stale now, ended so far.
     streams: [AtomicU64; 2],
+    /// Agents outside the version-skew policy now.
+    outside_skew: AtomicU64,
     stream_ends: AtomicU64,
     /// Candidates judged from the table, without an agent call.
     table_answers: AtomicU64,
@@ -172,6 +174,7 @@ impl Metrics {
             cached_nodes: AtomicU64::new(0),
             watch_errors: AtomicU64::new(0),
             streams: Default::default(),
+            outside_skew: AtomicU64::new(0),
             stream_ends: AtomicU64::new(0),
             table_answers: AtomicU64::new(0),
             table_disagreements: AtomicU64::new(0),
@@ -234,10 +237,12 @@ impl Metrics {
         self.watch_errors.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// How many of the agents' streams are `fresh` and `stale` now.
-    pub fn streams(&self, fresh: usize, stale: usize) {
+    /// The agents' streams now: fresh, stale, and outside the version-skew policy.
+    pub fn streams(&self, fresh: usize, stale: usize, outside_skew: usize) {
         self.streams[0].store(fresh as u64, Ordering::Relaxed);
         self.streams[1].store(stale as u64, Ordering::Relaxed);
+        self.outside_skew
+            .store(outside_skew as u64, Ordering::Relaxed);
     }
 
     /// An agent's stream ended (it is connected again after a back-off).
@@ -343,6 +348,9 @@ impl Metrics {
                 n.load(Ordering::Relaxed) as f64,
             );
         }
+        const SKEW: &str = "hugepage_agent_webhook_agents_outside_version_skew";
+        e.family(SKEW, Kind::Gauge, "Agents whose stream names a version of another major or minor than the webhook's, or none (an agent older than the field): outside the version-skew policy, still followed and asked. /readyz names their nodes.");
+        e.sample(SKEW, &[], self.outside_skew.load(Ordering::Relaxed) as f64);
         const ENDS: &str = "hugepage_agent_webhook_stream_ends_total";
         e.family(ENDS, Kind::Counter, "Agents' streams that ended (the agent restarted, the connection broke or fell silent, the agent refused the watch) and were connected again after a back-off.");
         e.sample(ENDS, &[], self.stream_ends.load(Ordering::Relaxed) as f64);

@@ -44,6 +44,7 @@ pub mod pool;
 pub mod review;
 pub mod routes;
 pub mod scheduler;
+pub mod skew;
 pub mod stream;
 pub mod table;
 pub mod trace;

@@ -23,14 +23,14 @@ use axum::{
     routing::{MethodRouter, get, post},
 };
 use serde::de::DeserializeOwned;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{
     admission,
     metrics::Endpoint,
     mutate,
     review::{self, AdmissionRequest, AdmissionReview},
-    scheduler, trace,
+    scheduler, skew, trace,
 };
 use crate::{
     api::{
@@ -41,6 +41,9 @@ use crate::{
 };
 
 pub use super::context::Context;
+
+/// How many nodes outside the version-skew policy `/readyz` names.
+const SKEWED_SHOWN: usize = 20;
 
 /// What a scheduler call's body is when it does not parse.
 const EXTENDER_ARGS: &str = "ExtenderArgs JSON";
@@ -111,7 +114,7 @@ pub const ROUTES: [Route; 7] = [
         method: "GET",
         path: "/readyz",
         caller: "the kubelet (readiness)",
-        summary: "200 once the Node cache has synced (before, `nodenames` calls could not be answered); 503 with `why` until then.",
+        summary: "200 once the Node cache has synced (before, `nodenames` calls could not be answered); 503 with `why` until then. A ready answer names agents outside the version-skew policy (another major or minor version than the webhook's, or none): `agentsOutsideVersionSkew` (their count), `skewedAgents` (up to 20 `{node, agentVersion}`), `webhookVersion`.",
         handler: || get(readyz),
     },
 ];
@@ -316,16 +319,36 @@ async fn healthz() -> Response {
     Json(json!({"status": "ok"})).into_response()
 }
 
-/// Ready once the Node cache has synced: before, `nodenames` calls could not be answered.
+/// Ready once the Node cache has synced: before, `nodenames` calls could not be answered. A
+/// ready answer names the nodes whose agents are outside the version-skew policy (at most
+/// [`SKEWED_SHOWN`] of them, with their count): they are still followed, so readiness does not
+/// depend on them.
 async fn readyz(State(context): State<Context>) -> Response {
-    if context.nodes.is_synced() {
-        Json(json!({"status": "ok"})).into_response()
-    } else {
+    if !context.nodes.is_synced() {
         let why = "the Node cache has not synced yet";
-        (
+        return (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "not ready", "why": why})),
         )
-            .into_response()
+            .into_response();
     }
+    let Some(table) = &context.table else {
+        return Json(json!({"status": "ok"})).into_response();
+    };
+    let outside = table.standing().outside_skew;
+    if outside == 0 {
+        return Json(json!({"status": "ok"})).into_response();
+    }
+    let nodes: Vec<Value> = table
+        .skewed(SKEWED_SHOWN)
+        .into_iter()
+        .map(|s| json!({"node": s.node, "agentVersion": s.version}))
+        .collect();
+    Json(json!({
+        "status": "ok",
+        "webhookVersion": skew::OURS,
+        "agentsOutsideVersionSkew": outside,
+        "skewedAgents": nodes,
+    }))
+    .into_response()
 }

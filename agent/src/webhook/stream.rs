@@ -82,6 +82,9 @@ pub struct Event {
     pub kind: String,
     pub epoch: String,
     pub generation: u64,
+    /// The agent's version (none from agents older than the field).
+    #[serde(default, rename = "agentVersion")]
+    pub agent_version: Option<String>,
     #[serde(default)]
     pub object: Option<WatchState>,
 }
@@ -106,7 +109,7 @@ pub async fn run(
             _ = every.tick() => {}
         }
         let standing = table.standing();
-        metrics.streams(standing.fresh, standing.stale);
+        metrics.streams(standing.fresh, standing.stale, standing.outside_skew);
         let changes = cache.agents_moved();
         let ended = streams.values().any(|(_, task)| task.is_finished());
         if followed == Some(changes) && !ended {
@@ -224,11 +227,12 @@ async fn stream(
             Ok(event) => event,
             Err(e) => return StreamError::Event(e.to_string()),
         };
+        let version = event.agent_version.as_deref();
         match (event.kind.as_str(), event.object) {
             ("SNAPSHOT" | "MODIFIED", Some(state)) => {
-                table.put(node, addr, &event.epoch, event.generation, state);
+                table.put(node, addr, (&event.epoch, event.generation), version, state);
             }
-            ("BOOKMARK", _) => table.heard(node, addr),
+            ("BOOKMARK", _) => table.heard(node, addr, version),
             (kind, _) => return StreamError::Event(format!("a {kind} event without a state")),
         }
     }

@@ -34,6 +34,7 @@ use super::pod::PodRequest;
 use super::{
     agents::{CheckReply, Reply},
     decide::Judged,
+    skew,
 };
 use crate::{
     admission::{
@@ -58,6 +59,8 @@ struct Entry {
     generation: u64,
     /// The last event of any kind; `None` while no stream is open.
     heard: Option<Instant>,
+    /// The agent's version its last event named (none from agents older than the field).
+    version: Option<String>,
 }
 
 /// A state as the table keeps it.
@@ -94,6 +97,16 @@ pub struct Standing {
     pub fresh: usize,
     /// Streamed once, not heard within the bound (or cut).
     pub stale: usize,
+    /// Whose agent's last event named a version outside the skew policy ([`skew::within`]), or
+    /// none.
+    pub outside_skew: usize,
+}
+
+/// A node whose agent is outside the version-skew policy, and the version it named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skewed {
+    pub node: String,
+    pub version: Option<String>,
 }
 
 /// The nodes' states, by node name.
@@ -128,13 +141,14 @@ impl Table {
             .unwrap_or_default()
     }
 
-    /// A state from `node`'s agent at `addr`, under `epoch` and `generation`.
+    /// A state from `node`'s agent at `addr`, under `epoch` and `generation`, from an agent
+    /// of `version`.
     pub fn put(
         &self,
         node: &str,
         addr: SocketAddr,
-        epoch: &str,
-        generation: u64,
+        (epoch, generation): (&str, u64),
+        version: Option<&str>,
         state: WatchState,
     ) {
         let entry = Entry {
@@ -143,15 +157,36 @@ impl Table {
             epoch: Some(epoch.to_owned()),
             generation,
             heard: Some(Instant::now()),
+            version: version.map(str::to_owned),
         };
         self.write().insert(node.to_owned(), entry);
     }
 
-    /// A heartbeat (or a resume that found the state current) from `node`'s agent at `addr`.
-    pub fn heard(&self, node: &str, addr: SocketAddr) {
+    /// A heartbeat (or a resume that found the state current) from `node`'s agent at `addr`,
+    /// of `version`.
+    pub fn heard(&self, node: &str, addr: SocketAddr, version: Option<&str>) {
         if let Some(entry) = self.write().get_mut(node).filter(|e| e.addr == addr) {
             entry.heard = Some(Instant::now());
+            if entry.version.as_deref() != version {
+                entry.version = version.map(str::to_owned);
+            }
         }
+    }
+
+    /// The nodes whose agents are outside the version-skew policy, `most` of them by name.
+    pub fn skewed(&self, most: usize) -> Vec<Skewed> {
+        let mut skewed: Vec<Skewed> = self
+            .read()
+            .iter()
+            .filter(|(_, e)| !skew::within(skew::OURS, e.version.as_deref()))
+            .map(|(node, e)| Skewed {
+                node: node.clone(),
+                version: e.version.clone(),
+            })
+            .collect();
+        skewed.sort_by(|a, b| a.node.cmp(&b.node));
+        skewed.truncate(most);
+        skewed
     }
 
     /// `node`'s stream ended: its state is stale from now on.
@@ -180,6 +215,9 @@ impl Table {
     pub fn standing(&self) -> Standing {
         let mut standing = Standing::default();
         for entry in self.read().values() {
+            if !skew::within(skew::OURS, entry.version.as_deref()) {
+                standing.outside_skew += 1;
+            }
             match entry.heard {
                 Some(heard) if heard.elapsed() <= self.fresh_within => standing.fresh += 1,
                 _ => standing.stale += 1,

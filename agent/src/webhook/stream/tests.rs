@@ -106,3 +106,15 @@ fn waits_are_drawn_between_half_and_all_of_the_most() {
         distinct.len()
     );
 }
+
+#[test]
+fn an_events_agent_version_is_read_and_an_event_without_one_has_none() {
+    let named: Event = serde_json::from_str(
+        r#"{"type":"BOOKMARK","epoch":"e","generation":3,"agentVersion":"0.2.0"}"#,
+    )
+    .expect("an event");
+    assert_eq!(named.agent_version.as_deref(), Some("0.2.0"));
+    let older: Event = serde_json::from_str(r#"{"type":"BOOKMARK","epoch":"e","generation":3}"#)
+        .expect("an event");
+    assert_eq!(older.agent_version, None);
+}

@@ -254,7 +254,7 @@ async fn an_entry_is_fresh_within_the_bound_stale_after_it_or_once_cut_and_moved
     let table = Table::new(Duration::from_millis(50));
     let addr: SocketAddr = "127.0.0.2:9820".parse().expect("addr");
     assert!(table.fresh("n", addr).is_none());
-    table.put("n", addr, "e1", 7, state([1, 1]));
+    table.put("n", addr, ("e1", 7), Some(skew::OURS), state([1, 1]));
     assert!(table.fresh("n", addr).is_some());
     assert_eq!(
         table.resume("n", addr),
@@ -268,11 +268,48 @@ async fn an_entry_is_fresh_within_the_bound_stale_after_it_or_once_cut_and_moved
     assert_eq!(table.resume("n", moved), Resume::default());
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert!(table.fresh("n", addr).is_none(), "not heard within 50 ms");
-    assert_eq!(table.standing(), Standing { fresh: 0, stale: 1 });
-    table.heard("n", addr);
+    assert_eq!(
+        table.standing(),
+        Standing {
+            fresh: 0,
+            stale: 1,
+            outside_skew: 0
+        }
+    );
+    table.heard("n", addr, Some(skew::OURS));
     assert!(table.fresh("n", addr).is_some(), "a heartbeat");
     table.cut("n");
     assert!(table.fresh("n", addr).is_none(), "cut");
     table.forget("n");
     assert_eq!(table.standing(), Standing::default());
+}
+
+#[test]
+fn agents_of_another_minor_version_or_of_none_are_counted_and_named_until_they_change() {
+    let table = Table::new(Duration::from_secs(60));
+    let addr = |i: u8| -> SocketAddr { SocketAddr::from(([127, 0, 0, i], 9820)) };
+    table.put("a", addr(1), ("e", 1), Some(skew::OURS), state([1, 1]));
+    table.put("c", addr(3), ("e", 1), Some("99.0.0"), state([1, 1]));
+    table.put("b", addr(2), ("e", 1), None, state([1, 1]));
+    assert_eq!(table.standing().outside_skew, 2);
+    assert_eq!(
+        table.skewed(10),
+        vec![
+            Skewed {
+                node: "b".into(),
+                version: None
+            },
+            Skewed {
+                node: "c".into(),
+                version: Some("99.0.0".into())
+            },
+        ]
+    );
+    assert_eq!(table.skewed(1).len(), 1, "at most the number asked");
+    // The agent on c is upgraded: its next heartbeat names the webhook's version.
+    table.heard("c", addr(3), Some(skew::OURS));
+    assert_eq!(table.standing().outside_skew, 1);
+    table.forget("b");
+    assert_eq!(table.standing().outside_skew, 0);
+    assert!(table.skewed(10).is_empty());
 }
