@@ -28,7 +28,7 @@ fn the_alert_rules_pass_promtool_and_every_alert_has_a_test_case_that_fires_it()
         .lines()
         .filter_map(|l| l.trim().strip_prefix("- alert: "))
         .collect();
-    assert_eq!(alerts.len(), 13, "{alerts:?}");
+    assert_eq!(alerts.len(), 16, "{alerts:?}");
     for alert in alerts {
         // A case that expects the alert to fire: its name followed by a non-empty exp_alerts.
         let fires = tests.split("alertname: ").skip(1).any(|case| {

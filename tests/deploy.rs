@@ -181,7 +181,7 @@ fn the_prometheus_rule_is_the_alert_rules_and_passes_promtool() {
     std::fs::write(file.path(), rule["spec"].to_string()).expect("write the spec");
     let path = file.path().to_str().expect("a UTF-8 path");
     let (ok, out) = promtool(&["check", "rules", path], "");
-    assert!(ok && out.contains("SUCCESS: 13 rules found"), "{out}");
+    assert!(ok && out.contains("SUCCESS: 16 rules found"), "{out}");
 
     let monitor = rendered.find("PodMonitor", "hugepage-agent");
     let agent = rendered.agent();
