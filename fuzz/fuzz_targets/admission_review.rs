@@ -23,9 +23,11 @@ fuzz_target!(|data: &[u8]| {
         Ok(Subject::Binding {
             namespace,
             pod,
+            uid,
             node,
         }) => {
             assert!(!namespace.is_empty() && !pod.is_empty() && !node.is_empty());
+            assert!(uid.is_none_or(|u| !u.is_empty()), "an empty UID is none");
         }
         Ok(Subject::Placed { pod: value, node }) => {
             assert!(!node.is_empty());
