@@ -16,6 +16,7 @@ use std::{
 };
 
 use hugepage_agent_tests::{
+    free_port,
     manifests::{NEWEST, OLDEST, validate},
     peers::workspace,
     rendered::{Rendered, yaml_documents},
@@ -107,11 +108,7 @@ struct Registry {
 
 impl Registry {
     fn start(dir: &Path) -> Registry {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let address = format!("127.0.0.1:{port}");
+        let address = format!("127.0.0.1:{}", free_port());
         let config = dir.join("registry.yml");
         fs::write(
             &config,

@@ -335,12 +335,11 @@ async fn readyz(State(context): State<Context>) -> Response {
     let Some(table) = &context.table else {
         return Json(json!({"status": "ok"})).into_response();
     };
-    let outside = table.standing().outside_skew;
+    let (outside, skewed) = table.skewed(SKEWED_SHOWN);
     if outside == 0 {
         return Json(json!({"status": "ok"})).into_response();
     }
-    let nodes: Vec<Value> = table
-        .skewed(SKEWED_SHOWN)
+    let nodes: Vec<Value> = skewed
         .into_iter()
         .map(|s| json!({"node": s.node, "agentVersion": s.version}))
         .collect();

@@ -5,9 +5,28 @@
 //! (older than the field), an older minor or another major, or a version that does not parse,
 //! is outside. Outside the policy the webhook still follows and asks the agent, and says so: a
 //! gauge, and the nodes on `/readyz` (docs/install/release.md, versions).
+//!
+//! What an agent names is its to write, and `/readyz` is served unauthenticated: the table keeps
+//! a version only when it reads as one ([`kept`]: at most [`MAX_VERSION`] bytes of digits,
+//! letters, `.`, `-` and `+`), and [`UNREADABLE`] for anything else.
 
 /// The webhook's own version.
 pub const OURS: &str = env!("CARGO_PKG_VERSION");
+/// The longest version kept as named.
+pub const MAX_VERSION: usize = 64;
+/// What is kept of a version that does not read as one.
+pub const UNREADABLE: &str = "(not a version)";
+
+/// `version` when it reads as one (bounded, and only the characters of a semantic version),
+/// else [`UNREADABLE`]: what the table keeps and `/readyz` shows.
+pub fn kept(version: &str) -> &str {
+    let readable = !version.is_empty()
+        && version.len() <= MAX_VERSION
+        && version
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'+'));
+    if readable { version } else { UNREADABLE }
+}
 
 /// The major and minor numbers of a version (`1.2.3`, `0.1.0-rc.1`); `None` when it has no
 /// two leading numbers.
@@ -50,5 +69,18 @@ mod tests {
         assert!(!within("0.1.0", Some("")));
         assert!(!within("0.1.0", Some("v0.1.0")));
         assert!(!within("0.1.0", Some("0")));
+        assert!(!within("0.1.0", Some(UNREADABLE)));
+    }
+
+    #[test]
+    fn only_a_bounded_version_of_its_own_characters_is_kept_as_named() {
+        assert_eq!(kept("0.2.0-rc.1+build.5"), "0.2.0-rc.1+build.5");
+        let longest = format!("0.1.{}", "9".repeat(MAX_VERSION - 4));
+        assert_eq!(kept(&longest), longest);
+        assert_eq!(kept(&format!("{longest}9")), UNREADABLE);
+        assert_eq!(kept(""), UNREADABLE);
+        assert_eq!(kept("0.1.0\n<script>"), UNREADABLE);
+        assert_eq!(kept("0.1.0 "), UNREADABLE);
+        assert_eq!(kept("0.1.\u{e9}"), UNREADABLE);
     }
 }

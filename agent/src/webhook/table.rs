@@ -142,7 +142,7 @@ impl Table {
     }
 
     /// A state from `node`'s agent at `addr`, under `epoch` and `generation`, from an agent
-    /// of `version`.
+    /// of `version` (kept as [`skew::kept`] reads it).
     pub fn put(
         &self,
         node: &str,
@@ -157,14 +157,15 @@ impl Table {
             epoch: Some(epoch.to_owned()),
             generation,
             heard: Some(Instant::now()),
-            version: version.map(str::to_owned),
+            version: version.map(|v| skew::kept(v).to_owned()),
         };
         self.write().insert(node.to_owned(), entry);
     }
 
     /// A heartbeat (or a resume that found the state current) from `node`'s agent at `addr`,
-    /// of `version`.
+    /// of `version` (kept as [`skew::kept`] reads it).
     pub fn heard(&self, node: &str, addr: SocketAddr, version: Option<&str>) {
+        let version = version.map(skew::kept);
         if let Some(entry) = self.write().get_mut(node).filter(|e| e.addr == addr) {
             entry.heard = Some(Instant::now());
             if entry.version.as_deref() != version {
@@ -173,8 +174,9 @@ impl Table {
         }
     }
 
-    /// The nodes whose agents are outside the version-skew policy, `most` of them by name.
-    pub fn skewed(&self, most: usize) -> Vec<Skewed> {
+    /// The nodes whose agents are outside the version-skew policy: how many, and `most` of
+    /// them by name.
+    pub fn skewed(&self, most: usize) -> (usize, Vec<Skewed>) {
         let mut skewed: Vec<Skewed> = self
             .read()
             .iter()
@@ -184,9 +186,10 @@ impl Table {
                 version: e.version.clone(),
             })
             .collect();
+        let count = skewed.len();
         skewed.sort_by(|a, b| a.node.cmp(&b.node));
         skewed.truncate(most);
-        skewed
+        (count, skewed)
     }
 
     /// `node`'s stream ended: its state is stale from now on.

@@ -291,25 +291,41 @@ fn agents_of_another_minor_version_or_of_none_are_counted_and_named_until_they_c
     table.put("a", addr(1), ("e", 1), Some(skew::OURS), state([1, 1]));
     table.put("c", addr(3), ("e", 1), Some("99.0.0"), state([1, 1]));
     table.put("b", addr(2), ("e", 1), None, state([1, 1]));
-    assert_eq!(table.standing().outside_skew, 2);
+    table.put(
+        "d",
+        addr(4),
+        ("e", 1),
+        Some(&"9".repeat(4 << 10)),
+        state([1, 1]),
+    );
+    assert_eq!(table.standing().outside_skew, 3);
     assert_eq!(
         table.skewed(10),
-        vec![
-            Skewed {
-                node: "b".into(),
-                version: None
-            },
-            Skewed {
-                node: "c".into(),
-                version: Some("99.0.0".into())
-            },
-        ]
+        (
+            3,
+            vec![
+                Skewed {
+                    node: "b".into(),
+                    version: None
+                },
+                Skewed {
+                    node: "c".into(),
+                    version: Some("99.0.0".into())
+                },
+                Skewed {
+                    node: "d".into(),
+                    version: Some(skew::UNREADABLE.into())
+                },
+            ]
+        )
     );
-    assert_eq!(table.skewed(1).len(), 1, "at most the number asked");
+    assert_eq!(table.skewed(1).1.len(), 1, "at most the number asked");
+    assert_eq!(table.skewed(1).0, 3, "counted in full");
+    table.forget("d");
     // The agent on c is upgraded: its next heartbeat names the webhook's version.
     table.heard("c", addr(3), Some(skew::OURS));
     assert_eq!(table.standing().outside_skew, 1);
     table.forget("b");
     assert_eq!(table.standing().outside_skew, 0);
-    assert!(table.skewed(10).is_empty());
+    assert_eq!(table.skewed(10), (0, vec![]));
 }
