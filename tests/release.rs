@@ -74,6 +74,15 @@ fn run(program: &str, args: &[&str], dir: &Path) -> String {
     String::from_utf8(out.stdout).expect("UTF-8")
 }
 
+/// The mount points of this mount namespace, in /proc/mounts order.
+fn mount_points() -> Vec<String> {
+    fs::read_to_string("/proc/mounts")
+        .expect("/proc/mounts")
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        .collect()
+}
+
 fn bundle(into: &Path) -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = into.display().to_string();
@@ -153,7 +162,15 @@ fn the_release_bundle_installs_the_image_it_carries_by_digest() {
         .prefix("hugepage-agent-release-")
         .tempdir()
         .expect("a temporary directory");
+    let mounts = mount_points();
     let dir = bundle(out.path());
+    // Building and packing the image leaves no mount behind (skopeo reading podman's storage
+    // left its overlay directory mounted on itself).
+    assert_eq!(
+        mount_points(),
+        mounts,
+        "mount points before and after the release"
+    );
 
     // Every file is listed, and each checksum verifies.
     let sums = run("sha256sum", &["-c", "SHA256SUMS"], &dir);

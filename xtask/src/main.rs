@@ -221,7 +221,7 @@ const FUZZ_TEST_SECONDS: u64 = 5;
 fn test(env: &cmd::Env) -> Result<()> {
     cmd::step("deploy/ files generated from dashboards/ are current");
     manifests::run(true)?;
-    // Before the snapshot: podman's storage mounts itself once, on first use.
+    // Before the snapshot: the build fills podman's storage and its cache, which stay.
     cmd::step("the container image the DaemonSet test runs");
     image::build(env, None)?;
     let before = host::Snapshot::capture();

@@ -108,20 +108,16 @@ pub fn run(
     let archive = format!("hugepage-agent-{}-amd64.oci.tar", built.version);
     // Layers gzip-compressed in the archive, as a registry keeps them: `skopeo copy
     // --preserve-digests` to a registry then keeps the manifest, and so the digest, as it is.
-    let mut save = Command::new("skopeo");
-    save.args([
-        "copy",
-        "--quiet",
-        "--dest-compress",
-        "--dest-compress-format",
-        "gzip",
-    ])
-    .arg(format!("containers-storage:{}", built.reference))
-    .arg(format!(
-        "oci-archive:{}:{}",
-        dir.join(&archive).display(),
-        built.version
-    ));
+    // podman, not skopeo, reads its own storage: skopeo leaves the storage's overlay directory
+    // mounted on itself, podman unmounts it when done.
+    let mut save = Command::new("podman");
+    save.args(["push", "--quiet", "--compression-format", "gzip"])
+        .arg(&built.reference)
+        .arg(format!(
+            "oci-archive:{}:{}",
+            dir.join(&archive).display(),
+            built.version
+        ));
     cmd::run(save)?;
     let digest = archive_digest(&dir.join(&archive))?;
     let sbom = format!("hugepage-agent-{}.spdx.json", built.version);
