@@ -9,7 +9,11 @@
 //!   after `N` first and then each change as it happens, with a `BOOKMARK` each second when
 //!   `allowWatchBookmarks=true`; a resumed watch from before what it kept is answered as the API
 //!   server does, with an `ERROR` event whose `Status` is `410` `Expired`;
-//! * `GET /api/v1/namespaces/NS/pods/NAME`: the pod, or a `404` `Status`.
+//! * `GET /api/v1/namespaces/NS/pods/NAME`: the pod, or a `404` `Status`;
+//! * `GET /version`: a `version.Info` of a v1.35 API server;
+//! * `GET` of any other object's path given to [`StandInApiServer::put_object`] (a Service, a
+//!   ValidatingWebhookConfiguration), or a `404` `Status`; a path given to
+//!   [`StandInApiServer::forbid`] is answered `403` as RBAC answers a caller it does not allow.
 //!
 //! The test drives it: Nodes added, changed and deleted ([`StandInApiServer::put_node`],
 //! [`StandInApiServer::delete_node`]), open watches ended ([`StandInApiServer::end_watches`]),
@@ -53,6 +57,10 @@ struct State {
     /// A watch from a resourceVersion below this one is told 410 (its history is gone).
     oldest: u64,
     pods: BTreeMap<(String, String), Value>,
+    /// Other objects by their API path.
+    objects: BTreeMap<String, Value>,
+    /// Paths answered 403.
+    forbidden: Vec<String>,
     /// Bumped to end every open watch.
     generation: u64,
     gone_until_listed: bool,
@@ -185,6 +193,24 @@ impl StandInApiServer {
             pod["metadata"]["name"].as_str().unwrap_or("").to_owned(),
         );
         state.pods.insert(key, pod);
+    }
+
+    /// Serves `object` at `path` (`/api/v1/namespaces/NS/services/NAME`, …) from now on.
+    pub fn put_object(&self, path: &str, object: Value) {
+        let mut state = self.shared.lock();
+        state.rv += 1;
+        let mut object = object;
+        object["metadata"]["resourceVersion"] = json!(state.rv.to_string());
+        state.objects.insert(path.to_owned(), object);
+    }
+
+    /// Answers `GET path` with RBAC's `403` (`forbid = true`) or as before.
+    pub fn forbid(&self, path: &str, forbid: bool) {
+        let mut state = self.shared.lock();
+        state.forbidden.retain(|p| p != path);
+        if forbid {
+            state.forbidden.push(path.to_owned());
+        }
     }
 
     /// Ends every open watch stream (cleanly: the last chunk is sent).
@@ -381,6 +407,35 @@ fn route(shared: &Shared, stream: &mut Stream, method: &str, target: &str) -> io
                 }
             }
         }
+        ("GET", ["version"]) => respond(
+            stream,
+            200,
+            &json!({
+                "major": "1", "minor": "35", "gitVersion": "v1.35.0",
+                "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+                "buildDate": "2026-11-01T00:00:00Z", "goVersion": "go1.25.0",
+                "compiler": "gc", "platform": "linux/amd64"
+            }),
+        ),
+        ("GET", _) if shared.lock().forbidden.iter().any(|p| p == path) => {
+            let message = format!(
+                "User \"system:serviceaccount:hugepage-agent:hugepage-agent-webhook\" cannot get path \"{path}\""
+            );
+            respond(stream, 403, &status(403, "Forbidden", &message))
+        }
+        ("GET", _) => {
+            let object = shared.lock().objects.get(path).cloned();
+            match object {
+                Some(object) => respond(stream, 200, &object),
+                None => {
+                    let message = match segments.as_slice() {
+                        [.., kind, name] => format!("{kind} \"{name}\" not found"),
+                        _ => "the server could not find the requested resource".to_owned(),
+                    };
+                    respond(stream, 404, &status(404, "NotFound", &message))
+                }
+            }
+        }
         _ => respond(
             stream,
             404,
@@ -486,6 +541,7 @@ fn respond(stream: &mut Stream, code: u16, body: &Value) -> io::Result<()> {
     let phrase = match code {
         200 => "OK",
         401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         410 => "Gone",
         _ => "Error",

@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 
 /// Every optional component but the cgroup layouts, which replace the same paths, and the
 /// MutatingAdmissionPolicy (Kubernetes 1.36 and later: tests/scheduler.rs validates it).
-const COMPONENTS: [&str; 7] = [
+const COMPONENTS: [&str; 8] = [
     "prometheus-operator",
     "grafana-dashboard",
     "cert-manager",
@@ -39,6 +39,7 @@ const COMPONENTS: [&str; 7] = [
     "scheduler",
     "scheduler-by-default-webhook",
     "webhook-client-auth",
+    "webhook-fixed-clusterip",
 ];
 /// The kinds kubernetes-validate has no schema for, checked against their CRDs instead.
 const CUSTOM_KINDS: [&str; 4] = ["PodMonitor", "PrometheusRule", "Issuer", "Certificate"];
@@ -1146,21 +1147,34 @@ fn the_scheduler_extender_configuration_has_the_go_types_fields_and_agrees_with_
         ["caFile"]
     );
 
-    let rendered = render(&["webhook", "cert-manager"]);
+    let rendered = render(&["webhook", "cert-manager", "webhook-fixed-clusterip"]);
     let webhook = rendered.webhook();
     let settings = webhook_command(&webhook);
     let namespace = agent_namespace(&rendered);
     let service = rendered.find("Service", WEBHOOK);
 
-    // The Service, over HTTPS, by the name on the serving certificate.
+    // The Service by the fixed ClusterIP of webhook-fixed-clusterip (kube-scheduler's host
+    // network resolves no Service name), over HTTPS, verified by the name on the serving
+    // certificate.
     let url = extender["urlPrefix"].as_str().expect("urlPrefix");
     let host_port = url.strip_prefix("https://").expect("an https URL");
     let (host, port) = host_port
         .trim_end_matches('/')
         .rsplit_once(':')
         .expect("host:port");
+    assert_eq!(service["spec"]["clusterIP"], host, "{service}");
+    assert_eq!(service["spec"]["clusterIPs"], json!([host]), "{service}");
+    let ip: std::net::Ipv4Addr = host.parse().expect("an IPv4 address");
+    // kubeadm's default serviceSubnet 10.96.0.0/12, in its lower 256 addresses (the band kept
+    // for fixed ClusterIPs), and not kube-dns's 10.96.0.10.
+    assert_eq!(ip.octets()[..3], [10, 96, 0], "{ip}");
+    assert_ne!(ip.octets()[3], 10, "{ip}");
+    let plain = render(&["webhook", "cert-manager"]);
+    assert!(
+        plain.find("Service", WEBHOOK)["spec"]["clusterIP"].is_null(),
+        "without the component the API server allocates it"
+    );
     let service_name = format!("{WEBHOOK}.{namespace}.svc");
-    assert_eq!(host, service_name);
     let port: u64 = port.parse().expect("a port");
     assert_eq!(target_port(service, port, &webhook), settings.listen.port());
     assert_eq!(extender["enableHTTPS"], true);

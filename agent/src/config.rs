@@ -22,6 +22,7 @@ use crate::{
         },
     },
     client::{AgentUrl, ClientError},
+    doctor::{self, flags::DoctorArgs},
     flags::FlagError,
     kubelet::features::FeatureGates,
     kubeletconfig::{
@@ -69,6 +70,11 @@ pub enum CliCommand {
     /// `/scheduler/prioritize`) and a validating admission webhook (`/admission/validate`) over
     /// HTTPS, asking the node agents over mTLS.
     Webhook(Box<WebhookCommandArgs>),
+    /// Test, from where it runs, the path from kube-apiserver and kube-scheduler to every node's
+    /// agent: each webhook called as kube-apiserver calls it (its caBundle verified), each
+    /// extender of kube-scheduler's file as kube-scheduler calls it (its address resolved), each
+    /// node's agent as the webhook calls it; says what is wrong; exit 0 nothing wrong, 1 otherwise.
+    Doctor(Box<DoctorArgs>),
 }
 
 impl CliCommand {
@@ -221,6 +227,7 @@ pub enum Command {
         input: PathBuf,
     },
     Webhook(Box<webhook::Settings>),
+    Doctor(Box<doctor::flags::Settings>),
 }
 
 /// `check`'s configuration.
@@ -327,6 +334,7 @@ impl TryFrom<Cli> for Config {
                 let log = args.log.log_format;
                 (Command::Webhook(Box::new(webhook_config(*args)?)), log)
             }
+            CliCommand::Doctor(args) => (Command::Doctor(Box::new(args.read()?)), LogFormat::Text),
         };
         let traces = match command {
             Command::Run(_) | Command::Webhook(_) => TraceConfig::from_env()?,

@@ -12,6 +12,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod consumers;
+pub mod doctor;
 pub mod flags;
 pub mod footprint;
 pub mod holders;

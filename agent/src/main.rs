@@ -7,7 +7,7 @@ use clap::Parser;
 use hugepage_agent::{
     check,
     config::{Cli, Command, Config},
-    footprint, holders, run, status, telemetry, webhook, whatif,
+    doctor, footprint, holders, run, status, telemetry, webhook, whatif,
 };
 
 fn main() -> ExitCode {
@@ -74,6 +74,26 @@ fn main() -> ExitCode {
                 tracing::error!("{e}");
                 e.to_string()
             }),
+        Command::Doctor(ref settings) => {
+            return match doctor::run(settings) {
+                Ok(findings) => {
+                    if settings.json {
+                        println!("{}", doctor::finding::json(&findings));
+                    } else {
+                        print!("{}", doctor::finding::lines(&findings));
+                    }
+                    if doctor::finding::any_wrong(&findings) {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                Err(err) => {
+                    eprintln!("hugepage-agent: {err}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Merge { ref input } => {
             return match whatif::merge_file(input) {
                 Ok(line) => {

@@ -438,25 +438,54 @@ fn objects(documents: &[Value]) -> BTreeMap<(String, String, String), Value> {
         .collect()
 }
 
+/// The components whose patches change objects of other components, with those components.
+const NEEDS: [(&str, &[&str]); 2] = [
+    ("webhook-client-auth", &["cert-manager", "webhook"]),
+    ("webhook-fixed-clusterip", &["webhook"]),
+];
+
 fn kubernetes_objects() -> String {
     let deploy = hugepage_agent_tests::peers::workspace().join("deploy");
     let base = objects(&rendered::render(&[]).documents);
     let mut out = format!(
         "{GENERATED}\n\n# Kubernetes objects\n\nWhat `kubectl kustomize deploy/` creates, and what each component of \
-         `deploy/components/` adds or changes over it (rendered with the base alone).\n\n## The base\n\n\
+         `deploy/components/` adds or changes over it (rendered with the base alone, or with the components it needs).\n\n## The base\n\n\
          | kind | name | namespace |\n|---|---|---|\n"
     );
     for (kind, name, namespace) in base.keys() {
         let _ = writeln!(out, "| {kind} | `{name}` | {} |", or_dash(namespace));
     }
     for component in components(&deploy.join("components")) {
-        let with = objects(&rendered::render(&[component.as_str()]).documents);
+        let needs = NEEDS
+            .iter()
+            .find(|(c, _)| *c == component)
+            .map_or(&[][..], |(_, needs)| *needs);
+        let before = if needs.is_empty() {
+            base.clone()
+        } else {
+            objects(&rendered::render(needs).documents)
+        };
+        let mut all = needs.to_vec();
+        all.push(component.as_str());
+        let with = objects(&rendered::render(&all).documents);
+        let over = if needs.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\n\nOver the base with {}, which it needs.",
+                needs
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            )
+        };
         let _ = writeln!(
             out,
-            "\n## Component `{component}`\n\n| kind | name | namespace | |\n|---|---|---|---|"
+            "\n## Component `{component}`{over}\n\n| kind | name | namespace | |\n|---|---|---|---|"
         );
         for (key, object) in &with {
-            let change = match base.get(key) {
+            let change = match before.get(key) {
                 None => "added",
                 Some(before) if before != object => "changed",
                 Some(_) => continue,
