@@ -12,7 +12,7 @@
 //! host; `tests/daemonset.rs` runs the agent under what these manifests declare.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::Path,
     process::{Command, Stdio},
     time::Duration,
@@ -560,6 +560,68 @@ fn selects(match_labels: &Value, labels: &Value) -> bool {
         .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| &labels[k] == v))
 }
 
+/// Where kube-scheduler's PodTopologySpread filter (pkg/scheduler/framework/plugins/
+/// podtopologyspread) lets `replicas` pods of `pod` go, one after the other, on `nodes`
+/// (`{name, labels, taints}`) under the hostname constraint `spread`: a node passes the pod's
+/// nodeSelector and its taints' NoSchedule effects; the domains counted are the nodes that pass
+/// the nodeSelector (nodeAffinityPolicy Honor, the default) and, with nodeTaintsPolicy Honor,
+/// whose taints the pod tolerates; a node is allowed while its count plus one, less the fewest
+/// of any domain, is at most maxSkew. Each pod goes to the first allowed node with the fewest.
+/// `None` when one cannot be placed.
+fn place(pod: &Value, spread: &Value, nodes: &[Value], replicas: u64) -> Option<Vec<String>> {
+    let selected = |node: &Value| {
+        pod["nodeSelector"]
+            .as_object()
+            .is_none_or(|s| s.iter().all(|(k, v)| &node["labels"][k] == v))
+    };
+    let tolerated = |node: &Value| {
+        node["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|taint| {
+                taint["effect"] != "NoSchedule"
+                    || pod["tolerations"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|t| {
+                            (t["key"] == taint["key"]
+                                || (t["key"].is_null() && t["operator"] == "Exists"))
+                                && (t["effect"].is_null() || t["effect"] == taint["effect"])
+                        })
+            })
+    };
+    let honor_taints = spread["nodeTaintsPolicy"] == "Honor";
+    let max_skew = spread["maxSkew"].as_u64().expect("maxSkew");
+    let domains: Vec<&Value> = nodes
+        .iter()
+        .filter(|n| selected(n) && (!honor_taints || tolerated(n)))
+        .collect();
+    let mut counts: BTreeMap<String, u64> = domains
+        .iter()
+        .map(|n| (n["name"].as_str().unwrap_or("").to_owned(), 0))
+        .collect();
+    let mut placed = Vec::new();
+    for _ in 0..replicas {
+        let fewest = counts.values().copied().min().unwrap_or(0);
+        let chosen = nodes
+            .iter()
+            .filter(|n| selected(n) && tolerated(n))
+            .filter_map(|n| n["name"].as_str())
+            .filter(|name| {
+                counts
+                    .get(*name)
+                    .is_some_and(|c| c + 1 - fewest <= max_skew)
+            })
+            .min_by_key(|name| counts[*name])?
+            .to_owned();
+        *counts.entry(chosen.clone()).or_default() += 1;
+        placed.push(chosen);
+    }
+    Some(placed)
+}
+
 /// The Service port `port` of `service`, followed to the container port it targets.
 fn target_port(service: &Value, port: u64, pod: &AgentPod) -> u16 {
     let entry = service["spec"]["ports"]
@@ -670,6 +732,38 @@ fn the_webhook_runs_two_unprivileged_replicas_on_different_nodes() {
     assert_eq!(by_node["maxSkew"], 1);
     assert_eq!(by_node["whenUnsatisfiable"], "DoNotSchedule");
     assert!(selects(&by_node["labelSelector"]["matchLabels"], labels));
+    // Both replicas find a node on a kubeadm cluster of one control plane and one worker, and
+    // on two workers they go to different ones; without nodeTaintsPolicy Honor the tainted
+    // control-plane node would leave the second Pending.
+    let control_plane = json!({"name": "cp", "labels": {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"},
+        "taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]});
+    let worker = |name: &str| json!({"name": name, "labels": {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}, "taints": []});
+    let replicas = deployment["spec"]["replicas"].as_u64().expect("replicas");
+    assert_eq!(
+        place(
+            pod,
+            by_node,
+            &[control_plane.clone(), worker("w1")],
+            replicas
+        ),
+        Some(vec!["w1".to_owned(), "w1".to_owned()])
+    );
+    assert_eq!(
+        place(
+            pod,
+            by_node,
+            &[control_plane.clone(), worker("w1"), worker("w2")],
+            replicas
+        ),
+        Some(vec!["w1".to_owned(), "w2".to_owned()])
+    );
+    let mut ignoring = by_node.clone();
+    ignoring["nodeTaintsPolicy"] = json!("Ignore");
+    assert_eq!(
+        place(pod, &ignoring, &[control_plane, worker("w1")], replicas),
+        None,
+        "the default policy would leave the second replica Pending"
+    );
     let budget = rendered.find("PodDisruptionBudget", WEBHOOK);
     assert_eq!(budget["spec"]["minAvailable"], 1);
     assert!(selects(&budget["spec"]["selector"]["matchLabels"], labels));
