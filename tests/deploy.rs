@@ -563,9 +563,9 @@ fn selects(match_labels: &Value, labels: &Value) -> bool {
 /// Where kube-scheduler's PodTopologySpread filter (pkg/scheduler/framework/plugins/
 /// podtopologyspread) lets `replicas` pods of `pod` go, one after the other, on `nodes`
 /// (`{name, labels, taints}`) under the hostname constraint `spread`: a node passes the pod's
-/// nodeSelector and its taints' NoSchedule effects; the domains counted are the nodes that pass
-/// the nodeSelector (nodeAffinityPolicy Honor, the default) and, with nodeTaintsPolicy Honor,
-/// whose taints the pod tolerates; a node is allowed while its count plus one, less the fewest
+/// nodeSelector and its NoSchedule and NoExecute taints; the domains counted are the nodes that
+/// carry the topology key and pass the nodeSelector (nodeAffinityPolicy Honor, the default) and,
+/// with nodeTaintsPolicy Honor, whose taints the pod tolerates; a node is allowed while its count plus one, less the fewest
 /// of any domain, is at most maxSkew. Each pod goes to the first allowed node with the fewest.
 /// `None` when one cannot be placed.
 fn place(pod: &Value, spread: &Value, nodes: &[Value], replicas: u64) -> Option<Vec<String>> {
@@ -574,29 +574,34 @@ fn place(pod: &Value, spread: &Value, nodes: &[Value], replicas: u64) -> Option<
             .as_object()
             .is_none_or(|s| s.iter().all(|(k, v)| &node["labels"][k] == v))
     };
+    // A toleration matches a taint by key (none: every key, with Exists), by value unless it is
+    // Exists, and by effect (none: every effect); PreferNoSchedule never keeps a pod off.
     let tolerated = |node: &Value| {
         node["taints"]
             .as_array()
             .into_iter()
             .flatten()
             .all(|taint| {
-                taint["effect"] != "NoSchedule"
+                taint["effect"] == "PreferNoSchedule"
                     || pod["tolerations"]
                         .as_array()
                         .into_iter()
                         .flatten()
                         .any(|t| {
-                            (t["key"] == taint["key"]
-                                || (t["key"].is_null() && t["operator"] == "Exists"))
+                            let exists = t["operator"] == "Exists";
+                            (t["key"] == taint["key"] || (t["key"].is_null() && exists))
+                                && (exists || t["value"] == taint["value"])
                                 && (t["effect"].is_null() || t["effect"] == taint["effect"])
                         })
             })
     };
+    let key = spread["topologyKey"].as_str().expect("topologyKey");
+    let labelled = |node: &Value| node["labels"][key].is_string();
     let honor_taints = spread["nodeTaintsPolicy"] == "Honor";
     let max_skew = spread["maxSkew"].as_u64().expect("maxSkew");
     let domains: Vec<&Value> = nodes
         .iter()
-        .filter(|n| selected(n) && (!honor_taints || tolerated(n)))
+        .filter(|n| labelled(n) && selected(n) && (!honor_taints || tolerated(n)))
         .collect();
     let mut counts: BTreeMap<String, u64> = domains
         .iter()
@@ -735,9 +740,9 @@ fn the_webhook_runs_two_unprivileged_replicas_on_different_nodes() {
     // Both replicas find a node on a kubeadm cluster of one control plane and one worker, and
     // on two workers they go to different ones; without nodeTaintsPolicy Honor the tainted
     // control-plane node would leave the second Pending.
-    let control_plane = json!({"name": "cp", "labels": {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"},
+    let control_plane = json!({"name": "cp", "labels": {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": "cp"},
         "taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]});
-    let worker = |name: &str| json!({"name": name, "labels": {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}, "taints": []});
+    let worker = |name: &str| json!({"name": name, "labels": {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name}, "taints": []});
     let replicas = deployment["spec"]["replicas"].as_u64().expect("replicas");
     assert_eq!(
         place(
@@ -760,9 +765,34 @@ fn the_webhook_runs_two_unprivileged_replicas_on_different_nodes() {
     let mut ignoring = by_node.clone();
     ignoring["nodeTaintsPolicy"] = json!("Ignore");
     assert_eq!(
-        place(pod, &ignoring, &[control_plane, worker("w1")], replicas),
+        place(
+            pod,
+            &ignoring,
+            &[control_plane.clone(), worker("w1")],
+            replicas
+        ),
         None,
         "the default policy would leave the second replica Pending"
+    );
+    // The second scheduler's replicas likewise.
+    let scheduler = render(&["webhook", "scheduler"]);
+    let second = scheduler.find("Deployment", "hugepage-agent-scheduler");
+    let second_pod = &second["spec"]["template"]["spec"];
+    let second_spread = second_pod["topologySpreadConstraints"]
+        .as_array()
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c["topologyKey"] == "kubernetes.io/hostname")
+        })
+        .expect("the second scheduler's spread over nodes");
+    assert_eq!(
+        place(
+            second_pod,
+            second_spread,
+            &[control_plane, worker("w1")],
+            second["spec"]["replicas"].as_u64().expect("replicas")
+        ),
+        Some(vec!["w1".to_owned(), "w1".to_owned()])
     );
     let budget = rendered.find("PodDisruptionBudget", WEBHOOK);
     assert_eq!(budget["spec"]["minAvailable"], 1);

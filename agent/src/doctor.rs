@@ -39,7 +39,11 @@ pub fn run(settings: &Settings) -> Result<Vec<Finding>, DoctorError> {
 async fn checks(settings: &Settings) -> Vec<Finding> {
     let mut findings = Vec::new();
     let client = match kubeapi::client(settings.kubeconfig.as_deref()).await {
-        Ok(client) => match client.apiserver_version().await {
+        Ok(client) => match tokio::time::timeout(settings.timeout, client.apiserver_version())
+            .await
+            .map_err(|_| format!("no answer within {:?}", settings.timeout))
+            .and_then(|answer| answer.map_err(|e| e.to_string()))
+        {
             Ok(version) => {
                 findings.push(Finding::ok(
                     Check::KubernetesApi,
@@ -101,7 +105,7 @@ async fn checks(settings: &Settings) -> Vec<Finding> {
         (_, None) => findings.push(Finding::unchecked(
             Check::Agent,
             "-",
-            "no --agent-ca-file, --agent-client-cert-file and --agent-client-key-file: give the webhook's, or run the doctor in the webhook's pod (kubectl -n hugepage-agent exec deploy/hugepage-agent-webhook -- hugepage-agent doctor), which has them",
+            "no --agent-ca-file, --agent-client-cert-file and --agent-client-key-file: give the webhook's, e.g. in the webhook's pod: kubectl -n hugepage-agent exec deploy/hugepage-agent-webhook -- /hugepage-agent doctor --agent-ca-file=/etc/hugepage-agent/agent-client/ca.crt --agent-client-cert-file=/etc/hugepage-agent/agent-client/tls.crt --agent-client-key-file=/etc/hugepage-agent/agent-client/tls.key",
         )),
     }
     findings

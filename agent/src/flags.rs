@@ -31,6 +31,11 @@ pub enum FlagError {
         value: String,
         reason: String,
     },
+    #[error("{flags} go together: {missing} missing")]
+    Together {
+        flags: &'static str,
+        missing: String,
+    },
     #[error("{flag} {value:?}: {reason}")]
     Name {
         flag: &'static str,

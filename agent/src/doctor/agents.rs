@@ -26,6 +26,9 @@ use crate::{
     },
 };
 
+/// How many Nodes one list call asks for.
+const PAGE: u32 = 500;
+
 /// How many agents are called at once.
 const AT_ONCE: usize = 32;
 
@@ -51,7 +54,7 @@ pub async fn check(client: &Client, files: &ClientFiles, calling: &Calling) -> V
         Ok(config) => Arc::new(config),
         Err(e) => return vec![Finding::wrong(Check::Agent, "-", e.to_string())],
     };
-    let candidates = match candidates(client, calling.port).await {
+    let candidates = match candidates(client, calling.port, calling.within).await {
         Ok(candidates) => candidates,
         Err(e) => return vec![Finding::wrong(Check::Agent, "-", e.to_string())],
     };
@@ -92,21 +95,29 @@ pub async fn check(client: &Client, files: &ClientFiles, calling: &Calling) -> V
     findings
 }
 
-/// Every Node, as the webhook reads it.
-async fn candidates(client: &Client, port: u16) -> Result<Vec<Candidate>, AgentsError> {
+/// Every Node, as the webhook reads it: listed [`PAGE`] at a time, each page within `within`.
+async fn candidates(
+    client: &Client,
+    port: u16,
+    within: Duration,
+) -> Result<Vec<Candidate>, AgentsError> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let list = nodes
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| AgentsError::List(e.to_string()))?;
-    Ok(list
-        .items
-        .iter()
-        .filter_map(|node| {
+    let mut candidates = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = tokio::time::timeout(within, nodes.list(&params))
+            .await
+            .map_err(|_| AgentsError::List(format!("no answer within {within:?}")))?
+            .map_err(|e| AgentsError::List(e.to_string()))?;
+        candidates.extend(page.items.iter().filter_map(|node| {
             let name = node.metadata.name.clone()?;
             Some(of_node(name, node, port))
-        })
-        .collect())
+        }));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(candidates),
+        }
+    }
 }
 
 /// Whether a node has any allocatable hugepages.
@@ -152,7 +163,7 @@ async fn call(
         return Err(format!(
             "POST /v1/admit?dryRun=true at {addr} answered {}: {}",
             answer.status,
-            String::from_utf8_lossy(&answer.body)
+            probe::excerpt(&answer.body)
         ));
     }
     let reply: Reply = serde_json::from_slice(&answer.body)

@@ -34,7 +34,8 @@ pub struct DoctorArgs {
     #[arg(long, env = "HUGEPAGE_AGENT_AGENT_PORT", default_value_t = 9820, value_parser = clap::value_parser!(u16).range(1..))]
     pub agent_port: u16,
     /// PEM CA certificates the agents' server certificates chain to; with the client
-    /// certificate and key, every node with hugepages has its agent called (a dry run).
+    /// certificate and key (all three or none), every node with hugepages has its agent called
+    /// (a dry run). In the webhook's pod: /etc/hugepage-agent/agent-client/ca.crt.
     #[arg(long, env = "HUGEPAGE_AGENT_AGENT_CA_FILE", value_name = "PATH")]
     pub agent_ca_file: Option<PathBuf>,
     /// PEM client certificate presented to the agents (the webhook's).
@@ -85,7 +86,21 @@ impl DoctorArgs {
             self.agent_client_key_file,
         ) {
             (Some(ca), Some(cert), Some(key)) => Some(ClientFiles { ca, cert, key }),
-            _ => None,
+            (None, None, None) => None,
+            (ca, cert, key) => {
+                let missing: Vec<&str> = [
+                    ("--agent-ca-file", ca.is_none()),
+                    ("--agent-client-cert-file", cert.is_none()),
+                    ("--agent-client-key-file", key.is_none()),
+                ]
+                .into_iter()
+                .filter_map(|(flag, missing)| missing.then_some(flag))
+                .collect();
+                return Err(FlagError::Together {
+                    flags: "--agent-ca-file, --agent-client-cert-file and --agent-client-key-file",
+                    missing: missing.join(", "),
+                });
+            }
         };
         Ok(Settings {
             kubeconfig: self.kubeconfig,

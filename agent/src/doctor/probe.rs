@@ -12,7 +12,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject
 use crate::{
     tls::provider,
     webhook::{
-        dial::{DialError, dial},
+        dial::{DIAL_TIMEOUT, DialError, dial},
         http1::{self, Answer, Post},
     },
 };
@@ -113,7 +113,10 @@ pub async fn call(
                 addr,
                 detail: e.to_string(),
             },
-            DialError::Timeout => ProbeError::Timeout { addr, within },
+            DialError::Timeout => ProbeError::Timeout {
+                addr,
+                within: DIAL_TIMEOUT,
+            },
         })?;
         http1::exchange(&mut stream, request, ANSWER_LIMIT)
             .await
@@ -127,9 +130,31 @@ pub async fn call(
         .map_err(|_| ProbeError::Timeout { addr, within })?
 }
 
+/// At most [`EXCERPT`] bytes of an answer's body, as text, to quote in a finding.
+pub fn excerpt(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(EXCERPT)]);
+    if body.len() > EXCERPT {
+        format!("{text}… ({} bytes)", body.len())
+    } else {
+        text.into_owned()
+    }
+}
+
+/// How much of an answer's body a finding quotes.
+const EXCERPT: usize = 300;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_body_is_quoted_in_part() {
+        assert_eq!(excerpt(b"refused"), "refused");
+        let long = vec![b'x'; 1000];
+        let quoted = excerpt(&long);
+        assert!(quoted.starts_with(&"x".repeat(300)), "{quoted}");
+        assert!(quoted.ends_with("… (1000 bytes)"), "{quoted}");
+    }
 
     #[test]
     fn material_that_is_not_a_ca_is_named() {

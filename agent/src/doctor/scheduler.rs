@@ -20,7 +20,10 @@ use super::{
     finding::{Check, Finding},
     probe::{self, ProbeError},
 };
-use crate::webhook::http1::Post;
+use crate::{flags::parse_duration, webhook::http1::Post};
+
+/// kube-scheduler's `httpTimeout` when the file gives none.
+const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The largest configuration file read.
 const MAX_FILE: u64 = 1 << 20;
@@ -45,6 +48,10 @@ struct Configuration {
 pub struct Extender {
     pub url_prefix: String,
     pub filter_verb: Option<String>,
+    #[serde(rename = "enableHTTPS", default)]
+    pub enable_https: bool,
+    /// A Go duration (`5s`); kube-scheduler's default is 5 s.
+    pub http_timeout: Option<String>,
     pub tls_config: Option<TlsConfig>,
     #[serde(default)]
     pub ignorable: bool,
@@ -201,13 +208,30 @@ async fn call(extender: &Extender, within: Duration) -> Result<String, String> {
         return Err("tlsConfig.insecure is true: kube-scheduler does not verify the webhook's certificate, and anything answering at that address is believed".into());
     }
     let ca = material(&tls.ca_data, &tls.ca_file, "caData", "caFile")?.ok_or(
-        "no tlsConfig.caFile or caData: kube-scheduler then does not verify the webhook's certificate at all (enableHTTPS without a CA is insecure, pkg/scheduler/extender.go makeTransport)",
+        if extender.enable_https {
+            "no tlsConfig.caFile or caData: with enableHTTPS and no CA, kube-scheduler does not verify the webhook's certificate at all (pkg/scheduler/extender.go, makeTransport)"
+        } else {
+            "no tlsConfig.caFile or caData: kube-scheduler would verify the webhook by the host's CAs, which do not include the webhook's CA"
+        },
     )?;
     let cert = material(&tls.cert_data, &tls.cert_file, "certData", "certFile")?;
     let key = material(&tls.key_data, &tls.key_file, "keyData", "keyFile")?;
     let client = match (&cert, &key) {
         (Some(c), Some(k)) => Some((c.as_slice(), k.as_slice())),
-        _ => None,
+        (None, None) => None,
+        _ => {
+            return Err(
+                "tlsConfig has a client certificate without its key, or a key without its certificate: kube-scheduler does not start with it"
+                    .into(),
+            );
+        }
+    };
+    // kube-scheduler gives up after httpTimeout: a slower answer is no answer to it.
+    let within = match extender.http_timeout.as_deref() {
+        Some(text) => parse_duration(text)
+            .map_err(|e| format!("httpTimeout {text:?}: {e}"))?
+            .min(within),
+        None => DEFAULT_HTTP_TIMEOUT.min(within),
     };
     let config = probe::client_config("tlsConfig's CA", &ca, client).map_err(|e| e.to_string())?;
     let name = ServerName::try_from(plan.name.clone())
@@ -241,7 +265,7 @@ async fn call(extender: &Extender, within: Duration) -> Result<String, String> {
             "POST {} answered {}: {}",
             plan.filter,
             answer.status,
-            String::from_utf8_lossy(&answer.body)
+            probe::excerpt(&answer.body)
         ));
     }
     Ok(format!(
@@ -294,6 +318,35 @@ mod tests {
             }
         );
         assert!(extenders[0].ignorable);
+    }
+
+    #[tokio::test]
+    async fn tls_material_kube_scheduler_would_refuse_or_not_check_is_named() {
+        let one = |tls: &str, https: bool| {
+            let text = format!(
+                "kind: KubeSchedulerConfiguration\nextenders:\n- urlPrefix: https://127.0.0.1:9\n  filterVerb: f\n  enableHTTPS: {https}\n  tlsConfig: {tls}\n"
+            );
+            parse(&text).expect("parses").remove(0)
+        };
+        let within = Duration::from_secs(1);
+        let none = call(&one("{}", true), within).await.expect_err("no CA");
+        assert!(
+            none.contains("does not verify the webhook's certificate at all"),
+            "{none}"
+        );
+        let system = call(&one("{}", false), within).await.expect_err("no CA");
+        assert!(system.contains("by the host's CAs"), "{system}");
+        let half = call(&one("{caData: Zm9v, certData: Zm9v}", true), within)
+            .await
+            .expect_err("a certificate without its key");
+        assert!(half.contains("without its key"), "{half}");
+        let garbled = call(&one("{caData: \"not base64!\"}", true), within)
+            .await
+            .expect_err("not base64");
+        assert!(
+            garbled.contains("tlsConfig.caData is not base64"),
+            "{garbled}"
+        );
     }
 
     #[test]

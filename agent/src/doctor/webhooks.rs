@@ -48,7 +48,15 @@ pub struct Target {
 /// Checks each webhook of the configuration `name`.
 pub async fn check(client: &Client, name: &str, within: Duration) -> Vec<Finding> {
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let configuration = match configurations.get_opt(name).await {
+    let read = tokio::time::timeout(within, configurations.get_opt(name)).await;
+    let Ok(read) = read else {
+        return vec![Finding::wrong(
+            Check::Webhook,
+            name,
+            format!("reading the ValidatingWebhookConfiguration: no answer within {within:?}"),
+        )];
+    };
+    let configuration = match read {
         Ok(Some(c)) => c,
         Ok(None) => {
             return vec![Finding::wrong(
@@ -78,7 +86,8 @@ pub async fn check(client: &Client, name: &str, within: Duration) -> Vec<Finding
     let mut findings = Vec::new();
     for webhook in configuration.webhooks.iter().flatten() {
         let detail = one(client, webhook, within).await;
-        let fails_open = webhook.failure_policy.as_deref() != Some("Fail");
+        // admissionregistration.k8s.io/v1 defaults failurePolicy to Fail.
+        let fails_open = webhook.failure_policy.as_deref() == Some("Ignore");
         findings.push(match detail {
             Ok(detail) => Finding::ok(Check::Webhook, &webhook.name, detail),
             Err(detail) if fails_open => Finding::wrong(
@@ -118,7 +127,9 @@ async fn one(
         .ok_or("clientConfig.caBundle is empty: kube-apiserver cannot verify the webhook (cert-manager's CA injector fills it from the annotation cert-manager.io/inject-ca-from; is cert-manager running?)")?;
     let config =
         probe::client_config("clientConfig.caBundle", &ca, None).map_err(|e| e.to_string())?;
-    let target = target(client, webhook).await.map_err(|e| e.to_string())?;
+    let target = target(client, webhook, within)
+        .await
+        .map_err(|e| e.to_string())?;
     let name = ServerName::try_from(target.name.clone())
         .map_err(|_| format!("{:?} is not a name to verify a certificate by", target.name))?;
     let addr = probe::resolve(&target.host, target.port, within)
@@ -153,7 +164,11 @@ async fn one(
             other => other.to_string(),
         })?;
     if answer.status != 200 {
-        return Err(format!("GET /healthz at {addr} answered {}", answer.status));
+        return Err(format!(
+            "GET /healthz at {addr} answered {}: {}",
+            answer.status,
+            probe::excerpt(&answer.body)
+        ));
     }
     Ok(format!(
         "{addr} answers; the caBundle verifies its certificate as {:?}",
@@ -162,7 +177,11 @@ async fn one(
 }
 
 /// Where kube-apiserver calls `webhook`.
-async fn target(client: &Client, webhook: &ValidatingWebhook) -> Result<Target, WebhooksError> {
+async fn target(
+    client: &Client,
+    webhook: &ValidatingWebhook,
+    within: Duration,
+) -> Result<Target, WebhooksError> {
     let config = &webhook.client_config;
     if let Some(url) = &config.url {
         return of_url(url);
@@ -174,9 +193,9 @@ async fn target(client: &Client, webhook: &ValidatingWebhook) -> Result<Target, 
         detail,
     };
     let services: Api<Service> = Api::namespaced(client.clone(), &reference.namespace);
-    let service = services
-        .get_opt(&reference.name)
+    let service = tokio::time::timeout(within, services.get_opt(&reference.name))
         .await
+        .map_err(|_| failed(format!("reading it: no answer within {within:?}")))?
         .map_err(|e| failed(format!("reading it: {e}")))?
         .ok_or_else(|| failed("no such Service".into()))?;
     of_service(&service, reference.port.unwrap_or(443)).map_err(failed)
@@ -213,21 +232,36 @@ pub fn of_service(service: &Service, port: i32) -> Result<Target, String> {
         meta.namespace.clone().unwrap_or_default(),
     );
     let spec = service.spec.as_ref().ok_or("the Service has no spec")?;
+    let name = format!("{name}.{namespace}.svc");
+    let tcp = u16::try_from(port).map_err(|_| format!("port {port} is not a TCP port"))?;
+    // kube-apiserver's service resolver dials an ExternalName Service at its name, and any
+    // other at its ClusterIP, on the port clientConfig names.
+    if spec.type_.as_deref() == Some("ExternalName") {
+        let host = spec
+            .external_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or("the ExternalName Service has no externalName")?;
+        return Ok(Target {
+            host,
+            port: tcp,
+            name,
+        });
+    }
     let ip = spec
         .cluster_ip
         .clone()
         .filter(|ip| !ip.is_empty() && ip != "None")
-        .ok_or("the Service has no ClusterIP (headless or ExternalName): kube-apiserver cannot dial it")?;
+        .ok_or("the Service is headless (clusterIP None): kube-apiserver cannot dial it")?;
     if !spec.ports.iter().flatten().any(|p| p.port == port) {
         return Err(format!(
             "the Service has no port {port}, the one clientConfig.service.port names"
         ));
     }
-    let port = u16::try_from(port).map_err(|_| format!("port {port} is not a TCP port"))?;
     Ok(Target {
         host: ip,
-        port,
-        name: format!("{name}.{namespace}.svc"),
+        port: tcp,
+        name,
     })
 }
 
@@ -256,12 +290,29 @@ mod tests {
         assert!(
             of_service(&service("None", &[443]), 443)
                 .expect_err("headless")
-                .contains("no ClusterIP")
+                .contains("headless")
         );
         assert!(
             of_service(&service("10.96.0.250", &[8443]), 443)
                 .expect_err("another port")
                 .contains("no port 443")
+        );
+    }
+
+    #[test]
+    fn an_external_name_service_is_dialled_at_its_name() {
+        let external: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "hugepage-agent-webhook", "namespace": "hugepage-agent"},
+            "spec": {"type": "ExternalName", "externalName": "webhook.example.internal"},
+        }))
+        .expect("a Service");
+        assert_eq!(
+            of_service(&external, 443),
+            Ok(Target {
+                host: "webhook.example.internal".into(),
+                port: 443,
+                name: "hugepage-agent-webhook.hugepage-agent.svc".into(),
+            })
         );
     }
 
