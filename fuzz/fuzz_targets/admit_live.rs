@@ -8,7 +8,8 @@
 //! the second the content type; a path, query or id from the input is the text up to the first
 //! newline, and the body what follows. Asserted:
 //! * a refusal (4xx/5xx) is a problem document that names what it refused (the path, the
-//!   reservation, the content type, the field, the limit) and leaves the store's reservations
+//!   reservation, the content type, the field, the limit, the held pod's UID and name when a
+//!   real admission names that UID under another name) and leaves the store's reservations
 //!   and the file's bytes exactly as they were;
 //! * an admission that reserved (a real one, allowed, with a pod UID) adds exactly the
 //!   reservation its answer names, for its pod, taking the place of that pod's earlier one, and
@@ -413,6 +414,16 @@ fn check_problem(ask: &Ask, request_path: &str, status: u16, content_type: &str,
             "{problem}: not the limit"
         ),
         "no-kubelet-selection" => assert!(detail.contains("GET /v1/kubelet"), "{problem}"),
+        // Only the held pod's UID is reserved: a real admission of it under another name.
+        "reservation-conflict" => {
+            assert!(ask.real_admission, "{problem}: not a real admission");
+            assert!(
+                detail.starts_with(&format!(
+                    "pod UID {HELD_POD} is reserved for batch/job-b (reservation {HELD_ID})"
+                )),
+                "{problem}: not the held reservation"
+            );
+        }
         "body-budget-full" => assert!(detail.contains("--body-budget"), "{problem}"),
         "invalid-json" | "method-not-allowed" | "host-read-failed" | "unavailable" => {}
         other => panic!("a problem of an unknown type {other:?}: {problem}"),
