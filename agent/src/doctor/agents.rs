@@ -147,7 +147,7 @@ async fn call(
         headers: &[],
         body: POD.as_bytes(),
     };
-    let answer = probe::call(config, addr, name, &request, calling.within)
+    let body = probe::call(config, addr, name, &request, calling.within)
         .await
         .map_err(|e| match e {
             ProbeError::Handshake { .. } => format!(
@@ -159,14 +159,7 @@ async fn call(
             ),
             other => other.to_string(),
         })?;
-    if answer.status != 200 {
-        return Err(format!(
-            "POST /v1/admit?dryRun=true at {addr} answered {}: {}",
-            answer.status,
-            probe::excerpt(&answer.body)
-        ));
-    }
-    let reply: Reply = serde_json::from_slice(&answer.body)
+    let reply: Reply = serde_json::from_slice(&body)
         .map_err(|e| format!("the answer at {addr} is not a verdict: {e}"))?;
     if !reply.allowed {
         return Err(format!(

@@ -13,7 +13,7 @@ use crate::{
     tls::provider,
     webhook::{
         dial::{DIAL_TIMEOUT, DialError, dial},
-        http1::{self, Answer, Post},
+        http1::{self, Post},
     },
 };
 
@@ -32,6 +32,13 @@ pub enum ProbeError {
     Handshake { addr: SocketAddr, detail: String },
     #[error("{addr} did not answer: {detail}")]
     Answer { addr: SocketAddr, detail: String },
+    #[error("{request} at {addr} answered {status}: {excerpt}")]
+    Status {
+        request: String,
+        addr: SocketAddr,
+        status: u16,
+        excerpt: String,
+    },
     #[error("no answer from {addr} within {within:?}")]
     Timeout { addr: SocketAddr, within: Duration },
 }
@@ -94,15 +101,15 @@ pub async fn resolve(host: &str, port: u16, within: Duration) -> Result<SocketAd
     found.ok_or_else(|| failed("no address".into()))
 }
 
-/// `request` to `addr` over TLS with `config`, the server verified as `name`; the answer, all of
-/// it, within `within`.
+/// `request` to `addr` over TLS with `config`, the server verified as `name`; the answer's body,
+/// all of it, within `within`; an answer other than 200 is an error quoting it.
 pub async fn call(
     config: Arc<ClientConfig>,
     addr: SocketAddr,
     name: ServerName<'static>,
     request: &Post<'_>,
     within: Duration,
-) -> Result<Answer, ProbeError> {
+) -> Result<Vec<u8>, ProbeError> {
     let exchange = async {
         let mut stream = dial(config, addr, name).await.map_err(|e| match e {
             DialError::Connect(e) => ProbeError::Connect {
@@ -125,13 +132,22 @@ pub async fn call(
                 detail: e.to_string(),
             })
     };
-    tokio::time::timeout(within, exchange)
+    let answer = tokio::time::timeout(within, exchange)
         .await
-        .map_err(|_| ProbeError::Timeout { addr, within })?
+        .map_err(|_| ProbeError::Timeout { addr, within })??;
+    if answer.status != 200 {
+        return Err(ProbeError::Status {
+            request: format!("{} {}", request.method, request.target),
+            addr,
+            status: answer.status,
+            excerpt: excerpt(&answer.body),
+        });
+    }
+    Ok(answer.body)
 }
 
 /// At most [`EXCERPT`] bytes of an answer's body, as text, to quote in a finding.
-pub fn excerpt(body: &[u8]) -> String {
+fn excerpt(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(EXCERPT)]);
     if body.len() > EXCERPT {
         format!("{text}… ({} bytes)", body.len())
