@@ -818,6 +818,33 @@ fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
             .is_some_and(|o| o.split(',').any(|f| f == "ro")),
         "{root_mount}"
     );
+    // What the manifest mounts read-only is, and recursively where it asks: no mount beneath
+    // (a pod's volume, binfmt_misc under /proc) is writable to it.
+    let read_only = |mount_point: &str| {
+        mounts
+            .lines()
+            .rfind(|l| l.split_whitespace().nth(4) == Some(mount_point))
+            .and_then(|l| l.split_whitespace().nth(5))
+            .is_some_and(|o| o.split(',').any(|f| f == "ro"))
+    };
+    for mount in pod.agent.mounts.iter().filter(|m| m.read_only) {
+        assert!(read_only(&mount.path), "{} is writable", mount.path);
+        if mount.recursive_read_only.is_some() {
+            let beneath = format!("{}/", mount.path);
+            for point in mounts
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(4))
+                .filter(|p| p.starts_with(&beneath))
+                .filter(|p| !pod.agent.mounts.iter().any(|m| m.path == *p))
+            {
+                assert!(
+                    read_only(point),
+                    "{point}, beneath {}, is writable",
+                    mount.path
+                );
+            }
+        }
+    }
 
     // The kubelet's probes, on the plain metrics listener.
     let body = pod.ready(&running);

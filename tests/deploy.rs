@@ -366,13 +366,36 @@ fn the_daemonset_grants_only_what_the_agent_needs() {
             "{component}"
         );
     }
-    assert_eq!(
-        agent
-            .mount("/host/sys/fs/cgroup")
-            .recursive_read_only
-            .as_deref(),
-        Some("IfPossible")
-    );
+    // Read-only all the way down: every read-only host path asks recursiveReadOnly, but the
+    // kubelet's directory, whose HostToContainer propagation (so that no pod volume stays
+    // mounted in the agent after the kubelet unmounts it) the API does not allow with it.
+    for component in ["", "eks-kubelet-config", "gke-kubelet-config"] {
+        let components: &[&str] = if component.is_empty() {
+            &[]
+        } else {
+            &[component]
+        };
+        let rendered = render(components);
+        for mount in &rendered.agent().mounts {
+            if !mount.read_only || !matches!(mount.source, Source::HostPath { .. }) {
+                continue;
+            }
+            let expected = if mount.path == format!("{host_root}/var/lib/kubelet") {
+                (None, Some("HostToContainer"))
+            } else {
+                (Some("IfPossible"), None)
+            };
+            assert_eq!(
+                (
+                    mount.recursive_read_only.as_deref(),
+                    mount.propagation.as_deref()
+                ),
+                expected,
+                "{component} {}",
+                mount.path
+            );
+        }
+    }
     assert_eq!(
         agent.arg("--kubelet-state"),
         None,

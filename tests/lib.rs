@@ -620,11 +620,13 @@ pub fn node0_checkpoint(total_2m: u64, free_2m: u64) -> Vec<u8> {
     }}))
 }
 
-/// A process's memory as the kernel counts it: resident now, the peak, and how much of it is
+/// A process's memory as the kernel counts it: resident now, the anonymous part of it (the rest
+/// is file pages: the binary's code, shared with the page cache), the peak, and how much is
 /// transparent huge pages (`/proc/<pid>/status` and `smaps_rollup`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Footprint {
     pub rss_kib: u64,
+    pub anon_kib: u64,
     pub peak_rss_kib: u64,
     pub anon_huge_kib: u64,
 }
@@ -648,6 +650,7 @@ impl Footprint {
         };
         Footprint {
             rss_kib: field("status", "VmRSS:"),
+            anon_kib: field("status", "RssAnon:"),
             peak_rss_kib: field("status", "VmHWM:"),
             anon_huge_kib: field("smaps_rollup", "AnonHugePages:"),
         }
@@ -658,8 +661,9 @@ impl std::fmt::Display for Footprint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "RSS {:.1} MB, peak {:.1} MB, AnonHugePages {} kB",
+            "RSS {:.1} MB ({:.1} MB anonymous), peak {:.1} MB, AnonHugePages {} kB",
             self.rss_kib as f64 / 1024.0,
+            self.anon_kib as f64 / 1024.0,
             self.peak_rss_kib as f64 / 1024.0,
             self.anon_huge_kib
         )

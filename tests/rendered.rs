@@ -161,6 +161,8 @@ pub struct Mount {
     pub path: String,
     pub read_only: bool,
     pub recursive_read_only: Option<String>,
+    /// `mountPropagation`, where set.
+    pub propagation: Option<String>,
     pub source: Source,
 }
 
@@ -251,6 +253,7 @@ impl AgentPod {
                     path: m["mountPath"].as_str().expect("a mountPath").to_owned(),
                     read_only: m["readOnly"].as_bool().unwrap_or(false),
                     recursive_read_only: m["recursiveReadOnly"].as_str().map(str::to_owned),
+                    propagation: m["mountPropagation"].as_str().map(str::to_owned),
                     name,
                 }
             })
