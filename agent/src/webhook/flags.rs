@@ -65,7 +65,7 @@ pub struct WebhookArgs {
     pub agent_client_key_file: PathBuf,
     /// The name each agent's server certificate must carry: shared (node.hugepage-agent.internal,
     /// one certificate on every node) or per-node (<node-name>.node.hugepage-agent.internal, the
-    /// node dialled; see the per-node-identity component).
+    /// node dialled; deploy/ ships no issuer for these: see docs/security.md).
     #[arg(long, env = "HUGEPAGE_AGENT_AGENT_IDENTITY", value_enum, default_value_t = AgentIdentity::Shared)]
     pub agent_identity: AgentIdentity,
     /// When an agent does not answer in time: ignore (keep the node) or fail (filter it out).
