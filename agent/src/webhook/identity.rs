@@ -3,8 +3,8 @@
 //! taken from any node answers for all of them. `per-node`: the agent of node `N` must present a
 //! certificate for `N.`[`SERVER_NAME`], the name of the node the webhook meant to reach, so a
 //! key taken from one node answers for that node only (`deploy/` ships no issuer for such
-//! certificates: docs/security.md says why and how to issue them). The name is also the `host` of the requests, and the connection pool is
-//! keyed by it ([`super::pool`]): a connection verified for one node never serves another.
+//! certificates: docs/security.md says why and how to issue them). The name is also the `host`
+//! of the requests, and the connection pool is keyed by it ([`super::pool`]): a connection verified for one node never serves another.
 
 use rustls_pki_types::ServerName;
 
