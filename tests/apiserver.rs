@@ -10,13 +10,17 @@
 //!   `allowWatchBookmarks=true`; a resumed watch from before what it kept is answered as the API
 //!   server does, with an `ERROR` event whose `Status` is `410` `Expired`;
 //! * `GET /api/v1/namespaces/NS/pods/NAME`: the pod, or a `404` `Status`;
+//! * `GET /api/v1/namespaces/NS/pods?labelSelector=…`: a `PodList` of that namespace's pods
+//!   whose labels match every `key=value` of the selector, and with `watch=true` a watch of
+//!   them as of Nodes (pods' events kept apart from Nodes');
 //! * `GET /version`: a `version.Info` of a v1.35 API server;
 //! * `GET` of any other object's path given to [`StandInApiServer::put_object`] (a Service, a
 //!   ValidatingWebhookConfiguration), or a `404` `Status`; a path given to
 //!   [`StandInApiServer::forbid`] is answered `403` as RBAC answers a caller it does not allow.
 //!
 //! The test drives it: Nodes added, changed and deleted ([`StandInApiServer::put_node`],
-//! [`StandInApiServer::delete_node`]), open watches ended ([`StandInApiServer::end_watches`]),
+//! [`StandInApiServer::delete_node`]), pods likewise ([`StandInApiServer::put_pod`],
+//! [`StandInApiServer::delete_pod`]), open watches ended ([`StandInApiServer::end_watches`]),
 //! history dropped so the next resumed watch is told `410` ([`StandInApiServer::compact`]), or
 //! watches answered `410 Gone` outright until the next list ([`StandInApiServer::gone_until_listed`]), lists
 //! held unanswered ([`StandInApiServer::hold_lists`]); every
@@ -57,6 +61,8 @@ struct State {
     /// A watch from a resourceVersion below this one is told 410 (its history is gone).
     oldest: u64,
     pods: BTreeMap<(String, String), Value>,
+    /// `(resourceVersion, type, pod)` of every change of a pod kept.
+    pod_events: Vec<(u64, &'static str, Value)>,
     /// Other objects by their API path.
     objects: BTreeMap<String, Value>,
     /// Paths answered 403.
@@ -180,11 +186,12 @@ impl StandInApiServer {
         self.shared.changed.notify_all();
     }
 
-    /// Adds or replaces a pod.
+    /// Adds or replaces a pod (an `ADDED` or `MODIFIED` event).
     pub fn put_pod(&self, mut pod: Value) {
         let mut state = self.shared.lock();
         state.rv += 1;
-        pod["metadata"]["resourceVersion"] = json!(state.rv.to_string());
+        let rv = state.rv;
+        pod["metadata"]["resourceVersion"] = json!(rv.to_string());
         let key = (
             pod["metadata"]["namespace"]
                 .as_str()
@@ -192,7 +199,28 @@ impl StandInApiServer {
                 .to_owned(),
             pod["metadata"]["name"].as_str().unwrap_or("").to_owned(),
         );
-        state.pods.insert(key, pod);
+        let kind = if state.pods.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        state.pods.insert(key, pod.clone());
+        state.pod_events.push((rv, kind, pod));
+        self.shared.changed.notify_all();
+    }
+
+    /// Deletes the pod `namespace`/`name` (a `DELETED` event).
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        let mut state = self.shared.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let Some(mut pod) = state.pods.remove(&key) else {
+            return;
+        };
+        state.rv += 1;
+        let rv = state.rv;
+        pod["metadata"]["resourceVersion"] = json!(rv.to_string());
+        state.pod_events.push((rv, "DELETED", pod));
+        self.shared.changed.notify_all();
     }
 
     /// Serves `object` at `path` (`/api/v1/namespaces/NS/services/NAME`, …) from now on.
@@ -225,6 +253,7 @@ impl StandInApiServer {
         let mut state = self.shared.lock();
         state.oldest = state.rv + 1;
         state.events.clear();
+        state.pod_events.clear();
     }
 
     /// Answers every watch request with HTTP `410 Gone` until Nodes are listed again.
@@ -355,7 +384,38 @@ fn route(shared: &Shared, stream: &mut Stream, method: &str, target: &str) -> io
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (method, segments.as_slice()) {
         ("GET", ["api", "v1", "nodes"]) if matches!(params.get("watch"), Some(&"true" | &"1")) => {
-            watch(shared, stream, &params)
+            watch(shared, stream, &params, &Watched::Nodes)
+        }
+        ("GET", ["api", "v1", "namespaces", namespace, "pods"]) => {
+            let watched = Watched::Pods {
+                namespace: (*namespace).to_owned(),
+                selector: selector(params.get("labelSelector").copied().unwrap_or("")),
+            };
+            if matches!(params.get("watch"), Some(&"true" | &"1")) {
+                return watch(shared, stream, &params, &watched);
+            }
+            let state = shared.lock();
+            let items: Vec<Value> = state
+                .pods
+                .values()
+                .filter(|pod| watched.shows(pod))
+                .map(|pod| {
+                    let mut item = pod.clone();
+                    if let Some(o) = item.as_object_mut() {
+                        o.remove("kind");
+                        o.remove("apiVersion");
+                    }
+                    item
+                })
+                .collect();
+            let list = json!({
+                "kind": "PodList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": state.rv.to_string()},
+                "items": items,
+            });
+            drop(state);
+            respond(stream, 200, &list)
         }
         ("GET", ["api", "v1", "nodes"]) => {
             let mut state = shared.lock();
@@ -448,8 +508,87 @@ fn route(shared: &Shared, stream: &mut Stream, method: &str, target: &str) -> io
     }
 }
 
-/// A watch of Nodes from `resourceVersion`, until ended, timed out or the stand-in stops.
-fn watch(shared: &Shared, stream: &mut Stream, params: &BTreeMap<&str, &str>) -> io::Result<()> {
+/// What a list or watch shows: every Node, or the pods of a namespace that a selector selects.
+enum Watched {
+    Nodes,
+    Pods {
+        namespace: String,
+        selector: Vec<(String, String)>,
+    },
+}
+
+impl Watched {
+    /// The kept events of what is watched.
+    fn events<'a>(&self, state: &'a State) -> &'a [(u64, &'static str, Value)] {
+        match self {
+            Watched::Nodes => &state.events,
+            Watched::Pods { .. } => &state.pod_events,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Watched::Nodes => "Node",
+            Watched::Pods { .. } => "Pod",
+        }
+    }
+
+    /// Whether `object` is shown.
+    fn shows(&self, object: &Value) -> bool {
+        match self {
+            Watched::Nodes => true,
+            Watched::Pods {
+                namespace,
+                selector,
+            } => {
+                object["metadata"]["namespace"].as_str() == Some(namespace.as_str())
+                    && selector.iter().all(|(key, value)| {
+                        object["metadata"]["labels"][key].as_str() == Some(value.as_str())
+                    })
+            }
+        }
+    }
+}
+
+/// A `labelSelector` of `key=value` pairs, percent-decoded.
+fn selector(encoded: &str) -> Vec<(String, String)> {
+    let bytes = encoded.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            (b'+', _) => {
+                decoded.push(b' ');
+                i += 1;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded)
+        .split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// A watch of `watched` from `resourceVersion`, until ended, timed out or the stand-in stops.
+fn watch(
+    shared: &Shared,
+    stream: &mut Stream,
+    params: &BTreeMap<&str, &str>,
+    watched: &Watched,
+) -> io::Result<()> {
     let from: u64 = params
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
@@ -486,18 +625,18 @@ fn watch(shared: &Shared, stream: &mut Stream, params: &BTreeMap<&str, &str>) ->
             drop(state);
             return stream.write_all(b"0\r\n\r\n").and_then(|()| stream.flush());
         }
-        let pending: Vec<Value> = state
-            .events
+        let events = watched.events(&state);
+        let pending: Vec<Value> = events
             .iter()
-            .filter(|(rv, _, _)| *rv > sent)
+            .filter(|(rv, _, object)| *rv > sent && watched.shows(object))
             .map(|(_, kind, object)| {
                 let mut object = object.clone();
-                object["kind"] = json!("Node");
+                object["kind"] = json!(watched.kind());
                 object["apiVersion"] = json!("v1");
                 json!({"type": kind, "object": object})
             })
             .collect();
-        sent = sent.max(state.events.last().map_or(sent, |(rv, _, _)| *rv));
+        sent = sent.max(events.last().map_or(sent, |(rv, _, _)| *rv));
         let current = state.rv;
         drop(state);
         for event in &pending {
@@ -507,12 +646,15 @@ fn watch(shared: &Shared, stream: &mut Stream, params: &BTreeMap<&str, &str>) ->
             return stream.write_all(b"0\r\n\r\n").and_then(|()| stream.flush());
         }
         if bookmarks && Instant::now() >= bookmark_at {
-            let event = json!({"type": "BOOKMARK", "object": {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": current.to_string(), "creationTimestamp": null}}});
+            let event = json!({"type": "BOOKMARK", "object": {"kind": watched.kind(), "apiVersion": "v1", "metadata": {"resourceVersion": current.to_string(), "creationTimestamp": null}}});
             chunk(stream, &event)?;
             bookmark_at = Instant::now() + BOOKMARK_EVERY;
         }
         state = shared.lock();
-        if state.events.last().is_none_or(|(rv, _, _)| *rv <= sent)
+        if watched
+            .events(&state)
+            .last()
+            .is_none_or(|(rv, _, _)| *rv <= sent)
             && state.generation == generation
         {
             state = shared

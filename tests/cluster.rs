@@ -108,7 +108,18 @@ pub fn host_tree_of(pages: u64, free: u64) -> tempfile::TempDir {
 /// `bin run` for a node's agent over `tree` with `--ebpf off`: [`agent_command`] with the
 /// kubelet settings of a node that pins hugepages (single-numa-node, Memory Manager Static).
 pub fn tree_agent_command(bin: &Path, pki: &Pki, tree: &Path, env: &[(&str, &str)]) -> Command {
-    let mut cmd = agent_command(bin, pki, "single-numa-node", env);
+    tree_agent_command_as(bin, pki, tree, env, "agent")
+}
+
+/// [`tree_agent_command`] serving the certificate `<stem>.{crt,key}` of [`Pki::dir`].
+pub fn tree_agent_command_as(
+    bin: &Path,
+    pki: &Pki,
+    tree: &Path,
+    env: &[(&str, &str)],
+    stem: &str,
+) -> Command {
+    let mut cmd = agent_command_as(bin, pki, "single-numa-node", env, stem);
     cmd.arg("--host-root").arg(tree).args(["--ebpf", "off"]);
     cmd
 }
@@ -116,11 +127,22 @@ pub fn tree_agent_command(bin: &Path, pki: &Pki, tree: &Path, env: &[(&str, &str
 /// `bin run` with TLS requiring client certificates of `pki`, Memory Manager Static, the
 /// Topology Manager's `topology` policy and the `OTEL_*` variables of `env` (none other set).
 pub fn agent_command(bin: &Path, pki: &Pki, topology: &str, env: &[(&str, &str)]) -> Command {
+    agent_command_as(bin, pki, topology, env, "agent")
+}
+
+/// [`agent_command`] serving `<stem>.{crt,key}`.
+fn agent_command_as(
+    bin: &Path,
+    pki: &Pki,
+    topology: &str,
+    env: &[(&str, &str)],
+    stem: &str,
+) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("run")
         .args(["--topology-policy", topology])
         .args(["--memory-manager-policy", "Static"])
-        .args(pki.serving("agent"))
+        .args(pki.serving(stem))
         .arg("--client-ca-file")
         .arg(pki.path("agents-ca.crt"));
     otel(&mut cmd, env);

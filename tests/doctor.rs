@@ -207,6 +207,36 @@ fn the_doctor_walks_the_path_and_names_each_misconfiguration() {
         "ok"
     );
 
+    // Under --agent-identity per-pod the agents' pods are listed: none on roomy yet, then one
+    // whose name the agent's (shared) certificate does not carry.
+    let mut per_pod = agents.clone();
+    per_pod.extend(["--agent-identity".into(), "per-pod".into()]);
+    let (code, findings) = with(&reachable, &per_pod);
+    assert_eq!(code, 1, "{findings:#?}");
+    let (v, detail) = verdict(&findings, "agent", "roomy");
+    assert_eq!(v, "wrong");
+    assert!(
+        detail.contains("no agent pod in namespace hugepage-agent is on node roomy"),
+        "{detail}"
+    );
+    api.put_pod(json!({
+        "metadata": {
+            "name": "hugepage-agent-r00my", "namespace": "hugepage-agent",
+            "creationTimestamp": "2026-11-29T06:00:00Z",
+            "labels": {"app.kubernetes.io/name": "hugepage-agent", "app.kubernetes.io/component": "agent"},
+        },
+        "spec": {"nodeName": "roomy", "containers": [{"name": "agent"}]},
+        "status": {"phase": "Running"}
+    }));
+    let (code, findings) = with(&reachable, &per_pod);
+    assert_eq!(code, 1, "{findings:#?}");
+    let (v, detail) = verdict(&findings, "agent", "roomy");
+    assert_eq!(v, "wrong");
+    assert!(
+        detail.contains("hugepage-agent-r00my.hugepage-agent.pod.hugepage-agent.internal"),
+        "{detail}"
+    );
+
     // A caBundle of another CA: kube-apiserver could not verify the webhook.
     api.put_object(CONFIGURATION, configuration(&pki.agents.pem, webhook.port));
     let (code, findings) = with(&reachable, &agents);

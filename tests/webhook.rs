@@ -1372,3 +1372,133 @@ fn one_trace_spans_the_caller_the_webhook_and_the_agent_and_is_forwarded_without
         "the webhook exported nothing: {exported:#?}"
     );
 }
+
+/// A pod of the agents' DaemonSet named `name` on `node`, in `namespace`, with `labels`.
+fn agent_pod(namespace: &str, name: &str, node: &str, labels: Value) -> Value {
+    json!({
+        "metadata": {
+            "name": name, "namespace": namespace, "uid": format!("uid-{name}"),
+            "creationTimestamp": "2026-11-29T06:00:00Z", "labels": labels,
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "hugepage-agent:0.1.0"}]},
+        "status": {"phase": "Running"}
+    })
+}
+
+#[test]
+fn per_pod_identity_trusts_on_each_node_only_the_certificate_of_the_agent_pod_the_api_has_there() {
+    let pki = Pki::new();
+    let port = free_port();
+    let ip = |last| Ipv4Addr::new(127, 0, 0, last);
+    // Two agents, each with a certificate for its own pod's name (as cert-manager's csi-driver
+    // issues them), and the shared name too (the change-over: it must not be enough).
+    let pod_name = |pod: &str| format!("{pod}.hugepage-agent.pod.hugepage-agent.internal");
+    let mut agents = Vec::new();
+    let mut trees = Vec::new();
+    for (last, pod) in [(2, "agent-a"), (3, "agent-b")] {
+        let cert = pki.agents.server_named(pod, &pod_name(pod));
+        cert.write(pki.dir.path(), pod);
+        let tree = host_tree(2048);
+        let cmd = cluster::tree_agent_command_as(&agent_bin(), &pki, tree.path(), &[], pod);
+        agents.push(start_agent(cmd, ip(last), port, |_| true));
+        trees.push(tree);
+    }
+    let api = StandInApiServer::start();
+    // node-c is at agent-a's address: a key taken from node A answering for node C.
+    for (name, last) in [("node-a", 2), ("node-b", 3), ("node-c", 2), ("node-d", 3)] {
+        api.put_node(node(name, ip(last), "8Gi"));
+    }
+    let labels =
+        json!({"app.kubernetes.io/name": "hugepage-agent", "app.kubernetes.io/component": "agent"});
+    api.put_pod(agent_pod(
+        "hugepage-agent",
+        "agent-a",
+        "node-a",
+        labels.clone(),
+    ));
+    api.put_pod(agent_pod(
+        "hugepage-agent",
+        "agent-old",
+        "node-b",
+        labels.clone(),
+    ));
+    api.put_pod(agent_pod(
+        "hugepage-agent",
+        "agent-c",
+        "node-c",
+        labels.clone(),
+    ));
+    // Neither is an agent: another namespace's pod, and one without the DaemonSet's labels.
+    api.put_pod(agent_pod("tenant", "agent-b", "node-d", labels.clone()));
+    api.put_pod(agent_pod(
+        "hugepage-agent",
+        "agent-b",
+        "node-d",
+        json!({"app": "x"}),
+    ));
+    let c = Cluster {
+        pki,
+        api,
+        port,
+        _trees: trees,
+        _agents: agents,
+        nodes: Vec::new(),
+    };
+    let webhook = cluster::webhook_with(
+        &agent_bin(),
+        &c.pki,
+        &c.api,
+        port,
+        ["fail", "2s"],
+        &[],
+        &["--agent-identity", "per-pod"],
+    );
+    wait_ready(&c.pki, &webhook);
+    assert!(
+        c.api.requests().iter().any(|r| r
+            .starts_with("GET /api/v1/namespaces/hugepage-agent/pods?")
+            && r.contains("labelSelector=")),
+        "the agents' pods listed by namespace and selector: {:?}",
+        c.api.requests()
+    );
+    let all = ["node-a", "node-b", "node-c", "node-d"];
+    let result = filter_names(&c, &webhook, &all);
+    assert_eq!(result["nodenames"], json!(["node-a"]), "{result}");
+    let failed = &result["failedNodes"];
+    for (node, expected) in [
+        (
+            "node-b",
+            "agent-old.hugepage-agent.pod.hugepage-agent.internal",
+        ),
+        (
+            "node-c",
+            "agent-c.hugepage-agent.pod.hugepage-agent.internal",
+        ),
+    ] {
+        let text = failed[node].as_str().unwrap_or_default();
+        assert!(
+            text.contains("not valid for name") && text.contains(expected),
+            "{node}: {result}"
+        );
+    }
+    let text = failed["node-d"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("no agent pod in namespace hugepage-agent is on node node-d"),
+        "{result}"
+    );
+    // The API now has agent-b on node-b (a rollout): followed by the watch, no restart.
+    c.api
+        .put_pod(agent_pod("hugepage-agent", "agent-b", "node-b", labels));
+    c.api.delete_pod("hugepage-agent", "agent-old");
+    until_filter(&c, &webhook, &all, "node-b's agent trusted", |r| {
+        r["nodenames"] == json!(["node-a", "node-b"])
+    });
+    let result = filter_names(&c, &webhook, &all);
+    assert!(result["failedNodes"]["node-c"].is_string(), "{result}");
+    assert!(result["failedNodes"]["node-d"].is_string(), "{result}");
+    // The agent of node-b is deleted: node-b has no agent to trust again.
+    c.api.delete_pod("hugepage-agent", "agent-b");
+    until_filter(&c, &webhook, &all, "node-b's agent gone", |r| {
+        r["nodenames"] == json!(["node-a"])
+    });
+}

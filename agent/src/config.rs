@@ -274,7 +274,7 @@ fn webhook_config(args: WebhookCommandArgs) -> Result<webhook::Settings, ConfigE
         client_names: read.client_names,
         agent_port: args.webhook.agent_port,
         agent_tls: read.agent_tls,
-        agent_identity: args.webhook.agent_identity,
+        agent_identity: read.identity,
         failure_policy: args.webhook.failure_policy,
         agent_timeout: read.agent_timeout,
         extender_body_limit: read.extender_body_limit,

@@ -89,14 +89,17 @@ async fn checks(settings: &Settings) -> Vec<Finding> {
         )),
     }
     match (&client, &settings.agent_tls) {
-        (Some(client), Some(files)) => {
-            let calling = agents::Calling {
-                port: settings.agent_port,
-                identity: settings.agent_identity,
-                within: settings.timeout,
-            };
-            findings.extend(agents::check(client, files, &calling).await);
-        }
+        (Some(client), Some(files)) => match agents::names(client, &settings.agent_identity).await {
+            Ok(identity) => {
+                let calling = agents::Calling {
+                    port: settings.agent_port,
+                    identity,
+                    within: settings.timeout,
+                };
+                findings.extend(agents::check(client, files, &calling).await);
+            }
+            Err(e) => findings.push(Finding::wrong(Check::Agent, "-", e.to_string())),
+        },
         (None, _) => findings.push(Finding::unchecked(
             Check::Agent,
             "-",

@@ -62,7 +62,7 @@ use hugepage_agent::{
         agents::{Client, ClientFiles},
         cache::NodeCache,
         dial::dial,
-        identity::AgentIdentity,
+        identity::Names,
         kubeapi,
         metrics::Metrics,
         stream::{self, Event, MAX_EVENT, START_SPREAD},
@@ -429,13 +429,8 @@ async fn measure(
         cert: pki.join("client.crt"),
         key: pki.join("client.key"),
     };
-    let (client, _reloader) = Client::new(
-        &files,
-        port,
-        AgentIdentity::Shared,
-        metrics.agent_tls.clone(),
-    )
-    .map_err(|e| e.to_string())?;
+    let (client, _reloader) = Client::new(&files, port, Names::Shared, metrics.agent_tls.clone())
+        .map_err(|e| e.to_string())?;
     let kube = kubeapi::client(Some(kubeconfig))
         .await
         .map_err(|e| e.to_string())?;
@@ -549,7 +544,7 @@ async fn h2_stream(
     table: &Table,
     config: Arc<ClientConfig>,
 ) -> String {
-    let name = match AgentIdentity::Shared.name(node) {
+    let name = match Names::Shared.name(node) {
         Ok(name) => name,
         Err(e) => return e.to_string(),
     };

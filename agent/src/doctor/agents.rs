@@ -1,6 +1,7 @@
 //! Every node's agent, called as the webhook calls it: the Nodes listed from the API, each node
 //! with allocatable hugepages dialled at its first `InternalIP` and the agents' port, verified by
-//! the agents' CA and the name `--agent-identity` gives the node, the client certificate
+//! the agents' CA and the name `--agent-identity` gives the node (under `per-pod`, from the
+//! agents' pods listed once), the client certificate
 //! presented, and a dry-run admission (`POST /v1/admit?dryRun=true`) of a pod without hugepages,
 //! which reserves nothing. Nodes without hugepages are counted, not called: the webhook never
 //! asks their agents either. At most [`AT_ONCE`] calls are in flight.
@@ -19,9 +20,10 @@ use super::{
 use crate::{
     tls::Material,
     webhook::{
+        agent_pods::{AgentPods, AgentPodsError},
         agents::{ClientFiles, Reply},
         http1::Post,
-        identity::AgentIdentity,
+        identity::{AgentIdentity, IdentityArgs, Names},
         node::{Candidate, of_node},
     },
 };
@@ -44,8 +46,20 @@ pub enum AgentsError {
 /// How the agents are called.
 pub struct Calling {
     pub port: u16,
-    pub identity: AgentIdentity,
+    pub identity: Names,
     pub within: Duration,
+}
+
+/// The names agents are verified by, as the webhook's flags `args` give them: under `per-pod`,
+/// from the agents' pods listed once.
+pub async fn names(client: &Client, args: &IdentityArgs) -> Result<Names, AgentPodsError> {
+    Ok(match args.agent_identity {
+        AgentIdentity::Shared => Names::Shared,
+        AgentIdentity::PerNode => Names::PerNode,
+        AgentIdentity::PerPod => Names::PerPod(
+            AgentPods::listed(client.clone(), &args.agent_namespace, &args.agent_selector).await?,
+        ),
+    })
 }
 
 /// Calls the agent of every node with hugepages; one finding per node, and one for those without.

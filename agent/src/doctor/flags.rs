@@ -10,7 +10,7 @@ use clap::Args;
 
 use crate::{
     flags::{FlagError, above_zero, duration},
-    webhook::{agents::ClientFiles, identity::AgentIdentity},
+    webhook::{agents::ClientFiles, identity::IdentityArgs},
 };
 
 #[derive(Debug, Clone, Args)]
@@ -52,9 +52,8 @@ pub struct DoctorArgs {
         value_name = "PATH"
     )]
     pub agent_client_key_file: Option<PathBuf>,
-    /// The name each agent's server certificate must carry, as the webhook's flag.
-    #[arg(long, env = "HUGEPAGE_AGENT_AGENT_IDENTITY", value_enum, default_value_t = AgentIdentity::Shared)]
-    pub agent_identity: AgentIdentity,
+    #[command(flatten)]
+    pub identity: IdentityArgs,
     /// How long one call (resolution, connection, handshake and answer) may take.
     #[arg(long, default_value = "5s", value_name = "DURATION")]
     pub timeout: String,
@@ -72,7 +71,7 @@ pub struct Settings {
     pub agent_port: u16,
     /// The agents' mTLS files; `None` when any of the three is not given.
     pub agent_tls: Option<ClientFiles>,
-    pub agent_identity: AgentIdentity,
+    pub agent_identity: IdentityArgs,
     pub timeout: Duration,
     pub json: bool,
 }
@@ -108,7 +107,7 @@ impl DoctorArgs {
             scheduler_config: self.scheduler_config,
             agent_port: self.agent_port,
             agent_tls,
-            agent_identity: self.agent_identity,
+            agent_identity: self.identity.checked()?,
             timeout: duration("--timeout", &self.timeout, above_zero)?,
             json: self.json,
         })

@@ -38,7 +38,7 @@ pub use super::agent_tls::ClientFiles;
 use super::{
     dial::{Stream, dial},
     http1::{self, Answer, Http1Error, Post},
-    identity::{AgentIdentity, IdentityError},
+    identity::{IdentityError, Names},
     pool::{Idle, Key, SWEEP_EVERY},
     trace,
 };
@@ -117,7 +117,7 @@ pub struct Client {
     config: Current<ClientConfig>,
     pool: Arc<ArcSwap<Pool>>,
     port: u16,
-    identity: AgentIdentity,
+    identity: Names,
 }
 
 impl std::fmt::Debug for Client {
@@ -136,7 +136,7 @@ impl Client {
     pub fn new(
         files: &ClientFiles,
         port: u16,
-        identity: AgentIdentity,
+        identity: Names,
         stats: Arc<TlsStats>,
     ) -> Result<(Client, Reloader<ClientFiles>), TlsError> {
         let (config, reloader) = watched(files.clone(), stats)?;
@@ -165,8 +165,8 @@ impl Client {
     }
 
     /// How agents are verified (`--agent-identity`).
-    pub fn identity(&self) -> AgentIdentity {
-        self.identity
+    pub fn identity(&self) -> &Names {
+        &self.identity
     }
 
     /// `POST /v1/admit` with `body` (a `v1.Pod`) to the agent of `node` at `addr`: a dry run

@@ -1,10 +1,7 @@
 //! The webhook's Node cache, for the `nodenames` form of `ExtenderArgs` (the scheduler's
 //! `nodeCacheCapable: true`) and for bindings: a kube-rs reflector kept by list+watch of all
-//! Nodes. The watcher resumes from the last `resourceVersion` it saw (bookmarks asked for), and
-//! lists again when the API server says that version is gone: in the watch (an `ERROR` event
-//! with `410`, kube-rs's own handling) or by answering the watch's start `410 Gone` (a new
-//! watcher here: kube-rs would retry that watch from the same version for ever). Other errors
-//! are retried with backoff, logged and counted, and the cache keeps what it had meanwhile.
+//! Nodes ([`super::follow`]: resumed from the last `resourceVersion`, listed again when that is
+//! gone; errors retried with backoff, logged and counted while the cache keeps what it had).
 //!
 //! Only what [`super::node`] reads is kept of each Node, read as it arrives: where its agent
 //! listens and its allocatable hugepages, a few hundred bytes a Node where the whole object would
@@ -22,19 +19,16 @@ use std::{
     },
 };
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
-    runtime::{
-        WatchStreamExt,
-        watcher::{self, Event},
-    },
+    runtime::watcher::{self, Event},
 };
 use tokio::{sync::watch, task::JoinHandle};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::{
+    follow::follow,
     metrics::Metrics,
     node::{self, Candidate},
 };
@@ -77,7 +71,7 @@ impl NodeCache {
         client: Client,
         port: u16,
         metrics: Arc<Metrics>,
-        mut stop: watch::Receiver<bool>,
+        stop: watch::Receiver<bool>,
     ) -> (NodeCache, JoinHandle<()>) {
         let synced = Arc::new(AtomicBool::new(false));
         let cache = NodeCache {
@@ -90,41 +84,18 @@ impl NodeCache {
         let task = tokio::spawn(async move {
             // The list being read, which replaces the entries once it is complete.
             let mut listing: Option<Entries> = None;
-            // Each turn is one watcher: it lists, then watches from the list's resourceVersion.
-            // A new one is made only when the API server answers a watch's start with 410 Gone:
-            // kube-rs would retry that watch from the same resourceVersion for ever.
-            loop {
-                let events =
-                    watcher::watcher(api.clone(), watcher::Config::default()).default_backoff();
-                let mut events = std::pin::pin!(events);
-                let relist = loop {
-                    let item = tokio::select! {
-                        _ = stop.wait_for(|s| *s) => break false,
-                        item = events.next() => item,
-                    };
-                    match item {
-                        Some(Ok(event)) => {
-                            let nodes = apply(&entries, &mut listing, event, port);
-                            if nodes.agents_moved() {
-                                agents_moved.fetch_add(1, Ordering::Relaxed);
-                            }
-                            seen(nodes, &synced, &metrics);
-                        }
-                        Some(Err(e)) => {
-                            metrics.node_watch_error();
-                            if gone(&e) {
-                                warn!("the Node watch was answered 410 Gone: listing again: {e}");
-                                break true;
-                            }
-                            warn!("the Node watch failed, retrying with backoff: {e}");
-                        }
-                        None => break false,
-                    }
-                };
-                if !relist {
-                    break;
+            let event = |event| {
+                let nodes = apply(&entries, &mut listing, event, port);
+                if nodes.agents_moved() {
+                    agents_moved.fetch_add(1, Ordering::Relaxed);
                 }
-            }
+                seen(nodes, &synced, &metrics);
+            };
+            let config = watcher::Config::default();
+            follow(api, config, "the Node watch", stop, event, || {
+                metrics.node_watch_error();
+            })
+            .await;
         });
         (cache, task)
     }
@@ -266,11 +237,6 @@ fn seen(seen: Seen, synced: &AtomicBool, metrics: &Metrics) {
         Seen::Changed(nodes, _) => metrics.node_list(nodes),
         Seen::Nothing => {}
     }
-}
-
-/// A watch whose start the API server answered `410 Gone`.
-fn gone(error: &watcher::Error) -> bool {
-    matches!(error, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The webhook's flags: where it listens (`--listen`, `--metrics-listen`), who may call it
 //! (`--client-ca-file`, `--client-names`), how it reaches the node agents
-//! (`--agent-port`, the client side of mTLS, `--agent-identity`), what it tells the scheduler and the API server when
+//! (`--agent-port`, the client side of mTLS, `--agent-identity` and, under `per-pod`, the agents'
+//! pods' `--agent-namespace` and `--agent-selector`), what it tells the scheduler and the API server when
 //! an agent does not answer (`--failure-policy`, `--agent-timeout`), the largest scheduler call
 //! it reads (`--extender-body-limit`), the scheduler pods with hugepages are given
 //! (`--scheduler-name`), the agents' streams (`--agent-streams`, `--stream-fresh-within`), and the
@@ -10,7 +11,7 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use clap::Args;
 
-use super::{FailurePolicy, agents::ClientFiles, identity::AgentIdentity};
+use super::{FailurePolicy, agents::ClientFiles, identity::IdentityArgs};
 use crate::{
     api::budget,
     flags::{FlagError, above_zero, address, bytes, duration},
@@ -63,11 +64,8 @@ pub struct WebhookArgs {
         value_name = "PATH"
     )]
     pub agent_client_key_file: PathBuf,
-    /// The name each agent's server certificate must carry: shared (node.hugepage-agent.internal,
-    /// one certificate on every node) or per-node (<node-name>.node.hugepage-agent.internal, the
-    /// node dialled; deploy/ ships no issuer for these: see docs/security.md).
-    #[arg(long, env = "HUGEPAGE_AGENT_AGENT_IDENTITY", value_enum, default_value_t = AgentIdentity::Shared)]
-    pub agent_identity: AgentIdentity,
+    #[command(flatten)]
+    pub identity: IdentityArgs,
     /// When an agent does not answer in time: ignore (keep the node) or fail (filter it out).
     #[arg(long, env = "HUGEPAGE_AGENT_FAILURE_POLICY", value_enum, default_value_t = FailurePolicy::Ignore)]
     pub failure_policy: FailurePolicy,
@@ -140,6 +138,7 @@ pub struct Read {
     /// `--stream-fresh-within`, when `--agent-streams` is true.
     pub streams: Option<std::time::Duration>,
     pub reservation_confirm_within: std::time::Duration,
+    pub identity: IdentityArgs,
 }
 
 impl WebhookArgs {
@@ -184,6 +183,7 @@ impl WebhookArgs {
                 &self.reservation_confirm_within,
                 above_zero,
             )?,
+            identity: self.identity.clone().checked()?,
         })
     }
 }

@@ -1,14 +1,22 @@
 //! How the webhook verifies the agent it dials (`--agent-identity`). `shared`: every agent
 //! presents a certificate for the one name [`SERVER_NAME`] (one Secret on every node), so a key
 //! taken from any node answers for all of them. `per-node`: the agent of node `N` must present a
-//! certificate for `N.`[`SERVER_NAME`], the name of the node the webhook meant to reach, so a
-//! key taken from one node answers for that node only (`deploy/` ships no issuer for such
-//! certificates: docs/security.md says why and how to issue them). The name is also the `host`
-//! of the requests, and the connection pool is keyed by it ([`super::pool`]): a connection verified for one node never serves another.
+//! certificate for `N.`[`SERVER_NAME`], the name of the node the webhook meant to reach (`deploy/`
+//! ships no issuer for such certificates: docs/security.md says why). `per-pod`: the agent of
+//! node `N` must present a certificate for `<pod>.<namespace>.`[`POD_DOMAIN`], where `<pod>` is
+//! the agent's pod that the API server has bound to `N` ([`super::agent_pods`]): what
+//! cert-manager's csi-driver issues to each of the DaemonSet's pods (component
+//! `per-pod-identity`), so that a key taken from one node answers for that node only. The name is
+//! also the `host` of the requests, and the connection pool is keyed by it ([`super::pool`]): a
+//! connection verified for one node never serves another.
 
 use rustls_pki_types::ServerName;
 
-use crate::tls::SERVER_NAME;
+use super::agent_pods::AgentPods;
+use crate::{flags::FlagError, kube::identifiers::namespace, tls::SERVER_NAME};
+
+/// The domain under which `per-pod` names each agent's pod.
+pub const POD_DOMAIN: &str = "pod.hugepage-agent.internal";
 
 /// The `--agent-identity` choices.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -18,28 +26,118 @@ pub enum AgentIdentity {
     Shared,
     /// The agent of node N by `N.node.hugepage-agent.internal`.
     PerNode,
+    /// The agent of node N by `<pod>.<namespace>.pod.hugepage-agent.internal`, its pod on N.
+    PerPod,
+}
+
+/// The default of `--agent-selector`: the DaemonSet's pods.
+pub const AGENT_SELECTOR: &str =
+    "app.kubernetes.io/name=hugepage-agent,app.kubernetes.io/component=agent";
+
+/// How agents are verified: the webhook's flags, which `doctor` takes too.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct IdentityArgs {
+    /// The name each agent's server certificate must carry: shared (node.hugepage-agent.internal,
+    /// one certificate on every node), per-node (<node-name>.node.hugepage-agent.internal, the
+    /// node dialled; deploy/ ships no issuer for these: see docs/security.md) or per-pod
+    /// (<pod>.<namespace>.pod.hugepage-agent.internal, <pod> being the agent's pod that the API
+    /// server has on the node dialled, read from --agent-namespace and --agent-selector: the
+    /// component per-pod-identity).
+    #[arg(long, env = "HUGEPAGE_AGENT_AGENT_IDENTITY", value_enum, default_value_t = AgentIdentity::Shared)]
+    pub agent_identity: AgentIdentity,
+    /// Under --agent-identity per-pod: the namespace of the agents' pods.
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_AGENT_NAMESPACE",
+        default_value = "hugepage-agent",
+        value_name = "NAMESPACE"
+    )]
+    pub agent_namespace: String,
+    /// Under --agent-identity per-pod: the label selector of the agents' pods in
+    /// --agent-namespace (only equality, as `key=value,…`).
+    #[arg(
+        long,
+        env = "HUGEPAGE_AGENT_AGENT_SELECTOR",
+        default_value = AGENT_SELECTOR,
+        value_name = "SELECTOR"
+    )]
+    pub agent_selector: String,
+}
+
+impl IdentityArgs {
+    /// The flags, checked: the namespace a namespace's name, the selector `key=value` pairs.
+    pub fn checked(self) -> Result<IdentityArgs, FlagError> {
+        namespace(&self.agent_namespace).map_err(|e| FlagError::Name {
+            flag: "--agent-namespace",
+            value: self.agent_namespace.clone(),
+            reason: e.to_string(),
+        })?;
+        let pairs = self.agent_selector.split(',').all(|pair| {
+            pair.split_once('=').is_some_and(|(key, value)| {
+                let ok = |s: &str| {
+                    s.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
+                };
+                !key.is_empty() && ok(key) && ok(value)
+            })
+        });
+        if !pairs {
+            return Err(FlagError::Name {
+                flag: "--agent-selector",
+                value: self.agent_selector.clone(),
+                reason: "not a label selector of key=value pairs separated by ','".to_owned(),
+            });
+        }
+        Ok(self)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("node {node:?}: {name:?} is not a DNS name to verify its agent by")]
-pub struct IdentityError {
-    node: String,
-    name: String,
+pub enum IdentityError {
+    #[error("node {node:?}: {name:?} is not a DNS name to verify its agent by")]
+    NotDns { node: String, name: String },
+    #[error("node {node:?}: no name to verify its agent by (--agent-identity per-pod): {why}")]
+    NoPod { node: String, why: String },
 }
 
-impl AgentIdentity {
+/// The names agents are verified by: `--agent-identity`, with the agents' pods under `per-pod`.
+#[derive(Debug, Clone)]
+pub enum Names {
+    Shared,
+    PerNode,
+    PerPod(AgentPods),
+}
+
+impl Names {
     /// The name the agent of `node` must present a certificate for.
-    pub fn name(self, node: &str) -> Result<ServerName<'static>, IdentityError> {
+    pub fn name(&self, node: &str) -> Result<ServerName<'static>, IdentityError> {
         let name = match self {
-            AgentIdentity::Shared => SERVER_NAME.to_owned(),
-            AgentIdentity::PerNode => format!("{node}.{SERVER_NAME}"),
+            Names::Shared => SERVER_NAME.to_owned(),
+            Names::PerNode => format!("{node}.{SERVER_NAME}"),
+            Names::PerPod(pods) => {
+                let pod = pods.on(node).map_err(|why| IdentityError::NoPod {
+                    node: node.to_owned(),
+                    why,
+                })?;
+                format!("{pod}.{}.{POD_DOMAIN}", pods.namespace())
+            }
         };
-        // A node's name is a DNS subdomain, but one of 220 characters or more makes a name
-        // longer than DNS allows: that node's agent cannot be verified.
-        ServerName::try_from(name.clone()).map_err(|_| IdentityError {
+        // A node's or a pod's name is a DNS subdomain, but one long enough makes a name longer
+        // than DNS allows: that node's agent cannot be verified.
+        ServerName::try_from(name.clone()).map_err(|_| IdentityError::NotDns {
             node: node.to_owned(),
             name,
         })
+    }
+
+    /// Why no agent can be verified yet (`per-pod` before the pods are listed), if so.
+    pub fn unready(&self) -> Option<&'static str> {
+        match self {
+            Names::PerPod(pods) if !pods.is_synced() => {
+                Some("the agents' pods (--agent-identity per-pod) have not been listed yet")
+            }
+            _ => None,
+        }
     }
 }
 
@@ -49,16 +147,61 @@ mod tests {
 
     #[test]
     fn shared_names_every_node_alike_and_per_node_names_each() {
-        let shared = AgentIdentity::Shared;
+        let shared = Names::Shared;
         assert_eq!(
             shared.name("a").expect("valid"),
             shared.name("b").expect("valid")
         );
-        let a = AgentIdentity::PerNode.name("node-a.zone1").expect("valid");
+        let a = Names::PerNode.name("node-a.zone1").expect("valid");
         assert_eq!(a.to_str(), "node-a.zone1.node.hugepage-agent.internal");
         let long =
             "n".repeat(60) + "." + &"n".repeat(60) + "." + &"n".repeat(60) + "." + &"n".repeat(60);
-        assert!(AgentIdentity::PerNode.name(&long).is_err());
-        assert!(AgentIdentity::Shared.name(&long).is_ok());
+        assert!(Names::PerNode.name(&long).is_err());
+        assert!(Names::Shared.name(&long).is_ok());
+    }
+
+    #[test]
+    fn per_pod_names_the_pod_on_the_node_and_no_pod_is_no_name() {
+        let pods = AgentPods::placed("hugepage-agent", &[("hugepage-agent-x7k2p", "node-a")]);
+        let names = Names::PerPod(pods);
+        let a = names.name("node-a").expect("a pod");
+        assert_eq!(
+            a.to_str(),
+            "hugepage-agent-x7k2p.hugepage-agent.pod.hugepage-agent.internal"
+        );
+        assert!(matches!(
+            names.name("node-b"),
+            Err(IdentityError::NoPod { .. })
+        ));
+        assert_eq!(names.unready(), None);
+    }
+
+    fn args(namespace: &str, selector: &str) -> IdentityArgs {
+        IdentityArgs {
+            agent_identity: AgentIdentity::PerPod,
+            agent_namespace: namespace.to_owned(),
+            agent_selector: selector.to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_namespace_and_selector_flags_are_checked() {
+        assert!(args("hugepage-agent", AGENT_SELECTOR).checked().is_ok());
+        assert!(args("ops-2", "app=agent").checked().is_ok());
+        for (namespace, selector, flag) in [
+            ("", "a=b", "--agent-namespace"),
+            ("Caps", "a=b", "--agent-namespace"),
+            ("-x", "a=b", "--agent-namespace"),
+            (&"n".repeat(64), "a=b", "--agent-namespace"),
+            ("ns", "", "--agent-selector"),
+            ("ns", "a", "--agent-selector"),
+            ("ns", "a=b=c", "--agent-selector"),
+            ("ns", "a=b c", "--agent-selector"),
+            ("ns", "a!=b", "--agent-selector"),
+            ("ns", "a=b,", "--agent-selector"),
+        ] {
+            let err = args(namespace, selector).checked().expect_err(selector);
+            assert!(err.to_string().starts_with(flag), "{err}");
+        }
     }
 }

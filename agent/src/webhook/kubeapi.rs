@@ -1,7 +1,9 @@
 //! The webhook's client of the Kubernetes API: from `--kubeconfig` when it is given (its current
 //! context), else the in-cluster configuration a pod has (the ServiceAccount's token and CA, and
 //! `KUBERNETES_SERVICE_HOST`/`_PORT`). The calls made with it are few and named by the
-//! ClusterRole: list and watch Nodes ([`super::cache`]), get a pod (the admission webhook).
+//! ClusterRole: list and watch Nodes ([`super::cache`]), get a pod (the admission webhook); and
+//! under `--agent-identity per-pod`, by a Role, list and watch the agents' pods
+//! ([`super::agent_pods`]).
 
 use std::path::{Path, PathBuf};
 

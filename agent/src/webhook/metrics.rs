@@ -132,6 +132,8 @@ pub struct Metrics {
     cached_nodes: AtomicU64,
     /// Failed list or watch calls of the Node cache.
     watch_errors: AtomicU64,
+    /// Failed list or watch calls of the agents' pods (`--agent-identity per-pod`).
+    pod_watch_errors: AtomicU64,
     /// The agents' streams: fresh and stale now, ended so far.
     streams: [AtomicU64; 2],
     /// Agents outside the version-skew policy now.
@@ -173,6 +175,7 @@ impl Metrics {
             agent_calls: Histogram::new(&AGENT_CALL_BUCKETS),
             cached_nodes: AtomicU64::new(0),
             watch_errors: AtomicU64::new(0),
+            pod_watch_errors: AtomicU64::new(0),
             streams: Default::default(),
             outside_skew: AtomicU64::new(0),
             stream_ends: AtomicU64::new(0),
@@ -235,6 +238,11 @@ impl Metrics {
     /// A list or watch call of the Node cache failed (it is retried).
     pub fn node_watch_error(&self) {
         self.watch_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A list or watch call of the agents' pods failed (it is retried).
+    pub fn agent_pod_watch_error(&self) {
+        self.pod_watch_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The agents' streams now: fresh, stale, and outside the version-skew policy.
@@ -339,6 +347,14 @@ impl Metrics {
             "Failed list or watch calls of the Node cache, each retried with backoff (a 410 Gone is one, followed by a new list).",
         );
         e.sample(WATCH, &[], self.watch_errors.load(Ordering::Relaxed) as f64);
+        const POD_WATCH: &str = "hugepage_agent_webhook_agent_pod_watch_errors_total";
+        e.family(
+            POD_WATCH,
+            Kind::Counter,
+            "Failed list or watch calls of the agents' pods (--agent-identity per-pod), each retried with backoff; never counted under the other identities.",
+        );
+        let pod_watch_errors = self.pod_watch_errors.load(Ordering::Relaxed);
+        e.sample(POD_WATCH, &[], pod_watch_errors as f64);
         const STREAMS: &str = "hugepage_agent_webhook_streams";
         e.family(STREAMS, Kind::Gauge, "The agents' map streams (GET /v1/hugepages?watch=true), one per node with a known address: fresh (heard within --stream-fresh-within) or stale (not heard within it, ended, or not connected yet).");
         for (state, n) in ["fresh", "stale"].iter().zip(&self.streams) {

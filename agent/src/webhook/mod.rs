@@ -23,6 +23,7 @@
 //! cache ([`cache`]) starts with the command and `/readyz` answers 200 once it has synced.
 
 pub mod admission;
+pub mod agent_pods;
 pub mod agent_tls;
 pub mod agents;
 pub mod ask;
@@ -33,6 +34,7 @@ pub mod decide;
 pub mod dial;
 pub mod extender;
 pub mod flags;
+pub mod follow;
 pub mod http1;
 pub mod identity;
 pub mod kubeapi;
@@ -55,6 +57,7 @@ use clap::ValueEnum;
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::watch,
+    task::JoinHandle,
 };
 use tracing::{info, warn};
 
@@ -101,8 +104,9 @@ pub struct Settings {
     pub agent_port: u16,
     /// The files of the client side of mTLS with the agents.
     pub agent_tls: agents::ClientFiles,
-    /// The name each agent is verified by (`--agent-identity`).
-    pub agent_identity: identity::AgentIdentity,
+    /// The name each agent is verified by (`--agent-identity`, and the agents' pods under
+    /// `per-pod`).
+    pub agent_identity: identity::IdentityArgs,
     pub failure_policy: FailurePolicy,
     /// One deadline for all the agent calls of one scheduler call (`--agent-timeout`).
     pub agent_timeout: Duration,
@@ -146,14 +150,16 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let metrics = Arc::new(metrics::Metrics::new(traces));
+    let kube = kubeapi::client(settings.kubeconfig.as_deref()).await?;
+    let (stop, stopped) = watch::channel(false);
+    let (names, pod_watch) = names(&settings.agent_identity, &kube, &metrics, &stopped);
     let (client, client_reloader) = agents::Client::new(
         &settings.agent_tls,
         settings.agent_port,
-        settings.agent_identity,
+        names,
         metrics.agent_tls.clone(),
     )?;
     let (server_tls, reloader) = tls::load(&settings.tls, Alpn::H2Http1, metrics.tls.clone())?;
-    let kube = kubeapi::client(settings.kubeconfig.as_deref()).await?;
     let endpoint = Endpoint {
         flag: "--listen",
         threads: "webhook",
@@ -164,7 +170,6 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
         .map(|addr| Server::bind(Endpoint::METRICS, addr))
         .transpose()?;
     let addr = bound.addr();
-    let (stop, stopped) = watch::channel(false);
     let (nodes, node_watch) = cache::NodeCache::start(
         kube.clone(),
         settings.agent_port,
@@ -249,6 +254,11 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
     if let Err(err) = node_watch.await {
         warn!("the Node watch failed: {err}");
     }
+    if let Some(pod_watch) = pod_watch
+        && let Err(err) = pod_watch.await
+    {
+        warn!("the watch of the agents' pods failed: {err}");
+    }
     if let Some(streams) = streams
         && let Err(err) = streams.await
     {
@@ -256,4 +266,29 @@ async fn run_async(settings: &Settings, traces: Arc<ExportStats>) -> Result<(), 
     }
     server.drain(DRAIN).await;
     Ok(())
+}
+
+/// The names agents are verified by, and under `per-pod` the watch of their pods that gives
+/// them (its errors counted in `metrics`; it ends when `stop` turns true).
+fn names(
+    args: &identity::IdentityArgs,
+    kube: &::kube::Client,
+    metrics: &Arc<metrics::Metrics>,
+    stop: &watch::Receiver<bool>,
+) -> (identity::Names, Option<JoinHandle<()>>) {
+    match args.agent_identity {
+        identity::AgentIdentity::Shared => (identity::Names::Shared, None),
+        identity::AgentIdentity::PerNode => (identity::Names::PerNode, None),
+        identity::AgentIdentity::PerPod => {
+            let metrics = Arc::clone(metrics);
+            let (pods, task) = agent_pods::AgentPods::start(
+                kube.clone(),
+                &args.agent_namespace,
+                &args.agent_selector,
+                stop.clone(),
+                move || metrics.agent_pod_watch_error(),
+            );
+            (identity::Names::PerPod(pods), Some(task))
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! The webhook's HTTP routes: `POST /scheduler/filter`, `POST /scheduler/prioritize`,
 //! `POST /admission/validate`, `POST /admission/mutate` (an `AdmissionReview` that cannot be
 //! read is a 400 naming why),
-//! `GET /metrics`, `GET /healthz`, `GET /readyz` (503 until the Node cache has synced). Handlers
+//! `GET /metrics`, `GET /healthz`, `GET /readyz` (503 until the Node cache, and under `--agent-identity per-pod` the agents'
+//! pods, have synced). Handlers
 //! read the body and hand it to [`super::scheduler`], [`super::admission`] or
 //! [`super::mutate`], and count the call;
 //! a body that is not `ExtenderArgs` JSON is a 400 whose JSON names the problem in `error` (the
@@ -114,7 +115,7 @@ pub const ROUTES: [Route; 7] = [
         method: "GET",
         path: "/readyz",
         caller: "the kubelet (readiness)",
-        summary: "200 once the Node cache has synced (before, `nodenames` calls could not be answered); 503 with `why` until then. A ready answer names agents outside the version-skew policy (another major or minor version than the webhook's, or none): `agentsOutsideVersionSkew` (their count), `skewedAgents` (up to 20 `{node, agentVersion}`), `webhookVersion`.",
+        summary: "200 once the Node cache has synced (before, `nodenames` calls could not be answered) and, under `--agent-identity per-pod`, the agents' pods have been listed (before, no agent could be verified); 503 with `why` until then. A ready answer names agents outside the version-skew policy (another major or minor version than the webhook's, or none): `agentsOutsideVersionSkew` (their count), `skewedAgents` (up to 20 `{node, agentVersion}`), `webhookVersion`.",
         handler: || get(readyz),
     },
 ];
@@ -319,13 +320,17 @@ async fn healthz() -> Response {
     Json(json!({"status": "ok"})).into_response()
 }
 
-/// Ready once the Node cache has synced: before, `nodenames` calls could not be answered. A
+/// Ready once the Node cache has synced (before, `nodenames` calls could not be answered) and,
+/// under `per-pod`, the agents' pods have been listed (before, no agent could be verified). A
 /// ready answer names the nodes whose agents are outside the version-skew policy (at most
 /// [`SKEWED_SHOWN`] of them, with their count): they are still followed, so readiness does not
 /// depend on them.
 async fn readyz(State(context): State<Context>) -> Response {
-    if !context.nodes.is_synced() {
-        let why = "the Node cache has not synced yet";
+    let unready = match context.nodes.is_synced() {
+        false => Some("the Node cache has not synced yet"),
+        true => context.client.identity().unready(),
+    };
+    if let Some(why) = unready {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "not ready", "why": why})),

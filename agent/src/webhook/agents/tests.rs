@@ -23,7 +23,7 @@ use crate::tls::{
     SERVER_NAME,
     test_pki::{ca, leaf, named_leaf},
 };
-use crate::webhook::pool::IDLE_TIMEOUT;
+use crate::webhook::{agent_pods::AgentPods, identity::POD_DOMAIN, pool::IDLE_TIMEOUT};
 
 /// The client's files (a CA, a client certificate of it) and an agent's server config.
 fn pki() -> (tempfile::TempDir, ClientFiles, Arc<ServerConfig>) {
@@ -107,10 +107,10 @@ async fn stand(config: Arc<ServerConfig>, linger: Duration, delay: Duration) -> 
 }
 
 fn client(files: &ClientFiles) -> Client {
-    client_as(files, AgentIdentity::Shared)
+    client_as(files, Names::Shared)
 }
 
-fn client_as(files: &ClientFiles, identity: AgentIdentity) -> Client {
+fn client_as(files: &ClientFiles, identity: Names) -> Client {
     let (client, _reloader) =
         Client::new(files, 9820, identity, Arc::default()).expect("valid files");
     client
@@ -307,7 +307,7 @@ async fn per_node_verifies_the_node_dialled_and_never_pools_one_nodes_connection
     let node_a = format!("node-a.{SERVER_NAME}");
     let (_dir, files, server) = pki_for(&[SERVER_NAME, &node_a]);
     let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
-    let per_node = client_as(&files, AgentIdentity::PerNode);
+    let per_node = client_as(&files, Names::PerNode);
     let body = || Bytes::from_static(POD);
     let reply = per_node.admit("node-a", agent.addr, body(), true).await;
     assert!(reply.is_ok_and(|r| r.allowed), "node A's agent is node A");
@@ -324,10 +324,44 @@ async fn per_node_verifies_the_node_dialled_and_never_pools_one_nodes_connection
         2,
         "a second connection"
     );
-    let shared = client_as(&files, AgentIdentity::Shared);
+    let shared = client_as(&files, Names::Shared);
     let reply = shared.admit("node-b", agent.addr, body(), true).await;
     assert!(
         reply.is_ok_and(|r| r.allowed),
         "shared: any agent of the CA"
     );
+}
+
+#[tokio::test]
+async fn per_pod_verifies_the_pod_the_api_server_has_on_the_node_dialled() {
+    let pod_a = format!("agent-a.hugepage-agent.{POD_DOMAIN}");
+    let (_dir, files, server) = pki_for(&[SERVER_NAME, &pod_a]);
+    let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
+    let pods = AgentPods::placed(
+        "hugepage-agent",
+        &[("agent-a", "node-a"), ("agent-b", "node-b")],
+    );
+    let per_pod = client_as(&files, Names::PerPod(pods));
+    let body = || Bytes::from_static(POD);
+    let reply = per_pod.admit("node-a", agent.addr, body(), true).await;
+    assert!(reply.is_ok_and(|r| r.allowed), "node A's pod is agent-a");
+    // The same key at node B's address: node B's agent is agent-b, which it does not name.
+    let text = per_pod
+        .admit("node-b", agent.addr, body(), true)
+        .await
+        .expect_err("agent-a's certificate does not name agent-b")
+        .to_string();
+    assert!(text.contains("not valid for name"), "{text}");
+    // A node with no agent pod is not dialled at all.
+    let before = agent.accepted.load(Ordering::SeqCst);
+    let text = per_pod
+        .admit("node-c", agent.addr, body(), true)
+        .await
+        .expect_err("no pod on node C")
+        .to_string();
+    assert!(
+        text.contains("no agent pod in namespace hugepage-agent is on node node-c"),
+        "{text}"
+    );
+    assert_eq!(agent.accepted.load(Ordering::SeqCst), before, "no dial");
 }
