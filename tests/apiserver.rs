@@ -395,25 +395,7 @@ fn route(shared: &Shared, stream: &mut Stream, method: &str, target: &str) -> io
                 return watch(shared, stream, &params, &watched);
             }
             let state = shared.lock();
-            let items: Vec<Value> = state
-                .pods
-                .values()
-                .filter(|pod| watched.shows(pod))
-                .map(|pod| {
-                    let mut item = pod.clone();
-                    if let Some(o) = item.as_object_mut() {
-                        o.remove("kind");
-                        o.remove("apiVersion");
-                    }
-                    item
-                })
-                .collect();
-            let list = json!({
-                "kind": "PodList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": state.rv.to_string()},
-                "items": items,
-            });
+            let list = list(&state, "PodList", state.pods.values(), &watched);
             drop(state);
             respond(stream, 200, &list)
         }
@@ -427,24 +409,7 @@ fn route(shared: &Shared, stream: &mut Stream, method: &str, target: &str) -> io
                     .0;
             }
             state.gone_until_listed = false;
-            let items: Vec<Value> = state
-                .nodes
-                .values()
-                .map(|n| {
-                    let mut item = n.clone();
-                    if let Some(o) = item.as_object_mut() {
-                        o.remove("kind");
-                        o.remove("apiVersion");
-                    }
-                    item
-                })
-                .collect();
-            let list = json!({
-                "kind": "NodeList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": state.rv.to_string()},
-                "items": items,
-            });
+            let list = list(&state, "NodeList", state.nodes.values(), &Watched::Nodes);
             drop(state);
             respond(stream, 200, &list)
         }
@@ -548,6 +513,33 @@ impl Watched {
             }
         }
     }
+}
+
+/// A typed list of `kind` of the `objects` that `watched` shows, at the state's resourceVersion
+/// (the items without `kind`/`apiVersion`, as the API server writes them).
+fn list<'a>(
+    state: &State,
+    kind: &str,
+    objects: impl Iterator<Item = &'a Value>,
+    watched: &Watched,
+) -> Value {
+    let items: Vec<Value> = objects
+        .filter(|object| watched.shows(object))
+        .map(|object| {
+            let mut item = object.clone();
+            if let Some(o) = item.as_object_mut() {
+                o.remove("kind");
+                o.remove("apiVersion");
+            }
+            item
+        })
+        .collect();
+    json!({
+        "kind": kind,
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": state.rv.to_string()},
+        "items": items,
+    })
 }
 
 /// A `labelSelector` of `key=value` pairs, percent-decoded.
