@@ -366,7 +366,7 @@ impl Pod {
                     Source::HostPath { .. } if m.path == state_dir => state.clone(),
                     Source::HostPath { path, .. } if path == "/var/lib/kubelet" => kubelet.clone(),
                     Source::HostPath { path, .. } => PathBuf::from(path),
-                    Source::Secret { .. } | Source::Csi { .. } => tls.join("secret"),
+                    Source::Secret { .. } => tls.join("secret"),
                 };
                 assert!(
                     source.exists(),

@@ -18,13 +18,7 @@ use std::{
     time::Duration,
 };
 
-use hugepage_agent::{
-    quantity::parse_bytes,
-    webhook::{
-        FailurePolicy,
-        identity::{AgentIdentity, POD_DOMAIN},
-    },
-};
+use hugepage_agent::{quantity::parse_bytes, webhook::FailurePolicy};
 use hugepage_agent_tests::{
     manifests::{
         CLIENT_CONNECTION_FIELDS, CONFIGURATION_FIELDS, EXTENDER_FIELDS, EXTENDER_TLS_FIELDS,
@@ -37,7 +31,7 @@ use serde_json::{Value, json};
 
 /// Every optional component but the cgroup layouts, which replace the same paths, and the
 /// MutatingAdmissionPolicy (Kubernetes 1.36 and later: tests/scheduler.rs validates it).
-const COMPONENTS: [&str; 9] = [
+const COMPONENTS: [&str; 8] = [
     "prometheus-operator",
     "grafana-dashboard",
     "cert-manager",
@@ -46,7 +40,6 @@ const COMPONENTS: [&str; 9] = [
     "scheduler-by-default-webhook",
     "webhook-client-auth",
     "webhook-fixed-clusterip",
-    "per-pod-identity",
 ];
 /// The kinds kubernetes-validate has no schema for, checked against their CRDs instead.
 const CUSTOM_KINDS: [&str; 4] = ["PodMonitor", "PrometheusRule", "Issuer", "Certificate"];
@@ -312,7 +305,7 @@ fn the_daemonset_grants_only_what_the_agent_needs() {
                     "{mount:?}"
                 );
             }
-            Source::Secret { .. } | Source::Csi { .. } => assert!(mount.read_only),
+            Source::Secret { .. } => assert!(mount.read_only),
         }
     }
     // The kubelet replaces its checkpoint by a rename: its directory is mounted, not the file.
@@ -1439,86 +1432,4 @@ fn callers_certificates_are_asked_only_with_the_opt_in_component_and_each_name_i
             "{name}"
         );
     }
-}
-
-#[test]
-fn per_pod_identity_gives_each_agent_its_pods_certificate_and_the_webhook_reads_only_agent_pods() {
-    let base = render(&["cert-manager", "webhook"]);
-    assert_eq!(
-        webhook_command(&base.webhook())
-            .agent_identity
-            .agent_identity,
-        AgentIdentity::Shared
-    );
-    let rendered = render(&["cert-manager", "webhook", "per-pod-identity"]);
-    let agent = rendered.agent();
-    // The agent's serving files come from the csi-driver's volume, issued for its pod's name
-    // by the installation's CA Issuer; no Secret holds them.
-    let cert = agent.arg("--tls-cert-file").expect("--tls-cert-file");
-    let (dir, file) = cert.rsplit_once('/').expect("a path");
-    assert_eq!(file, "tls.crt");
-    for (flag, file) in [
-        ("--tls-private-key-file", "tls.key"),
-        ("--client-ca-file", "ca.crt"),
-    ] {
-        assert_eq!(agent.arg(flag), Some(format!("{dir}/{file}").as_str()));
-    }
-    let Source::Csi { driver, attributes } = &agent.mount(dir).source else {
-        panic!("{dir} is not a csi volume: {:?}", agent.mount(dir));
-    };
-    assert_eq!(driver, "csi.cert-manager.io");
-    assert!(agent.mount(dir).read_only);
-    let issuer = &attributes["csi.cert-manager.io/issuer-name"];
-    assert_eq!(attributes["csi.cert-manager.io/issuer-kind"], "Issuer");
-    assert!(
-        rendered.find("Issuer", issuer)["spec"]["ca"].is_object(),
-        "the CA Issuer"
-    );
-    let names: Vec<&str> = attributes["csi.cert-manager.io/dns-names"]
-        .split(',')
-        .collect();
-    assert_eq!(
-        names,
-        [
-            "${POD_NAME}.${POD_NAMESPACE}.pod.hugepage-agent.internal",
-            "node.hugepage-agent.internal"
-        ]
-    );
-    let usages: Vec<&str> = attributes["csi.cert-manager.io/key-usages"]
-        .split(',')
-        .collect();
-    assert!(usages.contains(&"server auth"), "{usages:?}");
-    // The webhook verifies each agent by its pod's name, read from the DaemonSet's own pods.
-    let settings = webhook_command(&rendered.webhook());
-    let identity = settings.agent_identity;
-    assert_eq!(identity.agent_identity, AgentIdentity::PerPod);
-    let daemonset = rendered.find("DaemonSet", "hugepage-agent");
-    assert_eq!(
-        daemonset["metadata"]["namespace"].as_str(),
-        Some(identity.agent_namespace.as_str())
-    );
-    let labels = &daemonset["spec"]["template"]["metadata"]["labels"];
-    for pair in identity.agent_selector.split(',') {
-        let (key, value) = pair.split_once('=').expect("key=value");
-        assert_eq!(labels[key].as_str(), Some(value), "{pair} on {labels}");
-    }
-    // The name the webhook then expects (`<pod>.<namespace>.` and its domain) is what the
-    // csi-driver issues.
-    assert_eq!(
-        names[0],
-        format!("${{POD_NAME}}.${{POD_NAMESPACE}}.{POD_DOMAIN}")
-    );
-    // It may list and watch pods in its namespace, and nothing else more than the base.
-    let role = rendered.find("Role", "hugepage-agent-webhook-agent-pods");
-    assert_eq!(
-        role["rules"],
-        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}])
-    );
-    let binding = rendered.find("RoleBinding", "hugepage-agent-webhook-agent-pods");
-    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
-    let account = rendered.webhook().pod["serviceAccountName"].clone();
-    assert_eq!(
-        binding["subjects"],
-        json!([{"kind": "ServiceAccount", "name": account, "namespace": "hugepage-agent"}])
-    );
 }

@@ -105,9 +105,14 @@ impl Ca {
     /// A server certificate for the DNS name `name` (a webhook's Service), for server
     /// authentication.
     pub fn server_named(&self, common_name: &str, name: &str) -> Pair {
+        self.server_names(common_name, &[name])
+    }
+
+    /// A server certificate for each DNS name of `names`, for server authentication.
+    pub fn server_names(&self, common_name: &str, names: &[&str]) -> Pair {
         self.leaf(
             common_name,
-            vec![name.to_owned()],
+            names.iter().map(|n| (*n).to_owned()).collect(),
             ExtendedKeyUsagePurpose::ServerAuth,
             Validity::Default,
         )

@@ -169,18 +169,8 @@ pub struct Mount {
 /// What a volume is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
-    HostPath {
-        path: String,
-        kind: String,
-    },
-    Secret {
-        name: String,
-    },
-    /// A CSI inline volume: its driver and its `volumeAttributes`.
-    Csi {
-        driver: String,
-        attributes: BTreeMap<String, String>,
-    },
+    HostPath { path: String, kind: String },
+    Secret { name: String },
 }
 
 /// A workload's pod as far as its one container is concerned: the DaemonSet's (the agent) or the
@@ -242,17 +232,6 @@ impl AgentPod {
                             .as_str()
                             .expect("a secret name")
                             .to_owned(),
-                    }
-                } else if v["csi"].is_object() {
-                    let attributes = v["csi"]["volumeAttributes"]
-                        .as_object()
-                        .into_iter()
-                        .flatten()
-                        .map(|(k, a)| (k.clone(), a.as_str().expect("a string").to_owned()))
-                        .collect();
-                    Source::Csi {
-                        driver: v["csi"]["driver"].as_str().expect("a driver").to_owned(),
-                        attributes,
                     }
                 } else {
                     panic!("a volume of a kind the agent's tests do not know: {v}")

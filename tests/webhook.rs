@@ -1373,12 +1373,13 @@ fn one_trace_spans_the_caller_the_webhook_and_the_agent_and_is_forwarded_without
     );
 }
 
-/// A pod of the agents' DaemonSet named `name` on `node`, in `namespace`, with `labels`.
-fn agent_pod(namespace: &str, name: &str, node: &str, labels: Value) -> Value {
+/// A pod of the agents' DaemonSet named `name` on `node`, in `namespace`, with `labels`,
+/// created at 06:00 and `minutes` after.
+fn agent_pod(namespace: &str, name: &str, node: &str, labels: Value, minutes: u32) -> Value {
     json!({
         "metadata": {
             "name": name, "namespace": namespace, "uid": format!("uid-{name}"),
-            "creationTimestamp": "2026-11-29T06:00:00Z", "labels": labels,
+            "creationTimestamp": format!("2026-11-29T06:{minutes:02}:00Z"), "labels": labels,
         },
         "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "hugepage-agent:0.1.0"}]},
         "status": {"phase": "Running"}
@@ -1390,13 +1391,15 @@ fn per_pod_identity_trusts_on_each_node_only_the_certificate_of_the_agent_pod_th
     let pki = Pki::new();
     let port = free_port();
     let ip = |last| Ipv4Addr::new(127, 0, 0, last);
-    // Two agents, each with a certificate for its own pod's name (as cert-manager's csi-driver
-    // issues them), and the shared name too (the change-over: it must not be enough).
+    // Two agents, each with a certificate for its own pod's name and the shared name too (which
+    // must not be enough).
     let pod_name = |pod: &str| format!("{pod}.hugepage-agent.pod.hugepage-agent.internal");
     let mut agents = Vec::new();
     let mut trees = Vec::new();
     for (last, pod) in [(2, "agent-a"), (3, "agent-b")] {
-        let cert = pki.agents.server_named(pod, &pod_name(pod));
+        let cert = pki
+            .agents
+            .server_names(pod, &[&pod_name(pod), "node.hugepage-agent.internal"]);
         cert.write(pki.dir.path(), pod);
         let tree = host_tree(2048);
         let cmd = cluster::tree_agent_command_as(&agent_bin(), &pki, tree.path(), &[], pod);
@@ -1410,32 +1413,17 @@ fn per_pod_identity_trusts_on_each_node_only_the_certificate_of_the_agent_pod_th
     }
     let labels =
         json!({"app.kubernetes.io/name": "hugepage-agent", "app.kubernetes.io/component": "agent"});
-    api.put_pod(agent_pod(
-        "hugepage-agent",
-        "agent-a",
-        "node-a",
-        labels.clone(),
-    ));
-    api.put_pod(agent_pod(
-        "hugepage-agent",
-        "agent-old",
-        "node-b",
-        labels.clone(),
-    ));
-    api.put_pod(agent_pod(
-        "hugepage-agent",
-        "agent-c",
-        "node-c",
-        labels.clone(),
-    ));
+    let ns = "hugepage-agent";
+    for (pod, node) in [
+        ("agent-a", "node-a"),
+        ("agent-old", "node-b"),
+        ("agent-c", "node-c"),
+    ] {
+        api.put_pod(agent_pod(ns, pod, node, labels.clone(), 0));
+    }
     // Neither is an agent: another namespace's pod, and one without the DaemonSet's labels.
-    api.put_pod(agent_pod("tenant", "agent-b", "node-d", labels.clone()));
-    api.put_pod(agent_pod(
-        "hugepage-agent",
-        "agent-b",
-        "node-d",
-        json!({"app": "x"}),
-    ));
+    api.put_pod(agent_pod("tenant", "agent-b", "node-d", labels.clone(), 0));
+    api.put_pod(agent_pod(ns, "agent-b", "node-d", json!({"app": "x"}), 0));
     let c = Cluster {
         pki,
         api,
@@ -1486,18 +1474,18 @@ fn per_pod_identity_trusts_on_each_node_only_the_certificate_of_the_agent_pod_th
         text.contains("no agent pod in namespace hugepage-agent is on node node-d"),
         "{result}"
     );
-    // The API now has agent-b on node-b (a rollout): followed by the watch, no restart.
-    c.api
-        .put_pod(agent_pod("hugepage-agent", "agent-b", "node-b", labels));
-    c.api.delete_pod("hugepage-agent", "agent-old");
+    // A rollout: agent-b, newer (and sorting before agent-old), on node-b beside agent-old,
+    // not yet deleted: the newer is the node's agent, followed by the watch, no restart.
+    c.api.put_pod(agent_pod(ns, "agent-b", "node-b", labels, 5));
     until_filter(&c, &webhook, &all, "node-b's agent trusted", |r| {
         r["nodenames"] == json!(["node-a", "node-b"])
     });
+    c.api.delete_pod(ns, "agent-old");
     let result = filter_names(&c, &webhook, &all);
     assert!(result["failedNodes"]["node-c"].is_string(), "{result}");
     assert!(result["failedNodes"]["node-d"].is_string(), "{result}");
     // The agent of node-b is deleted: node-b has no agent to trust again.
-    c.api.delete_pod("hugepage-agent", "agent-b");
+    c.api.delete_pod(ns, "agent-b");
     until_filter(&c, &webhook, &all, "node-b's agent gone", |r| {
         r["nodenames"] == json!(["node-a"])
     });

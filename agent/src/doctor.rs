@@ -89,7 +89,7 @@ async fn checks(settings: &Settings) -> Vec<Finding> {
         )),
     }
     match (&client, &settings.agent_tls) {
-        (Some(client), Some(files)) => match agents::names(client, &settings.agent_identity).await {
+        (Some(client), Some(files)) => match agents::names(client, &settings.agent_identity, settings.timeout).await {
             Ok(identity) => {
                 let calling = agents::Calling {
                     port: settings.agent_port,

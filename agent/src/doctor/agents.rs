@@ -51,14 +51,20 @@ pub struct Calling {
 }
 
 /// The names agents are verified by, as the webhook's flags `args` give them: under `per-pod`,
-/// from the agents' pods listed once.
-pub async fn names(client: &Client, args: &IdentityArgs) -> Result<Names, AgentPodsError> {
+/// from the agents' pods listed once, each page within `within`.
+pub async fn names(
+    client: &Client,
+    args: &IdentityArgs,
+    within: Duration,
+) -> Result<Names, AgentPodsError> {
     Ok(match args.agent_identity {
         AgentIdentity::Shared => Names::Shared,
         AgentIdentity::PerNode => Names::PerNode,
-        AgentIdentity::PerPod => Names::PerPod(
-            AgentPods::listed(client.clone(), &args.agent_namespace, &args.agent_selector).await?,
-        ),
+        AgentIdentity::PerPod => {
+            let (namespace, selector) = (&args.agent_namespace, &args.agent_selector);
+            let pods = AgentPods::listed(client.clone(), namespace, selector, within).await?;
+            Names::PerPod(pods)
+        }
     })
 }
 

@@ -1,7 +1,8 @@
 //! Which pod is each node's agent, as the API server has it, for `--agent-identity per-pod`
 //! ([`super::identity`]): the pods of `--agent-namespace` that `--agent-selector` selects (the
 //! DaemonSet's), followed by list+watch ([`super::follow`]) in the webhook, or listed once by
-//! `doctor`. Of each pod only its node, its creation time and its name are kept.
+//! `doctor` (both need `list` and `watch` on pods in that namespace, which the shipped roles do
+//! not grant). Of each pod only its node, its creation time and its name are kept.
 //!
 //! A pod counts while it is bound to a node, not being deleted and not finished (phase
 //! `Succeeded` or `Failed`). Where more than one counts on a node (a rollout's new pod beside an
@@ -15,6 +16,7 @@ use std::{
         Arc, RwLock,
         atomic::{AtomicBool, Ordering},
     },
+    time::Duration,
 };
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
@@ -56,25 +58,30 @@ struct Map {
 }
 
 impl Map {
+    /// The map of a whole list, in one pass over it.
     fn of(pods: HashMap<String, Placed>) -> Map {
-        let mut map = Map {
-            pods,
-            agents: HashMap::new(),
-        };
-        let nodes: Vec<String> = map.pods.values().map(|p| p.node.clone()).collect();
-        for node in nodes {
-            map.elect(&node);
+        let mut newest: HashMap<&str, (&String, &Placed)> = HashMap::new();
+        for (name, placed) in &pods {
+            let seen = newest.entry(placed.node.as_str()).or_insert((name, placed));
+            if later((name, placed), *seen) {
+                *seen = (name, placed);
+            }
         }
-        map
+        let agents = newest
+            .into_iter()
+            .map(|(node, (name, _))| (node.to_owned(), name.clone()))
+            .collect();
+        Map { pods, agents }
     }
 
-    /// Chooses again the agent's pod of `node`.
+    /// Chooses again the agent's pod of `node` (one pass over the pods: a change of one pod,
+    /// which a DaemonSet makes seldom).
     fn elect(&mut self, node: &str) {
         let newest = self
             .pods
             .iter()
             .filter(|(_, p)| p.node == node)
-            .max_by(|(a, pa), (b, pb)| pa.created.cmp(&pb.created).then_with(|| a.cmp(b)))
+            .reduce(|a, b| if later(b, a) { b } else { a })
             .map(|(name, _)| name.clone());
         match newest {
             Some(name) => self.agents.insert(node.to_owned(), name),
@@ -97,6 +104,12 @@ impl Map {
             self.elect(&old.node);
         }
     }
+}
+
+/// Whether pod `a` is the agent rather than pod `b` of the same node: created later, or at the
+/// same time with the later name.
+fn later((a, pa): (&String, &Placed), (b, pb): (&String, &Placed)) -> bool {
+    pa.created.cmp(&pb.created).then_with(|| a.cmp(b)).is_gt()
 }
 
 /// The agents' pods, per node.
@@ -155,21 +168,26 @@ impl AgentPods {
         (pods, task)
     }
 
-    /// The pods `selector` selects in `namespace`, listed once.
+    /// The pods `selector` selects in `namespace`, listed once, each page within `within`.
     pub async fn listed(
         client: Client,
         namespace: &str,
         selector: &str,
+        within: Duration,
     ) -> Result<AgentPods, AgentPodsError> {
         let api: Api<Pod> = Api::namespaced(client, namespace);
         let mut placed = HashMap::new();
         let mut params = ListParams::default().labels(selector).limit(PAGE);
+        let failed = |detail: String| AgentPodsError::List {
+            namespace: namespace.to_owned(),
+            selector: selector.to_owned(),
+            detail,
+        };
         loop {
-            let page = api.list(&params).await.map_err(|e| AgentPodsError::List {
-                namespace: namespace.to_owned(),
-                selector: selector.to_owned(),
-                detail: e.to_string(),
-            })?;
+            let page = tokio::time::timeout(within, api.list(&params))
+                .await
+                .map_err(|_| failed(format!("no answer within {within:?}")))?
+                .map_err(|e| failed(e.to_string()))?;
             placed.extend(page.items.iter().filter_map(counted));
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
                 Some(token) => params = params.continue_token(&token),

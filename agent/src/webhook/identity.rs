@@ -4,11 +4,11 @@
 //! certificate for `N.`[`SERVER_NAME`], the name of the node the webhook meant to reach (`deploy/`
 //! ships no issuer for such certificates: docs/security.md says why). `per-pod`: the agent of
 //! node `N` must present a certificate for `<pod>.<namespace>.`[`POD_DOMAIN`], where `<pod>` is
-//! the agent's pod that the API server has bound to `N` ([`super::agent_pods`]): what
-//! cert-manager's csi-driver issues to each of the DaemonSet's pods (component
-//! `per-pod-identity`), so that a key taken from one node answers for that node only. The name is
-//! also the `host` of the requests, and the connection pool is keyed by it ([`super::pool`]): a
-//! connection verified for one node never serves another.
+//! the agent's pod that the API server has bound to `N` ([`super::agent_pods`]), so that a key
+//! taken from one node answers for that node only where the issuer gives a pod's name to that
+//! pod alone (`deploy/` ships none: docs/security.md says why cert-manager's csi-driver is not
+//! one). The name is also the `host` of the requests, and the connection pool is keyed by it
+//! ([`super::pool`]): a connection verified for one node never serves another.
 
 use rustls_pki_types::ServerName;
 
@@ -39,10 +39,10 @@ pub const AGENT_SELECTOR: &str =
 pub struct IdentityArgs {
     /// The name each agent's server certificate must carry: shared (node.hugepage-agent.internal,
     /// one certificate on every node), per-node (<node-name>.node.hugepage-agent.internal, the
-    /// node dialled; deploy/ ships no issuer for these: see docs/security.md) or per-pod
-    /// (<pod>.<namespace>.pod.hugepage-agent.internal, <pod> being the agent's pod that the API
-    /// server has on the node dialled, read from --agent-namespace and --agent-selector: the
-    /// component per-pod-identity).
+    /// node dialled) or per-pod (<pod>.<namespace>.pod.hugepage-agent.internal, <pod> being the
+    /// agent's pod that the API server has on the node dialled, listed and watched in
+    /// --agent-namespace by --agent-selector). deploy/ ships no issuer for either: see
+    /// docs/security.md.
     #[arg(long, env = "HUGEPAGE_AGENT_AGENT_IDENTITY", value_enum, default_value_t = AgentIdentity::Shared)]
     pub agent_identity: AgentIdentity,
     /// Under --agent-identity per-pod: the namespace of the agents' pods.

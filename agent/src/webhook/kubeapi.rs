@@ -2,8 +2,8 @@
 //! context), else the in-cluster configuration a pod has (the ServiceAccount's token and CA, and
 //! `KUBERNETES_SERVICE_HOST`/`_PORT`). The calls made with it are few and named by the
 //! ClusterRole: list and watch Nodes ([`super::cache`]), get a pod (the admission webhook); and
-//! under `--agent-identity per-pod`, by a Role, list and watch the agents' pods
-//! ([`super::agent_pods`]).
+//! under `--agent-identity per-pod`, list and watch the agents' pods ([`super::agent_pods`]),
+//! which the operator grants.
 
 use std::path::{Path, PathBuf};
 
