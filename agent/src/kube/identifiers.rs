@@ -59,6 +59,10 @@ pub enum IdentifierError {
         "{0} is not a pod UID: an RFC 4122 UUID as the API server assigns it, 8-4-4-4-12 lowercase hexadecimal digits (e.g. 6b1c8a2e-3f4d-4e5a-9b7c-0d1e2f3a4b5c)"
     )]
     NotUid(Shown),
+    #[error(
+        "{0} is not a label key or value: at most 63 letters, digits, '-', '_' and '.', beginning and ending with a letter or digit (a key may have a DNS-1123 subdomain and '/' before it)"
+    )]
+    NotLabelText(Shown),
     #[error("duplicate value {value}: also the name of {first}")]
     Duplicate { value: Shown, first: Place },
 }
@@ -123,6 +127,39 @@ pub fn dns1123_subdomain(value: &str) -> Result<(), IdentifierError> {
         return Err(IdentifierError::NotSubdomain(Shown::new(value)));
     }
     Ok(())
+}
+
+/// A label's name part or value (`IsQualifiedName`'s name, `IsValidLabelValue`): at most 63
+/// characters, `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`; a value may also be empty.
+fn label_text(value: &str, empty: bool) -> Result<(), IdentifierError> {
+    at_most(value, LABEL_MAX)?;
+    let b = value.as_bytes();
+    let edge = |c: &u8| c.is_ascii_alphanumeric();
+    let ok = (empty && b.is_empty())
+        || (b.first().is_some_and(edge)
+            && b.last().is_some_and(edge)
+            && b.iter().all(|c| edge(c) || b"-_.".contains(c)));
+    if !ok {
+        return Err(IdentifierError::NotLabelText(Shown::new(value)));
+    }
+    Ok(())
+}
+
+/// A label key (`IsQualifiedName`): a name part, with a DNS-1123 subdomain and `/` before it or
+/// not.
+pub fn label_key(value: &str) -> Result<(), IdentifierError> {
+    match value.split_once('/') {
+        Some((prefix, name)) => {
+            dns1123_subdomain(prefix)?;
+            label_text(name, false)
+        }
+        None => label_text(value, false),
+    }
+}
+
+/// A label value (`IsValidLabelValue`): empty, or a name part.
+pub fn label_value(value: &str) -> Result<(), IdentifierError> {
+    label_text(value, true)
 }
 
 /// A namespace: a DNS-1123 label.

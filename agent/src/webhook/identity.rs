@@ -13,7 +13,11 @@
 use rustls_pki_types::ServerName;
 
 use super::agent_pods::AgentPods;
-use crate::{flags::FlagError, kube::identifiers::namespace, tls::SERVER_NAME};
+use crate::{
+    flags::FlagError,
+    kube::identifiers::{label_key, label_value, namespace},
+    tls::SERVER_NAME,
+};
 
 /// The domain under which `per-pod` names each agent's pod.
 pub const POD_DOMAIN: &str = "pod.hugepage-agent.internal";
@@ -72,21 +76,20 @@ impl IdentityArgs {
             value: self.agent_namespace.clone(),
             reason: e.to_string(),
         })?;
-        let pairs = self.agent_selector.split(',').all(|pair| {
-            pair.split_once('=').is_some_and(|(key, value)| {
-                let ok = |s: &str| {
-                    s.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
-                };
-                !key.is_empty() && ok(key) && ok(value)
-            })
-        });
-        if !pairs {
-            return Err(FlagError::Name {
+        for pair in self.agent_selector.split(',') {
+            let refused = |reason: String| FlagError::Name {
                 flag: "--agent-selector",
                 value: self.agent_selector.clone(),
-                reason: "not a label selector of key=value pairs separated by ','".to_owned(),
-            });
+                reason,
+            };
+            let Some((key, value)) = pair.split_once('=') else {
+                return Err(refused(format!(
+                    "{pair:?} is not key=value (a selector of such pairs separated by ',')"
+                )));
+            };
+            label_key(key)
+                .and_then(|()| label_value(value))
+                .map_err(|e| refused(e.to_string()))?;
         }
         Ok(self)
     }
@@ -188,6 +191,11 @@ mod tests {
     fn the_namespace_and_selector_flags_are_checked() {
         assert!(args("hugepage-agent", AGENT_SELECTOR).checked().is_ok());
         assert!(args("ops-2", "app=agent").checked().is_ok());
+        assert!(
+            args("ops", "example.com/Tier=a_b.c,empty=")
+                .checked()
+                .is_ok()
+        );
         for (namespace, selector, flag) in [
             ("", "a=b", "--agent-namespace"),
             ("Caps", "a=b", "--agent-namespace"),
@@ -199,6 +207,9 @@ mod tests {
             ("ns", "a=b c", "--agent-selector"),
             ("ns", "a!=b", "--agent-selector"),
             ("ns", "a=b,", "--agent-selector"),
+            ("ns", "a=-b", "--agent-selector"),
+            ("ns", "Bad_Prefix/a=b", "--agent-selector"),
+            ("ns", &format!("a={}", "v".repeat(64)), "--agent-selector"),
         ] {
             let err = args(namespace, selector).checked().expect_err(selector);
             assert!(err.to_string().starts_with(flag), "{err}");

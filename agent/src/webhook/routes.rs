@@ -326,9 +326,10 @@ async fn healthz() -> Response {
 /// [`SKEWED_SHOWN`] of them, with their count): they are still followed, so readiness does not
 /// depend on them.
 async fn readyz(State(context): State<Context>) -> Response {
-    let unready = match context.nodes.is_synced() {
-        false => Some("the Node cache has not synced yet"),
-        true => context.client.identity().unready(),
+    let unready = if context.nodes.is_synced() {
+        context.client.identity().unready()
+    } else {
+        Some("the Node cache has not synced yet")
     };
     if let Some(why) = unready {
         return (

@@ -187,3 +187,26 @@ fn container_names_are_unique_across_containers_and_init_containers() {
         "duplicate value \"setup\": also the name of spec.initContainers[0].name"
     );
 }
+
+#[test]
+fn label_keys_and_values_are_checked_as_the_api_server_checks_them() {
+    for ok in ["app", "app.kubernetes.io/name", "a_b.C-1", "example.com/X"] {
+        assert!(label_key(ok).is_ok(), "{ok}");
+    }
+    let long = "k".repeat(64);
+    for bad in [
+        "",
+        "-a",
+        "a-",
+        "Bad_Prefix/a",
+        "example.com/",
+        "a b",
+        long.as_str(),
+    ] {
+        assert!(label_key(bad).is_err(), "{bad}");
+    }
+    assert!(label_value("").is_ok());
+    assert!(label_value("agent").is_ok());
+    assert!(label_value("_x").is_err());
+    assert!(label_value(&"v".repeat(64)).is_err());
+}
