@@ -1476,6 +1476,7 @@ fn per_pod_identity_trusts_on_each_node_only_the_certificate_of_the_agent_pod_th
     );
     // A rollout: agent-b, newer (and sorting before agent-old), on node-b beside agent-old,
     // not yet deleted: the newer is the node's agent, followed by the watch, no restart.
+    let labels_z = labels.clone();
     c.api.put_pod(agent_pod(ns, "agent-b", "node-b", labels, 5));
     until_filter(&c, &webhook, &all, "node-b's agent trusted", |r| {
         r["nodenames"] == json!(["node-a", "node-b"])
@@ -1488,5 +1489,15 @@ fn per_pod_identity_trusts_on_each_node_only_the_certificate_of_the_agent_pod_th
     c.api.delete_pod(ns, "agent-b");
     until_filter(&c, &webhook, &all, "node-b's agent gone", |r| {
         r["nodenames"] == json!(["node-a"])
+    });
+    // The API names a newer pod node-a's agent while agent-a still serves there: node-a's
+    // calls now ask for agent-z, which agent-a's certificate does not name.
+    c.api
+        .put_pod(agent_pod(ns, "agent-z", "node-a", labels_z, 9));
+    until_filter(&c, &webhook, &all, "node-a's old agent distrusted", |r| {
+        r["nodenames"].as_array().is_some_and(Vec::is_empty)
+            && r["failedNodes"]["node-a"]
+                .as_str()
+                .is_some_and(|t| t.contains("agent-z.hugepage-agent.pod.hugepage-agent.internal"))
     });
 }
