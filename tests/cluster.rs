@@ -235,10 +235,42 @@ pub fn webhook_with(
     pki: &Pki,
     api: &StandInApiServer,
     agent_port: u16,
-    [policy, timeout]: [&str; 2],
+    policy_timeout: [&str; 2],
     env: &[(&str, &str)],
     extra: &[&str],
 ) -> Agent {
+    let agents_ca = pki.path("agents-ca.crt");
+    let mut cmd = webhook_command(bin, pki, api, agent_port, &agents_ca, policy_timeout, extra);
+    otel(&mut cmd, env);
+    started_webhook(cmd)
+}
+
+/// [`webhook_with`] with no `OTEL_*` variable, verifying the agents' certificates by the CA in
+/// `agent_ca`.
+pub fn webhook_trusting(
+    bin: &Path,
+    pki: &Pki,
+    api: &StandInApiServer,
+    agent_port: u16,
+    agent_ca: &Path,
+    policy_timeout: [&str; 2],
+    extra: &[&str],
+) -> Agent {
+    let mut cmd = webhook_command(bin, pki, api, agent_port, agent_ca, policy_timeout, extra);
+    otel(&mut cmd, &[]);
+    started_webhook(cmd)
+}
+
+/// `bin webhook` with the flags of [`webhook_trusting`].
+fn webhook_command(
+    bin: &Path,
+    pki: &Pki,
+    api: &StandInApiServer,
+    agent_port: u16,
+    agent_ca: &Path,
+    [policy, timeout]: [&str; 2],
+    extra: &[&str],
+) -> Command {
     let mut cmd = Command::new(bin);
     cmd.arg("webhook")
         .arg("--kubeconfig")
@@ -246,14 +278,18 @@ pub fn webhook_with(
         .args(pki.serving("webhook"))
         .args(["--agent-port", &agent_port.to_string()])
         .arg("--agent-ca-file")
-        .arg(pki.path("agents-ca.crt"))
+        .arg(agent_ca)
         .arg("--agent-client-cert-file")
         .arg(pki.path("client.crt"))
         .arg("--agent-client-key-file")
         .arg(pki.path("client.key"))
         .args(["--failure-policy", policy, "--agent-timeout", timeout])
         .args(extra);
-    otel(&mut cmd, env);
+    cmd
+}
+
+/// The webhook `cmd` starts, once it serves.
+fn started_webhook(cmd: Command) -> Agent {
     let mut webhook = Agent::start(cmd);
     webhook.wait_for("webhook running", Duration::from_secs(20), |_| true);
     webhook

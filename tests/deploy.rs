@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 
 /// Every optional component but the cgroup layouts, which replace the same paths, and the
 /// MutatingAdmissionPolicy (Kubernetes 1.36 and later: tests/scheduler.rs validates it).
-const COMPONENTS: [&str; 8] = [
+const COMPONENTS: [&str; 9] = [
     "prometheus-operator",
     "grafana-dashboard",
     "cert-manager",
@@ -40,6 +40,7 @@ const COMPONENTS: [&str; 8] = [
     "scheduler-by-default-webhook",
     "webhook-client-auth",
     "webhook-fixed-clusterip",
+    "kubelet-serving-identity",
 ];
 /// The kinds kubernetes-validate has no schema for, checked against their CRDs instead.
 const CUSTOM_KINDS: [&str; 4] = ["PodMonitor", "PrometheusRule", "Issuer", "Certificate"];
@@ -1431,5 +1432,52 @@ fn callers_certificates_are_asked_only_with_the_opt_in_component_and_each_name_i
             issued["spec"]["issuerRef"], serving["spec"]["issuerRef"],
             "{name}"
         );
+    }
+}
+
+#[test]
+fn kubelet_serving_identity_serves_each_nodes_kubelet_certificate_and_the_webhook_checks_it() {
+    let base = render(&["cert-manager", "webhook"]);
+    assert_eq!(
+        base.webhook().arg("--agent-identity"),
+        None,
+        "shared by default"
+    );
+    let rendered = render(&["cert-manager", "webhook", "kubelet-serving-identity"]);
+    let agent = rendered.agent();
+    // Certificate and key are the one file the kubelet rotates, read through the read-only
+    // mount of the host's /var/lib/kubelet (no new volume, nothing writable).
+    let current = "/host/var/lib/kubelet/pki/kubelet-server-current.pem";
+    assert_eq!(agent.arg("--tls-cert-file"), Some(current));
+    assert_eq!(agent.arg("--tls-private-key-file"), Some(current));
+    let kubelet = agent.mount("/host/var/lib/kubelet");
+    assert!(kubelet.read_only);
+    assert_eq!(
+        kubelet.source,
+        Source::HostPath {
+            path: "/var/lib/kubelet".to_owned(),
+            kind: "Directory".to_owned()
+        }
+    );
+    assert_eq!(agent.mounts.len(), base.agent().mounts.len());
+    // The agents still take only the webhook's client certificate, by the installation's CA.
+    assert_eq!(
+        agent.arg("--client-ca-file"),
+        base.agent().arg("--client-ca-file")
+    );
+    let webhook = rendered.webhook();
+    assert_eq!(webhook.arg("--agent-identity"), Some("kubelet"));
+    assert_eq!(
+        webhook.arg("--agent-ca-file"),
+        Some("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    );
+    assert_eq!(webhook.pod["automountServiceAccountToken"], true);
+    let once = |flag: &str| webhook.args.iter().filter(|a| a.starts_with(flag)).count();
+    for flag in [
+        "--agent-ca-file=",
+        "--agent-identity=",
+        "--agent-client-cert-file=",
+    ] {
+        assert_eq!(once(flag), 1, "{flag} in {:?}", webhook.args);
     }
 }

@@ -237,6 +237,21 @@ fn the_doctor_walks_the_path_and_names_each_misconfiguration() {
         "{detail}"
     );
 
+    // Under --agent-identity kubelet the agent must serve roomy's kubelet certificate: the
+    // shared one is refused by its subject (checked as the webhook checks it, not by name).
+    let mut kubelet = agents.clone();
+    kubelet.extend(["--agent-identity".into(), "kubelet".into()]);
+    let (code, findings) = with(&reachable, &kubelet);
+    assert_eq!(code, 1, "{findings:#?}");
+    let (v, detail) = verdict(&findings, "agent", "roomy");
+    assert_eq!(v, "wrong");
+    assert!(
+        detail.contains("roomy.kubelet.hugepage-agent.internal")
+            && detail.contains("only valid for the subject CN=agent")
+            && detail.contains("CN=system:node:roomy, O=system:nodes"),
+        "{detail}"
+    );
+
     // A caBundle of another CA: kube-apiserver could not verify the webhook.
     api.put_object(CONFIGURATION, configuration(&pki.agents.pem, webhook.port));
     let (code, findings) = with(&reachable, &agents);

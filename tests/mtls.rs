@@ -102,6 +102,27 @@ impl Ca {
         )
     }
 
+    /// A kubelet serving certificate of `node`, as the signer `kubernetes.io/kubelet-serving`
+    /// issues them: `CN=system:node:<node>, O=system:nodes`, the node's name as a DNS name, for
+    /// server authentication.
+    pub fn kubelet_serving(&self, node: &str) -> Pair {
+        let key = KeyPair::generate().expect("a key");
+        let mut params = CertificateParams::new(vec![node.to_owned()]).expect("leaf params");
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("system:node:{node}"));
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:nodes");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&key, &self.issuer).expect("a signed leaf");
+        Pair {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
     /// A server certificate for the DNS name `name` (a webhook's Service), for server
     /// authentication.
     pub fn server_named(&self, common_name: &str, name: &str) -> Pair {

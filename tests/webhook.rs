@@ -1501,3 +1501,77 @@ fn per_pod_identity_trusts_on_each_node_only_the_certificate_of_the_agent_pod_th
                 .is_some_and(|t| t.contains("agent-z.hugepage-agent.pod.hugepage-agent.internal"))
     });
 }
+
+#[test]
+fn kubelet_identity_trusts_on_each_node_only_that_nodes_kubelet_serving_certificate() {
+    let pki = Pki::new();
+    let port = free_port();
+    let ip = |last| Ipv4Addr::new(127, 0, 0, last);
+    // The cluster's CA signs the kubelets' serving certificates; each agent serves its
+    // kubelet's as the kubelet keeps it: certificate and key in one file, reached through a
+    // symbolic link (kubelet-server-current.pem), given as both --tls-cert-file and
+    // --tls-private-key-file.
+    let cluster_ca = Ca::new("kubernetes");
+    let cluster_ca_file = pki.path("cluster-ca.crt");
+    std::fs::write(&cluster_ca_file, &cluster_ca.pem).expect("write the cluster CA");
+    let mut agents = Vec::new();
+    let mut trees = Vec::new();
+    for (last, node) in [(2, "node-a"), (3, "node-b")] {
+        let pair = cluster_ca.kubelet_serving(node);
+        let stem = format!("{node}-kubelet");
+        let current = pki.path(&format!("kubelet-server-{node}.pem"));
+        std::fs::write(&current, format!("{}{}", pair.cert, pair.key)).expect("write");
+        for ext in ["crt", "key"] {
+            std::os::unix::fs::symlink(&current, pki.path(&format!("{stem}.{ext}"))).expect("link");
+        }
+        let tree = host_tree(2048);
+        let cmd = cluster::tree_agent_command_as(&agent_bin(), &pki, tree.path(), &[], &stem);
+        agents.push(start_agent(cmd, ip(last), port, |_| true));
+        trees.push(tree);
+    }
+    // At .4, an agent serving the installation's shared certificate (the agents' CA's).
+    let tree = host_tree(2048);
+    agents.push(agent(&pki, tree.path(), ip(4), port));
+    trees.push(tree);
+    let api = StandInApiServer::start();
+    // node-c is at node-a's agent: a key taken from node A answering for node C.
+    for (name, last) in [("node-a", 2), ("node-b", 3), ("node-c", 2), ("node-d", 4)] {
+        api.put_node(node(name, ip(last), "8Gi"));
+    }
+    let c = Cluster {
+        pki,
+        api,
+        port,
+        _trees: trees,
+        _agents: agents,
+        nodes: Vec::new(),
+    };
+    let webhook = cluster::webhook_trusting(
+        &agent_bin(),
+        &c.pki,
+        &c.api,
+        port,
+        &cluster_ca_file,
+        ["fail", "2s"],
+        &["--agent-identity", "kubelet"],
+    );
+    wait_ready(&c.pki, &webhook);
+    let result = filter_names(&c, &webhook, &["node-a", "node-b", "node-c", "node-d"]);
+    assert_eq!(result["nodenames"], json!(["node-a", "node-b"]), "{result}");
+    let failed = &result["failedNodes"];
+    let text = failed["node-c"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("only valid for the subject CN=system:node:node-a, O=system:nodes")
+            && text.contains("is CN=system:node:node-c"),
+        "{result}"
+    );
+    let text = failed["node-d"].as_str().unwrap_or_default();
+    assert!(text.contains("UnknownIssuer"), "{result}");
+    // The same cluster under --agent-identity shared: the kubelets' certificates carry no name
+    // of ours, and only the shared certificate's agent is trusted (by the agents' CA).
+    let shared =
+        cluster::webhook_with(&agent_bin(), &c.pki, &c.api, port, ["fail", "2s"], &[], &[]);
+    wait_ready(&c.pki, &shared);
+    let result = filter_names(&c, &shared, &["node-a", "node-b", "node-d"]);
+    assert_eq!(result["nodenames"], json!(["node-d"]), "{result}");
+}

@@ -635,6 +635,7 @@ impl<M: Material> Reloader<M> {
 pub mod expiry;
 pub mod flags;
 pub mod identity;
+pub mod kubelet;
 #[cfg(test)]
 pub(crate) mod test_pki;
 #[cfg(test)]

@@ -59,6 +59,7 @@ use hugepage_agent::{
     telemetry::encode::Format,
     tls::SERVER_NAME,
     webhook::{
+        agent_tls::AgentCertificates,
         agents::{Client, ClientFiles},
         cache::NodeCache,
         dial::dial,
@@ -428,6 +429,7 @@ async fn measure(
         ca: pki.join("agents-ca.crt"),
         cert: pki.join("client.crt"),
         key: pki.join("client.key"),
+        agents: AgentCertificates::Named,
     };
     let (client, _reloader) = Client::new(&files, port, Names::Shared, metrics.agent_tls.clone())
         .map_err(|e| e.to_string())?;

@@ -439,7 +439,8 @@ fn objects(documents: &[Value]) -> BTreeMap<(String, String, String), Value> {
 }
 
 /// The components whose patches change objects of other components, with those components.
-const NEEDS: [(&str, &[&str]); 2] = [
+const NEEDS: [(&str, &[&str]); 3] = [
+    ("kubelet-serving-identity", &["cert-manager", "webhook"]),
     ("webhook-client-auth", &["cert-manager", "webhook"]),
     ("webhook-fixed-clusterip", &["webhook"]),
 ];

@@ -60,6 +60,7 @@ pub async fn names(
     Ok(match args.agent_identity {
         AgentIdentity::Shared => Names::Shared,
         AgentIdentity::PerNode => Names::PerNode,
+        AgentIdentity::Kubelet => Names::Kubelet,
         AgentIdentity::PerPod => {
             let (namespace, selector) = (&args.agent_namespace, &args.agent_selector);
             let pods = AgentPods::listed(client.clone(), namespace, selector, within).await?;

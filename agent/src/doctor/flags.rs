@@ -84,7 +84,12 @@ impl DoctorArgs {
             self.agent_client_cert_file,
             self.agent_client_key_file,
         ) {
-            (Some(ca), Some(cert), Some(key)) => Some(ClientFiles { ca, cert, key }),
+            (Some(ca), Some(cert), Some(key)) => Some(ClientFiles {
+                ca,
+                cert,
+                key,
+                agents: self.identity.agent_identity.certificates(),
+            }),
             (None, None, None) => None,
             (ca, cert, key) => {
                 let missing: Vec<&str> = [

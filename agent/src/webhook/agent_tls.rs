@@ -5,7 +5,10 @@
 //! be used keep the previous config, logged once and counted. Dialling and the calls themselves
 //! are [`super::dial`]'s and [`super::agents`]'s.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::{PrivateKeyDer, pem::PemObject};
@@ -13,6 +16,7 @@ use rustls_pki_types::{PrivateKeyDer, pem::PemObject};
 use crate::tls::{
     Material, TlsError, certificates,
     expiry::{self, Expiry},
+    kubelet::KubeletVerifier,
     provider, read_file,
 };
 
@@ -28,6 +32,20 @@ pub struct ClientFiles {
     /// The webhook's client certificate (the leaf first) and its key.
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// What an agent's certificate is checked for besides the chain to `ca`.
+    pub agents: AgentCertificates,
+}
+
+/// What an agent's server certificate must be besides chaining to `--agent-ca-file`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AgentCertificates {
+    /// Valid for the DNS name the agent was dialled by (`--agent-identity shared`, `per-node`,
+    /// `per-pod`).
+    #[default]
+    Named,
+    /// The kubelet serving certificate of the node dialled (`--agent-identity kubelet`,
+    /// [`crate::tls::kubelet`]).
+    Kubelet,
 }
 
 /// What the client's files held, byte for byte.
@@ -73,8 +91,8 @@ impl Material for ClientFiles {
     }
 }
 
-/// The rustls client config: the agents' CA as the only trust anchor, TLS 1.3 and 1.2, the
-/// client certificate presented, HTTP/1.1.
+/// The rustls client config: the agents' CA as the only trust anchor, TLS 1.3 and 1.2, agents'
+/// certificates verified as `files.agents` says, the client certificate presented, HTTP/1.1.
 fn client_config(files: &ClientFiles, contents: &ClientContents) -> Result<ClientConfig, TlsError> {
     let file = |flag: &'static str, path: &PathBuf, detail: String| TlsError::File {
         flag,
@@ -94,15 +112,26 @@ fn client_config(files: &ClientFiles, contents: &ClientContents) -> Result<Clien
     let chain = certificates(CERT_FLAG, &files.cert, &contents.cert)?;
     let key = PrivateKeyDer::from_pem_slice(&contents.key)
         .map_err(|e| file(KEY_FLAG, &files.key, format!("not a PEM private key: {e}")))?;
-    let mut config = ClientConfig::builder_with_provider(provider())
+    let provider = provider();
+    let algorithms = provider.signature_verification_algorithms;
+    let builder = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| {
-            let detail = format!("not usable with {CERT_FLAG} {}: {e}", files.cert.display());
-            file(KEY_FLAG, &files.key, detail)
-        })?;
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match files.agents {
+        AgentCertificates::Named => builder.with_root_certificates(roots),
+        AgentCertificates::Kubelet => {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(KubeletVerifier::new(
+                    Arc::new(roots),
+                    algorithms,
+                )))
+        }
+    };
+    let mut config = builder.with_client_auth_cert(chain, key).map_err(|e| {
+        let detail = format!("not usable with {CERT_FLAG} {}: {e}", files.cert.display());
+        file(KEY_FLAG, &files.key, detail)
+    })?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }

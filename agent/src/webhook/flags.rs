@@ -160,6 +160,7 @@ impl WebhookArgs {
                 ca: self.agent_ca_file.clone(),
                 cert: self.agent_client_cert_file.clone(),
                 key: self.agent_client_key_file.clone(),
+                agents: self.identity.agent_identity.certificates(),
             },
             agent_timeout: duration("--agent-timeout", &self.agent_timeout, above_zero)?,
             extender_body_limit: bytes(

@@ -7,16 +7,18 @@
 //! the agent's pod that the API server has bound to `N` ([`super::agent_pods`]), so that a key
 //! taken from one node answers for that node only where the issuer gives a pod's name to that
 //! pod alone (`deploy/` ships none: docs/security.md says why cert-manager's csi-driver is not
-//! one). The name is also the `host` of the requests, and the connection pool is keyed by it
+//! one). `kubelet`: the agent of node `N` serves with `N`'s kubelet serving certificate, and
+//! must present one whose subject is `N`'s ([`crate::tls::kubelet`]): the cluster issues it, to
+//! node `N` alone. The name is also the `host` of the requests, and the connection pool is keyed by it
 //! ([`super::pool`]): a connection verified for one node never serves another.
 
 use rustls_pki_types::ServerName;
 
-use super::agent_pods::AgentPods;
+use super::{agent_pods::AgentPods, agent_tls::AgentCertificates};
 use crate::{
     flags::FlagError,
     kube::identifiers::{label_key, label_value, namespace},
-    tls::SERVER_NAME,
+    tls::{SERVER_NAME, kubelet},
 };
 
 /// The domain under which `per-pod` names each agent's pod.
@@ -32,6 +34,20 @@ pub enum AgentIdentity {
     PerNode,
     /// The agent of node N by `<pod>.<namespace>.pod.hugepage-agent.internal`, its pod on N.
     PerPod,
+    /// The agent of node N by N's kubelet serving certificate (`CN=system:node:N`).
+    Kubelet,
+}
+
+impl AgentIdentity {
+    /// What an agent's certificate is checked for under this identity.
+    pub fn certificates(self) -> AgentCertificates {
+        match self {
+            AgentIdentity::Kubelet => AgentCertificates::Kubelet,
+            AgentIdentity::Shared | AgentIdentity::PerNode | AgentIdentity::PerPod => {
+                AgentCertificates::Named
+            }
+        }
+    }
 }
 
 /// The default of `--agent-selector`: the DaemonSet's pods.
@@ -41,12 +57,14 @@ pub const AGENT_SELECTOR: &str =
 /// How agents are verified: the webhook's flags, which `doctor` takes too.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct IdentityArgs {
-    /// The name each agent's server certificate must carry: shared (node.hugepage-agent.internal,
-    /// one certificate on every node), per-node (<node-name>.node.hugepage-agent.internal, the
-    /// node dialled) or per-pod (<pod>.<namespace>.pod.hugepage-agent.internal, <pod> being the
-    /// agent's pod that the API server has on the node dialled, listed and watched in
-    /// --agent-namespace by --agent-selector). deploy/ ships no issuer for either: see
-    /// docs/security.md.
+    /// What each agent's server certificate must be: shared (for node.hugepage-agent.internal,
+    /// one certificate on every node), per-node (for <node-name>.node.hugepage-agent.internal,
+    /// the node dialled), per-pod (for <pod>.<namespace>.pod.hugepage-agent.internal, <pod> being
+    /// the agent's pod that the API server has on the node dialled, listed and watched in
+    /// --agent-namespace by --agent-selector) or kubelet (the kubelet serving certificate of the
+    /// node dialled: subject CN=system:node:<node-name>, O=system:nodes, chaining to
+    /// --agent-ca-file, the kubelet-serving signer's CA; the component kubelet-serving-identity).
+    /// deploy/ ships no issuer for per-node or per-pod: see docs/security.md.
     #[arg(long, env = "HUGEPAGE_AGENT_AGENT_IDENTITY", value_enum, default_value_t = AgentIdentity::Shared)]
     pub agent_identity: AgentIdentity,
     /// Under --agent-identity per-pod: the namespace of the agents' pods.
@@ -109,6 +127,7 @@ pub enum Names {
     Shared,
     PerNode,
     PerPod(AgentPods),
+    Kubelet,
 }
 
 impl Names {
@@ -124,6 +143,7 @@ impl Names {
                 })?;
                 format!("{pod}.{}.{POD_DOMAIN}", pods.namespace())
             }
+            Names::Kubelet => kubelet::server_name(node),
         };
         // A node's or a pod's name is a DNS subdomain, but one long enough makes a name longer
         // than DNS allows: that node's agent cannot be verified.

@@ -279,6 +279,7 @@ fn names(
     match args.agent_identity {
         identity::AgentIdentity::Shared => (identity::Names::Shared, None),
         identity::AgentIdentity::PerNode => (identity::Names::PerNode, None),
+        identity::AgentIdentity::Kubelet => (identity::Names::Kubelet, None),
         identity::AgentIdentity::PerPod => {
             let metrics = Arc::clone(metrics);
             let (pods, task) = agent_pods::AgentPods::start(

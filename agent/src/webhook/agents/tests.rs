@@ -21,8 +21,9 @@ use tokio_rustls::TlsAcceptor;
 use super::*;
 use crate::tls::{
     SERVER_NAME,
-    test_pki::{ca, leaf, named_leaf},
+    test_pki::{ca, kubelet_leaf, leaf, named_leaf},
 };
+use crate::webhook::agent_tls::AgentCertificates;
 use crate::webhook::{agent_pods::AgentPods, identity::POD_DOMAIN, pool::IDLE_TIMEOUT};
 
 /// The client's files (a CA, a client certificate of it) and an agent's server config.
@@ -32,14 +33,24 @@ fn pki() -> (tempfile::TempDir, ClientFiles, Arc<ServerConfig>) {
 
 /// As [`pki`], the agent's certificate for `names`.
 fn pki_for(names: &[&str]) -> (tempfile::TempDir, ClientFiles, Arc<ServerConfig>) {
+    pki_with(|issuer| named_leaf(issuer, names), AgentCertificates::Named)
+}
+
+/// As [`pki`], the agent's certificate (PEM certificate and key) made by `server` from the CA,
+/// and the client checking agents' certificates as `agents` says.
+fn pki_with(
+    server: impl FnOnce(&rcgen::Issuer<'static, rcgen::KeyPair>) -> (String, String),
+    agents: AgentCertificates,
+) -> (tempfile::TempDir, ClientFiles, Arc<ServerConfig>) {
     let (ca_pem, issuer) = ca("agents' CA");
-    let (server_cert, server_key) = named_leaf(&issuer, names);
+    let (server_cert, server_key) = server(&issuer);
     let (client_cert, client_key) = leaf(&issuer, ExtendedKeyUsagePurpose::ClientAuth);
     let dir = tempfile::tempdir().expect("tempdir");
     let files = ClientFiles {
         ca: dir.path().join("ca.crt"),
         cert: dir.path().join("client.crt"),
         key: dir.path().join("client.key"),
+        agents,
     };
     for (path, pem) in [
         (&files.ca, &ca_pem),
@@ -364,4 +375,69 @@ async fn per_pod_verifies_the_pod_the_api_server_has_on_the_node_dialled() {
         "{text}"
     );
     assert_eq!(agent.accepted.load(Ordering::SeqCst), before, "no dial");
+}
+
+#[tokio::test]
+async fn kubelet_identity_takes_the_dialled_nodes_serving_certificate_and_no_other() {
+    let serving = ExtendedKeyUsagePurpose::ServerAuth;
+    let nodes = Some("system:nodes");
+    let (_dir, files, server) = pki_with(
+        |issuer| kubelet_leaf(issuer, "node-a", serving.clone(), nodes),
+        AgentCertificates::Kubelet,
+    );
+    let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
+    let kubelet = client_as(&files, Names::Kubelet);
+    let body = || Bytes::from_static(POD);
+    let reply = kubelet.admit("node-a", agent.addr, body(), true).await;
+    assert!(
+        reply.is_ok_and(|r| r.allowed),
+        "node A's kubelet certificate"
+    );
+    // Node A's key answering at node B's address.
+    let text = kubelet
+        .admit("node-b", agent.addr, body(), true)
+        .await
+        .expect_err("node A's certificate is not node B's")
+        .to_string();
+    assert!(text.contains("TLS handshake failed"), "{text}");
+    assert!(
+        text.contains("only valid for the subject CN=system:node:node-a, O=system:nodes"),
+        "{text}"
+    );
+    assert!(text.contains("is CN=system:node:node-b"), "{text}");
+    // The same certificate, checked by name: it carries no name of ours.
+    let named = ClientFiles {
+        agents: AgentCertificates::Named,
+        ..files.clone()
+    };
+    let text = client_as(&named, Names::Shared)
+        .admit("node-a", agent.addr, body(), true)
+        .await
+        .expect_err("a kubelet's certificate is not node.hugepage-agent.internal")
+        .to_string();
+    assert!(text.contains("not valid for name"), "{text}");
+    // The kubelet's client certificate has node A's subject but is not a server's.
+    let (_dir, files, server) = pki_with(
+        |issuer| kubelet_leaf(issuer, "node-a", ExtendedKeyUsagePurpose::ClientAuth, nodes),
+        AgentCertificates::Kubelet,
+    );
+    let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
+    let text = client_as(&files, Names::Kubelet)
+        .admit("node-a", agent.addr, body(), true)
+        .await
+        .expect_err("a client certificate does not serve")
+        .to_string();
+    assert!(text.contains("TLS handshake failed"), "{text}");
+    // Another organization under node A's common name.
+    let (_dir, files, server) = pki_with(
+        |issuer| kubelet_leaf(issuer, "node-a", serving.clone(), Some("system:masters")),
+        AgentCertificates::Kubelet,
+    );
+    let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
+    let text = client_as(&files, Names::Kubelet)
+        .admit("node-a", agent.addr, body(), true)
+        .await
+        .expect_err("not the signer's organization")
+        .to_string();
+    assert!(text.contains("O=system:masters"), "{text}");
 }
