@@ -1445,21 +1445,23 @@ fn kubelet_serving_identity_serves_each_nodes_kubelet_certificate_and_the_webhoo
     );
     let rendered = render(&["cert-manager", "webhook", "kubelet-serving-identity"]);
     let agent = rendered.agent();
-    // Certificate and key are the one file the kubelet rotates, read through the read-only
-    // mount of the host's /var/lib/kubelet (no new volume, nothing writable).
-    let current = "/host/var/lib/kubelet/pki/kubelet-server-current.pem";
+    // Certificate and key are the one file the kubelet rotates, a link whose target is an
+    // absolute path of the host: read through a read-only mount of the host's directory at the
+    // same path, where that target resolves.
+    let current = "/var/lib/kubelet/pki/kubelet-server-current.pem";
     assert_eq!(agent.arg("--tls-cert-file"), Some(current));
     assert_eq!(agent.arg("--tls-private-key-file"), Some(current));
-    let kubelet = agent.mount("/host/var/lib/kubelet");
-    assert!(kubelet.read_only);
+    let pki = agent.mount("/var/lib/kubelet/pki");
+    assert!(pki.read_only);
+    assert_eq!(pki.recursive_read_only.as_deref(), Some("IfPossible"));
     assert_eq!(
-        kubelet.source,
+        pki.source,
         Source::HostPath {
-            path: "/var/lib/kubelet".to_owned(),
+            path: pki.path.clone(),
             kind: "Directory".to_owned()
         }
     );
-    assert_eq!(agent.mounts.len(), base.agent().mounts.len());
+    assert_eq!(agent.mounts.len(), base.agent().mounts.len() + 1);
     // The agents still take only the webhook's client certificate, by the installation's CA.
     assert_eq!(
         agent.arg("--client-ca-file"),

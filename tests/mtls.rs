@@ -103,18 +103,19 @@ impl Ca {
     }
 
     /// A kubelet serving certificate of `node`, as the signer `kubernetes.io/kubelet-serving`
-    /// issues them: `CN=system:node:<node>, O=system:nodes`, the node's name as a DNS name, for
+    /// issues them: `O=system:nodes, CN=system:node:<node>`, the node's name as a DNS name, for
     /// server authentication.
     pub fn kubelet_serving(&self, node: &str) -> Pair {
         let key = KeyPair::generate().expect("a key");
         let mut params = CertificateParams::new(vec![node.to_owned()]).expect("leaf params");
+        // In the order Go writes them.
         params.distinguished_name = rcgen::DistinguishedName::new();
         params
             .distinguished_name
-            .push(DnType::CommonName, format!("system:node:{node}"));
+            .push(DnType::OrganizationName, "system:nodes");
         params
             .distinguished_name
-            .push(DnType::OrganizationName, "system:nodes");
+            .push(DnType::CommonName, format!("system:node:{node}"));
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let cert = params.signed_by(&key, &self.issuer).expect("a signed leaf");
         Pair {

@@ -1561,7 +1561,7 @@ fn kubelet_identity_trusts_on_each_node_only_that_nodes_kubelet_serving_certific
     let failed = &result["failedNodes"];
     let text = failed["node-c"].as_str().unwrap_or_default();
     assert!(
-        text.contains("only valid for the subject CN=system:node:node-a, O=system:nodes")
+        text.contains("only valid for the subject O=system:nodes, CN=system:node:node-a")
             && text.contains("is CN=system:node:node-c"),
         "{result}"
     );

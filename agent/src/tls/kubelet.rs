@@ -8,7 +8,8 @@
 //!
 //! The verifier ([`KubeletVerifier`]) checks what the kubelet-serving signer guarantees, not a
 //! DNS name: the chain to the CA (the signer's, `--agent-ca-file`), validity and `serverAuth`
-//! usage as any server certificate, then a subject of exactly one common name
+//! usage as any server certificate (the extension required, where webpki would take a
+//! certificate without it), then a subject of exactly one common name
 //! `system:node:<node>` and the organization `system:nodes` alone, `<node>` being the node the
 //! caller dialled. rustls hands a verifier only the name it dialled, so the node travels in that
 //! name, `<node>.`[`KUBELET_DOMAIN`] ([`server_name`]); no certificate carries it and it is not
@@ -48,6 +49,10 @@ pub enum KubeletError {
     #[error("the certificate cannot be read: {0}")]
     Unreadable(String),
     #[error(
+        "the certificate has no extended key usage serverAuth (the kubelet-serving signer always writes one)"
+    )]
+    NotServing,
+    #[error(
         "the certificate's subject is {presented}, not CN=system:node:{node}, O={NODES} (the kubelet serving certificate of node {node:?}, the node dialled)"
     )]
     OtherSubject { node: String, presented: String },
@@ -78,8 +83,8 @@ fn node_of(name: &ServerName<'_>) -> Result<String, KubeletError> {
         .ok_or_else(|| KubeletError::NotKubeletName(text.into_owned()))
 }
 
-/// Whether `der`'s subject is exactly node `node`'s: one common name `system:node:<node>`, and
-/// one organization, `system:nodes`.
+/// Whether `der` is node `node`'s serving certificate: an extended key usage with `serverAuth`,
+/// and a subject of one common name `system:node:<node>` and one organization, `system:nodes`.
 pub fn check_subject(der: &CertificateDer<'_>, node: &str) -> Result<(), KubeletError> {
     let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der.as_ref())
         .map_err(|e| KubeletError::Unreadable(e.to_string()))?;
@@ -92,6 +97,15 @@ pub fn check_subject(der: &CertificateDer<'_>, node: &str) -> Result<(), Kubelet
     };
     let common = texts(subject.iter_common_name().collect());
     let organizations = texts(subject.iter_organization().collect());
+    // webpki takes a certificate without the extension as fit for any use; the signer always
+    // writes one.
+    let serving = matches!(
+        cert.extended_key_usage(),
+        Ok(Some(usage)) if usage.value.server_auth
+    );
+    if !serving {
+        return Err(KubeletError::NotServing);
+    }
     let expected = format!("system:node:{node}");
     match (common, organizations) {
         (Ok(common), Ok(organizations)) if common == [expected] && organizations == [NODES] => {

@@ -42,26 +42,27 @@ pub fn named_leaf(issuer: &Issuer<'_, KeyPair>, names: &[&str]) -> (String, Stri
 }
 
 /// A leaf of `issuer` as the kubelet-serving signer makes them for `node`
-/// (`CN=system:node:<node>, O=<organization>`, `system:nodes` being the signer's, and the node's
-/// name as a DNS name) for `usage`: (certificate PEM, key PEM).
+/// (`O=<organization>, CN=system:node:<node>` in Go's order, `system:nodes` being the signer's,
+/// and the node's name as a DNS name) with the extended key usages `usages` (none: no such
+/// extension): (certificate PEM, key PEM).
 pub fn kubelet_leaf(
     issuer: &Issuer<'_, KeyPair>,
     node: &str,
-    usage: ExtendedKeyUsagePurpose,
+    usages: &[ExtendedKeyUsagePurpose],
     organization: Option<&str>,
 ) -> (String, String) {
     let key = KeyPair::generate().expect("key");
     let mut params = CertificateParams::new(vec![node.to_owned()]).expect("params");
     params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(DnType::CommonName, format!("system:node:{node}"));
     if let Some(organization) = organization {
         params
             .distinguished_name
             .push(DnType::OrganizationName, organization);
     }
-    params.extended_key_usages = vec![usage];
+    params
+        .distinguished_name
+        .push(DnType::CommonName, format!("system:node:{node}"));
+    params.extended_key_usages = usages.to_vec();
     let cert = params.signed_by(&key, issuer).expect("signed");
     (cert.pem(), key.serialize_pem())
 }

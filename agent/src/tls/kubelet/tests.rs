@@ -31,8 +31,8 @@ fn the_node_travels_in_the_dialled_name_and_nothing_else_carries_one() {
 #[test]
 fn only_the_dialled_nodes_subject_with_the_signers_organization_passes() {
     let (_, issuer) = ca("cluster CA");
-    let serving = ExtendedKeyUsagePurpose::ServerAuth;
-    let (a, _) = kubelet_leaf(&issuer, "node-a", serving.clone(), Some(NODES));
+    let serving = &[ExtendedKeyUsagePurpose::ServerAuth];
+    let (a, _) = kubelet_leaf(&issuer, "node-a", serving, Some(NODES));
     assert_eq!(check_subject(&der(&a), "node-a"), Ok(()));
     let err = check_subject(&der(&a), "node-b").expect_err("node A's is not node B's");
     let text = err.to_string();
@@ -40,7 +40,7 @@ fn only_the_dialled_nodes_subject_with_the_signers_organization_passes() {
     assert!(text.contains("node \"node-b\""), "{text}");
     // A prefix of the node's name is another node.
     assert!(check_subject(&der(&a), "node-").is_err());
-    let (masters, _) = kubelet_leaf(&issuer, "node-a", serving.clone(), Some("system:masters"));
+    let (masters, _) = kubelet_leaf(&issuer, "node-a", serving, Some("system:masters"));
     assert!(check_subject(&der(&masters), "node-a").is_err());
     let (none, _) = kubelet_leaf(&issuer, "node-a", serving, None);
     assert!(check_subject(&der(&none), "node-a").is_err());

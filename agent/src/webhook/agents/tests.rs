@@ -379,10 +379,10 @@ async fn per_pod_verifies_the_pod_the_api_server_has_on_the_node_dialled() {
 
 #[tokio::test]
 async fn kubelet_identity_takes_the_dialled_nodes_serving_certificate_and_no_other() {
-    let serving = ExtendedKeyUsagePurpose::ServerAuth;
+    let serving = &[ExtendedKeyUsagePurpose::ServerAuth];
     let nodes = Some("system:nodes");
     let (_dir, files, server) = pki_with(
-        |issuer| kubelet_leaf(issuer, "node-a", serving.clone(), nodes),
+        |issuer| kubelet_leaf(issuer, "node-a", serving, nodes),
         AgentCertificates::Kubelet,
     );
     let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
@@ -401,7 +401,7 @@ async fn kubelet_identity_takes_the_dialled_nodes_serving_certificate_and_no_oth
         .to_string();
     assert!(text.contains("TLS handshake failed"), "{text}");
     assert!(
-        text.contains("only valid for the subject CN=system:node:node-a, O=system:nodes"),
+        text.contains("only valid for the subject O=system:nodes, CN=system:node:node-a"),
         "{text}"
     );
     assert!(text.contains("is CN=system:node:node-b"), "{text}");
@@ -418,7 +418,14 @@ async fn kubelet_identity_takes_the_dialled_nodes_serving_certificate_and_no_oth
     assert!(text.contains("not valid for name"), "{text}");
     // The kubelet's client certificate has node A's subject but is not a server's.
     let (_dir, files, server) = pki_with(
-        |issuer| kubelet_leaf(issuer, "node-a", ExtendedKeyUsagePurpose::ClientAuth, nodes),
+        |issuer| {
+            kubelet_leaf(
+                issuer,
+                "node-a",
+                &[ExtendedKeyUsagePurpose::ClientAuth],
+                nodes,
+            )
+        },
         AgentCertificates::Kubelet,
     );
     let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
@@ -430,7 +437,7 @@ async fn kubelet_identity_takes_the_dialled_nodes_serving_certificate_and_no_oth
     assert!(text.contains("TLS handshake failed"), "{text}");
     // Another organization under node A's common name.
     let (_dir, files, server) = pki_with(
-        |issuer| kubelet_leaf(issuer, "node-a", serving.clone(), Some("system:masters")),
+        |issuer| kubelet_leaf(issuer, "node-a", serving, Some("system:masters")),
         AgentCertificates::Kubelet,
     );
     let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
