@@ -22,6 +22,15 @@ use tokio_rustls::TlsConnector;
 
 /// How long any read of these clients may wait.
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long an abuser's connect may wait: a listener that filters the abuser's SYNs leaves
+/// it to the kernel's retries (two minutes), as it would a real one that gave up sooner. Under
+/// the first retry's second, so a connect tried while filtered fails whatever happens next.
+pub const CONNECT_WITHIN: Duration = Duration::from_millis(500);
+
+/// An abuser's connection to `addr`, given up after [`CONNECT_WITHIN`].
+pub fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    TcpStream::connect_timeout(&addr, CONNECT_WITHIN)
+}
 
 /// A request that starts well and never ends its head.
 pub const SLOW_HEAD: &[u8] = b"POST /v1/admit HTTP/1.1\r\nHost: agent\r\nX-Slow: ";
@@ -106,7 +115,7 @@ pub fn read_answer(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> io::Result<(
 
 /// A connection that has sent [`SLOW_HEAD`] and nothing more (a slowloris).
 pub fn slow_head(addr: SocketAddr) -> io::Result<TcpStream> {
-    let mut stream = TcpStream::connect(addr)?;
+    let mut stream = connect(addr)?;
     stream.set_read_timeout(Some(READ_TIMEOUT))?;
     stream.write_all(SLOW_HEAD)?;
     Ok(stream)
@@ -114,7 +123,7 @@ pub fn slow_head(addr: SocketAddr) -> io::Result<TcpStream> {
 
 /// A connection that sends nothing at all.
 pub fn silent(addr: SocketAddr) -> io::Result<TcpStream> {
-    let stream = TcpStream::connect(addr)?;
+    let stream = connect(addr)?;
     stream.set_read_timeout(Some(READ_TIMEOUT))?;
     Ok(stream)
 }
@@ -173,7 +182,7 @@ pub fn garbage(addr: SocketAddr) -> io::Result<String> {
 /// Sends `bytes` on a new connection and reads until the server closes (a reset after the
 /// answer counts as closed).
 fn send_and_read(addr: SocketAddr, bytes: &[u8]) -> io::Result<String> {
-    let mut stream = TcpStream::connect(addr)?;
+    let mut stream = connect(addr)?;
     stream.set_read_timeout(Some(READ_TIMEOUT))?;
     // The server may answer and close before it has read everything: a failed write is fine.
     let _ = stream.write_all(bytes);
@@ -198,7 +207,7 @@ pub struct SlowBody {
 
 impl SlowBody {
     pub fn start(addr: SocketAddr, length: usize) -> io::Result<SlowBody> {
-        let mut stream = TcpStream::connect(addr)?;
+        let mut stream = connect(addr)?;
         write!(
             stream,
             "POST /v1/admit HTTP/1.1\r\nhost: agent\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n{{"
@@ -296,7 +305,9 @@ pub async fn reset_loop(
 ) -> io::Result<ResetLoop> {
     let server = ServerName::try_from(name.to_owned())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let tcp = tokio::time::timeout(CONNECT_WITHIN, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
     tcp.set_nodelay(true)?;
     let tls = TlsConnector::from(config).connect(server, tcp).await?;
     let (client, connection) = h2::client::handshake(tls).await.map_err(io::Error::other)?;

@@ -14,6 +14,10 @@
 //!   of them leave a caller from another peer answered at once, and each ends at
 //!   `--handshake-timeout`, counted.
 //! * An HTTP/2 connection with no stream open is closed after `--http2-idle-timeout`.
+//! * A peer at `--max-connections-per-peer` that keeps trying for more has its new connections
+//!   dropped by the kernel (the listener's socket filter, on the real kernel: a connect times
+//!   out instead of being reset after an accept), keeps the connections it has, and connects
+//!   again once below its limit; one that tries a few times only is refused at accept.
 
 use std::{
     fs,
@@ -224,4 +228,109 @@ fn an_http2_connection_with_no_stream_open_is_closed_after_the_idle_time_out() {
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(h2);
+}
+
+/// `hugepage_agent_webhook_http_peers_filtered{listener="webhook"}` reaches `n` within 5 s.
+fn until_filtered(plain: u16, n: f64) {
+    let series = "hugepage_agent_webhook_http_peers_filtered{listener=\"webhook\"}";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sample(&metrics(plain), series) != Some(n) {
+        assert!(
+            Instant::now() < deadline,
+            "{series} never {n}: {}",
+            metrics(plain)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A TCP connect from `source` to the webhook, given up after `within`.
+fn connect_within(source: IpAddr, port: u16, within: Duration) -> std::io::Result<TcpStream> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind((source, 0).into())?;
+        let connect = socket.connect((Ipv4Addr::LOCALHOST, port).into());
+        match tokio::time::timeout(within, connect).await {
+            Ok(tcp) => tcp?.into_std(),
+            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    })
+}
+
+#[test]
+fn a_peer_hammering_at_its_limit_has_its_new_connections_dropped_by_the_kernel_and_keeps_its_own() {
+    let pki = Pki::new();
+    let api = StandInApiServer::start();
+    let (webhook, plain) = webhook(
+        &pki,
+        &api,
+        &[
+            "--max-connections-per-peer",
+            "3",
+            "--handshake-timeout",
+            "30s",
+        ],
+    );
+    let port = webhook.port;
+    until_filtered(plain, 0.0);
+    let config = mtls::client_config(&[&pki.webhook], None, Versions::Any);
+    // Peer .7: one connection served (kept alive), two that never handshake: its three.
+    let mut served = Connection::open_from(peer(7), port, config.clone(), name()).expect("served");
+    assert_eq!(
+        served
+            .request("GET", "/healthz", None, "")
+            .expect("answered")
+            .status,
+        200
+    );
+    let stalled: Vec<TcpStream> = (0..2)
+        .map(|_| mtls::connect_from(peer(7), port).expect("connect"))
+        .collect();
+    // Reaching its limit is not enough: a few more tries are refused at accept, as before.
+    std::thread::sleep(Duration::from_millis(600));
+    for _ in 0..3 {
+        let _ = connect_within(peer(7), port, Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    until_filtered(plain, 0.0);
+    // Trying on and on is: filtered within a quarter of a second.
+    for _ in 0..40 {
+        let _ = connect_within(peer(7), port, Duration::from_millis(100));
+    }
+    until_filtered(plain, 1.0);
+    let refused = "hugepage_agent_webhook_http_limited_total{listener=\"webhook\",limit=\"max_connections_per_peer\"}";
+    let before = sample(&metrics(plain), refused).unwrap_or(0.0);
+    // Its next connection never completes: its SYNs (the first and the one retried after 1 s)
+    // are dropped before the accept queue; refused at accept, it would connect, then be reset.
+    let outcome = connect_within(peer(7), port, Duration::from_millis(1500));
+    assert!(
+        outcome
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        sample(&metrics(plain), refused).unwrap_or(0.0),
+        before,
+        "nothing reached the accept"
+    );
+    // The connection it has is served on; another peer connects at once.
+    assert_eq!(
+        served
+            .request("GET", "/healthz", None, "")
+            .expect("answered")
+            .status,
+        200
+    );
+    let (status, took) = filter_from(&pki, port, peer(8), None).expect("answered");
+    assert_eq!(status, 200);
+    assert!(took < Duration::from_secs(1), "answered after {took:?}");
+    // Below its limit again, it connects and is served.
+    drop(stalled);
+    until_filtered(plain, 0.0);
+    let (status, _) = filter_from(&pki, port, peer(7), None).expect("answered again");
+    assert_eq!(status, 200);
 }

@@ -289,7 +289,7 @@ fn webhook_places(bin: &Path, args: &Args) {
         let (config, name) = (handshaked.clone(), name2.clone());
         let open: Mutex<VecDeque<Connection>> = Mutex::default();
         let running = Running::new(args).looping(move || {
-            let Ok(tcp) = TcpStream::connect(("127.0.0.1", port)) else {
+            let Ok(tcp) = abusers::connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port))) else {
                 return;
             };
             let mut open = open.lock().expect("the abuser's own list");
@@ -313,7 +313,7 @@ fn webhook_places(bin: &Path, args: &Args) {
         let open: Mutex<VecDeque<TcpStream>> = Mutex::default();
         let running = Running::new(args).looping(move || {
             let mut open = open.lock().expect("the abuser's own list");
-            if let Ok(tcp) = TcpStream::connect(("127.0.0.1", port)) {
+            if let Ok(tcp) = abusers::connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port))) {
                 open.push_back(tcp);
             }
             if open.len() > held {

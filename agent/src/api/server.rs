@@ -63,10 +63,14 @@
 //!   GOAWAY (hyper has no such limit: the service counts the streams open, a stream's answer
 //!   included until its body ends);
 //! * a peer whose HTTP/2 connection was ended for abuse is refused at accept, as one over
-//!   `max_connections` is, for `abuse_backoff`, longer if it goes on ([`backoff`]).
+//!   `max_connections` is, for `abuse_backoff`, longer if it goes on ([`backoff`]);
+//! * the new connections of a peer in back-off, or at `max_connections_per_peer` and trying
+//!   for more again and again, are dropped by the kernel before they reach the accept queue,
+//!   at once ([`gate`]): its SYNs cost this process nothing.
 
 mod backoff;
 pub mod flags;
+mod gate;
 mod slots;
 
 pub use backoff::MAX_BASE as MAX_ABUSE_BACKOFF;
@@ -76,6 +80,7 @@ use std::{
     future::Future,
     io,
     net::SocketAddr,
+    os::fd::OwnedFd,
     pin::Pin,
     sync::mpsc,
     sync::{
@@ -265,6 +270,8 @@ pub struct Serving {
     backoff: Arc<backoff::Backoff>,
     peers: Arc<Peers>,
     handshakes: Arc<Handshakes>,
+    /// Wakes the keeper of the listener's filter ([`gate::keep`]) when a peer is to be filtered.
+    gate: Arc<tokio::sync::Notify>,
 }
 
 impl Serving {
@@ -283,6 +290,7 @@ impl Serving {
             backoff: Arc::new(backoff::Backoff::new(limits.abuse_backoff)),
             peers: Arc::default(),
             handshakes: Arc::default(),
+            gate: Arc::default(),
         }
     }
 
@@ -412,6 +420,11 @@ impl Server {
                 .listener
                 .try_clone()
                 .map_err(|source| failed(index, source))?;
+            // The first thread keeps the socket's filter ([`gate`]) on a descriptor of its own.
+            let gate = (index == 0)
+                .then(|| bound.listener.try_clone().map(OwnedFd::from))
+                .transpose()
+                .map_err(|source| failed(index, source))?;
             let (tx, rx) = oneshot::channel();
             let serving = serving.clone();
             let stop = stop.clone();
@@ -420,7 +433,7 @@ impl Server {
             thread::Builder::new()
                 .name(thread.clone())
                 .spawn(move || {
-                    serve_thread(index, socket, serving, stop, listening);
+                    serve_thread(index, (socket, gate), serving, stop, listening);
                     let _ = tx.send(());
                 })
                 .map_err(|source| failed(index, source))?;
@@ -489,7 +502,7 @@ type Listening = Result<(), (usize, io::Error)>;
 /// server.
 fn serve_thread(
     index: usize,
-    socket: std::net::TcpListener,
+    (socket, gate): (std::net::TcpListener, Option<OwnedFd>),
     serving: Serving,
     stop: watch::Receiver<bool>,
     listening: mpsc::Sender<Listening>,
@@ -514,7 +527,7 @@ fn serve_thread(
         }
     };
     let _ = listening.send(Ok(()));
-    runtime.block_on(serve(listener, serving, stop));
+    runtime.block_on(serve(listener, gate, serving, stop));
     runtime.shutdown_timeout(BLOCKING_GRACE);
 }
 
@@ -522,7 +535,15 @@ fn serve_thread(
 /// included, so a slow client holds up nobody) or, over `max_connections`, closed at once;
 /// then waits for every connection to end, each told to close once its request in flight is
 /// answered.
-async fn serve(listener: TcpListener, serving: Serving, mut stop: watch::Receiver<bool>) {
+async fn serve(
+    listener: TcpListener,
+    gate: Option<OwnedFd>,
+    serving: Serving,
+    mut stop: watch::Receiver<bool>,
+) {
+    if let Some(socket) = gate {
+        tokio::spawn(gate::keep(socket, serving.clone(), stop.clone()));
+    }
     // Every connection's task holds a receiver; once all are dropped, every connection ended.
     let (open, connection) = watch::channel(());
     loop {
@@ -574,9 +595,15 @@ fn place(serving: &Serving, peer: SocketAddr) -> Result<Place, Cut> {
     if serving.backoff.waits(peer.ip(), Instant::now()) {
         return Err(Cut::Backoff);
     }
-    let Some(peer_slot) = Peers::take(&serving.peers, peer.ip(), limits.max_connections_per_peer)
-    else {
-        return Err(Cut::PerPeer);
+    let peer_slot = match Peers::take(&serving.peers, peer.ip(), limits.max_connections_per_peer) {
+        Ok(slot) => slot,
+        Err(tried) => {
+            if tried == gate::HAMMERING {
+                // Filtered now, not at the next look.
+                serving.gate.notify_one();
+            }
+            return Err(Cut::PerPeer);
+        }
     };
     let first = if serving.tls.is_some() {
         match Handshakes::take(&serving.handshakes, limits.max_handshakes) {
@@ -916,6 +943,7 @@ fn counted(ended: Result<Option<Cut>, hyper::Error>, peer: SocketAddr, serving: 
     serving.stats.cut(why);
     if why == Cut::Http2Abuse {
         let wait = serving.backoff.abused(peer.ip(), Instant::now());
+        serving.gate.notify_one();
         if !wait.is_zero() {
             warn!(peer = %peer.ip(), ?wait, "HTTP/2 connection ended for abuse ({err}); the peer's new connections are refused meanwhile");
         }

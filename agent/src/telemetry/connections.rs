@@ -87,6 +87,8 @@ pub struct ConnectionStats {
     cut: [AtomicU64; Cut::ALL.len()],
     body_budget: AtomicU64,
     body_held: AtomicU64,
+    peers_filtered: AtomicU64,
+    peer_filter_failures: AtomicU64,
 }
 
 impl ConnectionStats {
@@ -141,6 +143,24 @@ impl ConnectionStats {
         self.body_held.load(Ordering::Acquire)
     }
 
+    /// Peers whose new connections the kernel drops now (the listener's socket filter).
+    pub fn set_peers_filtered(&self, peers: usize) {
+        self.peers_filtered.store(peers as u64, Ordering::Relaxed);
+    }
+
+    pub fn peers_filtered(&self) -> u64 {
+        self.peers_filtered.load(Ordering::Relaxed)
+    }
+
+    /// The kernel refused a new socket filter.
+    pub fn peer_filter_failed(&self) {
+        self.peer_filter_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn peer_filter_failures(&self) -> u64 {
+        self.peer_filter_failures.load(Ordering::Relaxed)
+    }
+
     /// How often `why` acted so far.
     pub fn cuts(&self, why: Cut) -> u64 {
         Cut::ALL
@@ -183,6 +203,32 @@ pub fn encode(prefix: &str, listeners: &[(&str, &ConnectionStats)], e: &mut Enco
             &budget,
             &[("listener", listener)],
             stats.body_budget() as f64,
+        );
+    }
+    let filtered = format!("{prefix}_http_peers_filtered");
+    e.family(
+        &filtered,
+        Kind::Gauge,
+        "Peers whose new connections the kernel drops at the listening socket (a socket filter on their SYNs): those waiting after abuse (--abuse-backoff), and those holding --max-connections-per-peer that kept trying for more (16 refused within a quarter of a second), at most 128.",
+    );
+    for (listener, stats) in listeners {
+        e.sample(
+            &filtered,
+            &[("listener", listener)],
+            stats.peers_filtered() as f64,
+        );
+    }
+    let failures = format!("{prefix}_http_peer_filter_failures_total");
+    e.family(
+        &failures,
+        Kind::Counter,
+        "Socket filters the kernel refused to attach to the listening socket (the previous one stays; those peers are refused at accept).",
+    );
+    for (listener, stats) in listeners {
+        e.sample(
+            &failures,
+            &[("listener", listener)],
+            stats.peer_filter_failures() as f64,
         );
     }
     let limited = format!("{prefix}_http_limited_total");

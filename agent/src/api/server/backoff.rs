@@ -92,6 +92,19 @@ impl Backoff {
         self.table().get(&key(peer)).is_some_and(|w| now < w.until)
     }
 
+    /// The peers that must still wait at `now` (IPv4 addresses and IPv6 /64s, low bits zero).
+    pub fn waiting(&self, now: Instant) -> Vec<IpAddr> {
+        if self.base.is_zero() {
+            return Vec::new();
+        }
+        let peers = self.table();
+        peers
+            .iter()
+            .filter(|(_, w)| now < w.until)
+            .map(|(ip, _)| *ip)
+            .collect()
+    }
+
     /// The table; a thread that panicked holding it left it whole (each change is one insert or
     /// one removal), so a poisoned lock is taken as it is.
     fn table(&self) -> MutexGuard<'_, HashMap<IpAddr, Waiting>> {
