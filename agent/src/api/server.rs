@@ -553,6 +553,7 @@ async fn serve(
         };
         match accepted {
             Ok((tcp, peer)) => {
+                gate::shed(&tcp);
                 let place = match place(&serving, peer) {
                     Ok(place) => place,
                     Err(why) => {

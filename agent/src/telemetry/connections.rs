@@ -209,7 +209,7 @@ pub fn encode(prefix: &str, listeners: &[(&str, &ConnectionStats)], e: &mut Enco
     e.family(
         &filtered,
         Kind::Gauge,
-        "Peers whose new connections the kernel drops at the listening socket (a socket filter on their SYNs): those waiting after abuse (--abuse-backoff), and those holding --max-connections-per-peer that kept trying for more (16 refused within a quarter of a second), at most 128.",
+        "Peers whose new connections the kernel drops at the listening socket (a socket filter on their SYNs): those waiting after abuse (--abuse-backoff), and those holding --max-connections-per-peer that kept trying for more (16 refused between two looks), at most 64.",
     );
     for (listener, stats) in listeners {
         e.sample(

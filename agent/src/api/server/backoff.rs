@@ -105,6 +105,19 @@ impl Backoff {
             .collect()
     }
 
+    /// When the first wait still running at `now` ends.
+    pub fn next_end(&self, now: Instant) -> Option<Instant> {
+        if self.base.is_zero() {
+            return None;
+        }
+        let peers = self.table();
+        peers
+            .values()
+            .map(|w| w.until)
+            .filter(|until| now < *until)
+            .min()
+    }
+
     /// The table; a thread that panicked holding it left it whole (each change is one insert or
     /// one removal), so a poisoned lock is taken as it is.
     fn table(&self) -> MutexGuard<'_, HashMap<IpAddr, Waiting>> {
@@ -172,6 +185,24 @@ mod tests {
         assert!(backoff.waits(ip(1), t0 + BASE / 2));
         assert!(!backoff.waits(ip(2), t0 + BASE / 2), "only the abuser");
         assert!(!backoff.waits(ip(1), t0 + BASE));
+    }
+
+    #[test]
+    fn the_waiting_peers_and_the_first_end_are_those_still_waiting() {
+        let backoff = Backoff::new(BASE);
+        let t0 = Instant::now();
+        assert_eq!(backoff.next_end(t0), None);
+        backoff.abused(ip(1), t0);
+        backoff.abused(v6("2001:db8:1:2::9"), t0 + BASE / 2);
+        assert_eq!(backoff.next_end(t0), Some(t0 + BASE));
+        let mut waiting = backoff.waiting(t0 + BASE / 2);
+        waiting.sort();
+        assert_eq!(waiting, vec![ip(1), v6("2001:db8:1:2::")]);
+        // ip(1)'s wait is over: the /64's is the next to end.
+        assert_eq!(backoff.waiting(t0 + BASE), vec![v6("2001:db8:1:2::")]);
+        assert_eq!(backoff.next_end(t0 + BASE), Some(t0 + BASE * 3 / 2));
+        assert_eq!(backoff.next_end(t0 + BASE * 2), None);
+        assert!(Backoff::new(Duration::ZERO).waiting(t0).is_empty());
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //! accept queue; dropped in the kernel (`tcp_filter` runs the listener's filter on each SYN),
 //! they cost the process nothing, and the peer's own stack retries (after 1 s, then longer).
 //!
-//! Only a SYN without ACK is dropped: the connections a peer already has carry on (accepted
-//! sockets inherit the filter, and no segment of theirs is a bare SYN). A peer is an IPv4
+//! Only a SYN without ACK is dropped: the connections a peer already has carry on. Accepted
+//! sockets inherit the listener's filter; each sheds it at once ([`shed`]), so that no old
+//! program lives on in a long connection. A peer is an IPv4
 //! address, an IPv6 address, or for back-off an IPv6 /64 as the back-off counts it. At most
 //! [`MAX_FILTERED`] peers are filtered at once (a program of at most 9 instructions each; the
 //! others are refused at accept as before). [`keep`] samples both sets every [`EVERY`], and at
@@ -28,8 +29,8 @@ use std::{
 };
 
 use libc::{
-    BPF_ABS, BPF_ALU, BPF_AND, BPF_B, BPF_JA, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_RET, BPF_RSH,
-    BPF_W, SKF_NET_OFF, sock_filter, sock_fprog,
+    BPF_ABS, BPF_ALU, BPF_AND, BPF_B, BPF_JA, BPF_JEQ, BPF_JMP, BPF_K, BPF_LD, BPF_MEM, BPF_RET,
+    BPF_RSH, BPF_ST, BPF_W, SKF_NET_OFF, sock_filter, sock_fprog,
 };
 use tokio::sync::watch;
 use tracing::warn;
@@ -38,8 +39,11 @@ use super::Serving;
 
 /// How often the peers to filter are sampled.
 pub const EVERY: Duration = Duration::from_millis(250);
-/// The most peers filtered at once.
-pub const MAX_FILTERED: usize = 128;
+/// The most peers filtered at once: a program of at most about 600 instructions once the
+/// kernel converts it (under 5 KiB), so that the new one and the one it replaces, both charged
+/// to the socket while it is swapped, fit in the 20 KiB of `net.core.optmem_max` that kernels
+/// before 6.8 default to.
+pub const MAX_FILTERED: usize = 64;
 /// Connections refused at accept, between two looks, that make a peer at its limit filtered:
 /// a client that reaches its limit now and then is still told at once, by a reset; one that
 /// keeps on trying (64 a second) is not heard any more.
@@ -150,20 +154,27 @@ pub fn program(peers: &BTreeSet<Filtered>) -> Vec<sock_filter> {
     code.push(net_word(12));
     code.extend(v4);
     code.push(op(BPF_RET | BPF_K, 0, 0, ACCEPT));
+    // IPv6: the source's four words into the scratch memory once (each load of the network
+    // header is a helper call of 8 instructions once the kernel converts the program; a load of
+    // the scratch memory is one).
+    for i in 0..4 {
+        code.push(net_word(8 + 4 * i as i32));
+        code.push(op(BPF_ST, 0, 0, i));
+    }
     code.extend(v6);
     code.push(op(BPF_RET | BPF_K, 0, 0, ACCEPT));
     code
 }
 
-/// The test of one IPv6 source against `words` (its first ones, from the address's offset 8 in
-/// the header): each loaded and compared, the first that differs skipping to the next test,
-/// all equal falling into the drop.
+/// The test of one IPv6 source against `words` (its first ones, held in the scratch memory
+/// `M[0..4]`): each loaded and compared, the first that differs skipping to the next test, all
+/// equal falling into the drop.
 fn words(words: &[u32]) -> Vec<sock_filter> {
     let mut code = Vec::with_capacity(words.len() * 2 + 1);
-    for (i, word) in words.iter().enumerate() {
+    for (i, word) in (0u32..).zip(words) {
         // Instructions left after this comparison, the drop included.
-        let rest = u8::try_from((words.len() - i - 1) * 2 + 1).unwrap_or(u8::MAX);
-        code.push(net_word(8 + 4 * i as i32));
+        let rest = u8::try_from((words.len() - i as usize - 1) * 2 + 1).unwrap_or(u8::MAX);
+        code.push(op(BPF_LD | BPF_MEM, 0, 0, i));
         code.push(op(BPF_JMP | BPF_JEQ | BPF_K, 0, rest, *word));
     }
     code.push(op(BPF_RET | BPF_K, 0, 0, DROP));
@@ -239,41 +250,91 @@ pub fn refused(
     waiting.chain(full).collect()
 }
 
-/// Every [`EVERY`] until `stop` turns true, keeps `socket`'s filter to the peers refused then.
+/// Every [`EVERY`], at once when woken, and when a back-off wait ends, until `stop` turns true:
+/// keeps `socket`'s filter to the peers refused then.
 pub async fn keep(socket: OwnedFd, serving: Serving, mut stop: watch::Receiver<bool>) {
     let mut attached = BTreeSet::new();
     let mut failing = false;
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let wait_ends = serving.backoff.next_end(Instant::now());
         tokio::select! {
             _ = tick.tick() => {}
             _ = serving.gate.notified() => {}
+            _ = until(wait_ends) => {}
             _ = stop.wait_for(|stopped| *stopped) => return,
         }
-        let now = refused(&serving, Instant::now(), &attached);
-        if now == attached {
+        let wanted = refused(&serving, Instant::now(), &attached);
+        if wanted == attached {
             continue;
         }
-        match attach(&socket, &now) {
-            Ok(()) => {
-                serving
-                    .stats
-                    .set_peers_filtered(now.len().min(MAX_FILTERED));
-                attached = now;
-                failing = false;
-            }
-            Err(err) => {
+        let (now, err) = settle(&socket, wanted);
+        serving.stats.set_peers_filtered(now.len());
+        attached = now;
+        match err {
+            None => failing = false,
+            Some(err) => {
                 serving.stats.peer_filter_failed();
                 if !failing {
                     warn!(
-                        "the kernel refused the listener's filter of {} peer(s): {err}; they are refused at accept",
-                        now.len()
+                        "the kernel refused the listener's filter: {err}; {} peer(s) filtered, the others are refused at accept",
+                        attached.len()
                     );
                 }
                 failing = true;
             }
         }
+    }
+}
+
+/// Sleeps until `at`, or for ever.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Attaches the filter of `wanted` to `socket`, or of as many of them as the kernel takes: the
+/// program replaced by a detach first (both are charged to the socket while one replaces the
+/// other), then halves of the set, down to none (detached, so that no stale peer stays
+/// filtered). What is attached, and the kernel's first refusal if any.
+fn settle(socket: &OwnedFd, wanted: BTreeSet<Filtered>) -> (BTreeSet<Filtered>, Option<io::Error>) {
+    let wanted: BTreeSet<Filtered> = wanted.into_iter().take(MAX_FILTERED).collect();
+    let first = match attach(socket, &wanted) {
+        Ok(()) => return (wanted, None),
+        Err(err) => err,
+    };
+    let mut trying = wanted;
+    loop {
+        if attach(socket, &BTreeSet::new()).is_ok() && attach(socket, &trying).is_ok() {
+            return (trying, Some(first));
+        }
+        if trying.is_empty() {
+            return (trying, Some(first));
+        }
+        let half = trying.len() / 2;
+        trying = trying.into_iter().take(half).collect();
+    }
+}
+
+/// Takes off an accepted connection the filter it inherited from the listener: its segments
+/// are never bare SYNs, and the program it holds would otherwise stay in memory (and charged)
+/// for as long as it lives, one copy per version of the listener's filter.
+pub fn shed(connection: &impl AsRawFd) {
+    // The kernel reads no value but wants an int's length (EINVAL below it).
+    let unused: libc::c_int = 0;
+    // SAFETY: a valid descriptor, and a value that outlives the call. A failure (ENOENT: no
+    // filter) leaves the connection as it was.
+    unsafe {
+        libc::setsockopt(
+            connection.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_DETACH_FILTER,
+            std::ptr::addr_of!(unused).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }
 
