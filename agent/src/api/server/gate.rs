@@ -41,8 +41,8 @@ use super::Serving;
 pub const EVERY: Duration = Duration::from_millis(250);
 /// The most peers filtered at once: a program of at most about 600 instructions once the
 /// kernel converts it (under 5 KiB), so that the new one and the one it replaces, both charged
-/// to the socket while it is swapped, fit in the 20 KiB of `net.core.optmem_max` that kernels
-/// before 6.8 default to.
+/// to the socket while it is swapped, fit in 20 KiB, the `net.core.optmem_max` of older kernels
+/// (this machine's 6.18 has 128 KiB).
 pub const MAX_FILTERED: usize = 64;
 /// Connections refused at accept, between two looks, that make a peer at its limit filtered:
 /// a client that reaches its limit now and then is still told at once, by a reset; one that
