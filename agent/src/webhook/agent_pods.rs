@@ -203,6 +203,15 @@ impl AgentPods {
     /// A synced map of `(pod, node)`, all created at once.
     #[cfg(test)]
     pub fn placed(namespace: &str, pods: &[(&str, &str)]) -> AgentPods {
+        let map = AgentPods::new(namespace);
+        map.replace(pods);
+        map.synced.store(true, Ordering::Relaxed);
+        map
+    }
+
+    /// The map replaced by `pods`, as a new list would.
+    #[cfg(test)]
+    pub fn replace(&self, pods: &[(&str, &str)]) {
         let placed = pods.iter().map(|(pod, node)| {
             let at = Placed {
                 node: (*node).to_owned(),
@@ -210,10 +219,7 @@ impl AgentPods {
             };
             ((*pod).to_owned(), at)
         });
-        let map = AgentPods::new(namespace);
-        *map.write() = Map::of(placed.collect());
-        map.synced.store(true, Ordering::Relaxed);
-        map
+        *self.write() = Map::of(placed.collect());
     }
 
     /// Whether the first list is in.

@@ -153,6 +153,12 @@ impl Names {
         })
     }
 
+    /// Whether a node's name can change while the webhook runs (`per-pod`: the node's agent pod
+    /// is replaced), so that a long-lived connection must check it again.
+    pub fn may_change(&self) -> bool {
+        matches!(self, Names::PerPod(_))
+    }
+
     /// Why no agent can be verified yet (`per-pod` before the pods are listed), if so.
     pub fn unready(&self) -> Option<&'static str> {
         match self {

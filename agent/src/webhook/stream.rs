@@ -23,6 +23,7 @@ use std::{
 };
 
 use rustls::ClientConfig;
+use rustls_pki_types::ServerName;
 use serde::Deserialize;
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
@@ -33,8 +34,14 @@ use tokio::{
 use tracing::debug;
 
 use super::{
-    agents::Client, cache::NodeCache, dial::dial, http1::MAX_HEAD, identity::IdentityError,
-    metrics::Metrics, pool::Key, table::Table,
+    agents::Client,
+    cache::NodeCache,
+    dial::dial,
+    http1::MAX_HEAD,
+    identity::{IdentityError, Names},
+    metrics::Metrics,
+    pool::Key,
+    table::Table,
 };
 use crate::api::watch::WatchState;
 
@@ -73,6 +80,8 @@ pub enum StreamError {
     TooLarge,
     #[error("an event that is not one: {0}")]
     Event(String),
+    #[error("the API server now has another agent on the node: {0}")]
+    Renamed(String),
 }
 
 /// One event of a stream, as the agent writes it.
@@ -157,7 +166,10 @@ async fn follow(
     loop {
         let started = Instant::now();
         let ended = match client.identity().name(&node) {
-            Ok(name) => stream(&node, (name, addr), &table, client.tls_config()).await,
+            Ok(name) => {
+                let names = client.identity();
+                stream(&node, (name, addr), &table, client.tls_config(), names).await
+            }
             Err(e) => StreamError::from(e),
         };
         table.cut(&node);
@@ -188,14 +200,17 @@ fn drawn(node: &str, attempt: u32) -> f64 {
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// One connection's stream, until it ends; why it ended.
+/// One connection's stream, until it ends or `names` no longer gives the node the name it was
+/// verified by; why it ended.
 async fn stream(
     node: &str,
     (name, addr): Key,
     table: &Table,
     config: Arc<ClientConfig>,
+    names: &Names,
 ) -> StreamError {
     let host = name.to_str().into_owned();
+    let verified = name.clone();
     let mut io = match dial(config, addr, name).await {
         Ok(io) => io,
         Err(e) => return StreamError::Dial(e.to_string()),
@@ -235,6 +250,22 @@ async fn stream(
             ("BOOKMARK", _) => table.heard(node, addr, version),
             (kind, _) => return StreamError::Event(format!("a {kind} event without a state")),
         }
+        if let Some(renamed) = renamed(names, node, &verified) {
+            return renamed;
+        }
+    }
+}
+
+/// Why a stream verified as `verified` must end, if the node's name changed since (only under
+/// `per-pod`: the API server has another pod as the node's agent, or none).
+fn renamed(names: &Names, node: &str, verified: &ServerName<'static>) -> Option<StreamError> {
+    if !names.may_change() {
+        return None;
+    }
+    match names.name(node) {
+        Ok(now) if now == *verified => None,
+        Ok(now) => Some(StreamError::Renamed(now.to_str().into_owned())),
+        Err(e) => Some(e.into()),
     }
 }
 

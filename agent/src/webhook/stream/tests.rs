@@ -118,3 +118,103 @@ fn an_events_agent_version_is_read_and_an_event_without_one_has_none() {
         .expect("an event");
     assert_eq!(older.agent_version, None);
 }
+
+/// A stand-in agent at `config` that answers the first request of each connection with a
+/// stream of bookmarks, one every 20 ms, for as long as the connection lasts.
+async fn bookmarking(config: Arc<rustls::ServerConfig>) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = tokio_rustls::TlsAcceptor::from(config.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if tls.read_exact(&mut byte).await.is_err() {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                if tls.write_all(HEAD.as_bytes()).await.is_err() {
+                    return;
+                }
+                let event = "{\"type\":\"BOOKMARK\",\"epoch\":\"e\",\"generation\":1}\n";
+                let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+                loop {
+                    if tls.write_all(chunk.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let _ = tls.flush().await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn under_per_pod_a_stream_ends_at_its_next_event_once_the_node_has_another_agent_pod() {
+    use rcgen::ExtendedKeyUsagePurpose;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+
+    use crate::{
+        tls::test_pki::{ca, leaf, named_leaf},
+        webhook::{agent_pods::AgentPods, identity::POD_DOMAIN},
+    };
+    let (ca_pem, issuer) = ca("agents' CA");
+    let pod_a = format!("agent-a.hugepage-agent.{POD_DOMAIN}");
+    let (cert, key) = named_leaf(&issuer, &[&pod_a]);
+    let server = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(cert.as_bytes()).expect("cert")],
+            PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key"),
+        )
+        .expect("a server config");
+    let addr = bookmarking(Arc::new(server)).await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).expect("the CA"))
+        .expect("a CA");
+    let (client_cert, client_key) = leaf(&issuer, ExtendedKeyUsagePurpose::ClientAuth);
+    let client = ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(client_cert.as_bytes()).expect("cert")],
+            PrivateKeyDer::from_pem_slice(client_key.as_bytes()).expect("key"),
+        )
+        .expect("a client config");
+    let pods = AgentPods::placed("hugepage-agent", &[("agent-a", "node-a")]);
+    let names = Names::PerPod(pods.clone());
+    let table = Arc::new(Table::new(Duration::from_secs(5)));
+    let name = names.name("node-a").expect("agent-a's name");
+    let following = tokio::spawn({
+        let (table, names, client) = (table.clone(), names.clone(), Arc::new(client));
+        async move { stream("node-a", (name, addr), &table, client, &names).await }
+    });
+    // Bookmarks flow, and the stream goes on while agent-a is node-a's agent.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!following.is_finished(), "the stream ended on its own");
+    // A rollout: the API server now has agent-b on node-a. agent-a's connection still answers.
+    pods.replace(&[("agent-b", "node-a")]);
+    let ended = tokio::time::timeout(Duration::from_secs(2), following)
+        .await
+        .expect("the stream ended within its next events")
+        .expect("the task");
+    let StreamError::Renamed(now) = ended else {
+        panic!("ended otherwise: {ended}");
+    };
+    assert_eq!(now, format!("agent-b.hugepage-agent.{POD_DOMAIN}"));
+}
