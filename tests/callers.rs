@@ -244,22 +244,6 @@ fn until_filtered(plain: u16, n: f64) {
     }
 }
 
-/// A TCP connect from `source` to the webhook, given up after `within`.
-fn connect_within(source: IpAddr, port: u16, within: Duration) -> std::io::Result<TcpStream> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let socket = tokio::net::TcpSocket::new_v4()?;
-        socket.bind((source, 0).into())?;
-        let connect = socket.connect((Ipv4Addr::LOCALHOST, port).into());
-        match tokio::time::timeout(within, connect).await {
-            Ok(tcp) => tcp?.into_std(),
-            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
-        }
-    })
-}
-
 #[test]
 fn a_peer_hammering_at_its_limit_has_its_new_connections_dropped_by_the_kernel_and_keeps_its_own() {
     let pki = Pki::new();
@@ -292,20 +276,20 @@ fn a_peer_hammering_at_its_limit_has_its_new_connections_dropped_by_the_kernel_a
     // Reaching its limit is not enough: a few more tries are refused at accept, as before.
     std::thread::sleep(Duration::from_millis(600));
     for _ in 0..3 {
-        let _ = connect_within(peer(7), port, Duration::from_millis(200));
+        let _ = mtls::connect_from_within(peer(7), port, Duration::from_millis(200));
     }
     std::thread::sleep(Duration::from_millis(600));
     until_filtered(plain, 0.0);
     // Trying on and on is: filtered within a quarter of a second.
     for _ in 0..40 {
-        let _ = connect_within(peer(7), port, Duration::from_millis(100));
+        let _ = mtls::connect_from_within(peer(7), port, Duration::from_millis(100));
     }
     until_filtered(plain, 1.0);
     let refused = "hugepage_agent_webhook_http_limited_total{listener=\"webhook\",limit=\"max_connections_per_peer\"}";
     let before = sample(&metrics(plain), refused).unwrap_or(0.0);
     // Its next connection never completes: its SYNs (the first and the one retried after 1 s)
     // are dropped before the accept queue; refused at accept, it would connect, then be reset.
-    let outcome = connect_within(peer(7), port, Duration::from_millis(1500));
+    let outcome = mtls::connect_from_within(peer(7), port, Duration::from_millis(1500));
     assert!(
         outcome
             .as_ref()

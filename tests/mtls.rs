@@ -371,15 +371,27 @@ impl Connection {
 
 /// A TCP connection to 127.0.0.1:`port` from the source address `source`.
 pub fn connect_from(source: std::net::IpAddr, port: u16) -> io::Result<TcpStream> {
+    // The kernel's own retries give up after about two minutes.
+    connect_from_within(source, port, std::time::Duration::from_secs(150))
+}
+
+/// [`connect_from`], given up (`TimedOut`) after `within`.
+pub fn connect_from_within(
+    source: std::net::IpAddr,
+    port: u16,
+    within: std::time::Duration,
+) -> io::Result<TcpStream> {
     let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
+        .enable_all()
         .build()?;
     let tcp = runtime.block_on(async {
         let socket = tokio::net::TcpSocket::new_v4()?;
         socket.bind((source, 0).into())?;
-        socket
-            .connect((std::net::Ipv4Addr::LOCALHOST, port).into())
-            .await
+        let connect = socket.connect((std::net::Ipv4Addr::LOCALHOST, port).into());
+        match tokio::time::timeout(within, connect).await {
+            Ok(tcp) => tcp,
+            Err(_) => Err(io::ErrorKind::TimedOut.into()),
+        }
     })?;
     let tcp = tcp.into_std()?;
     tcp.set_nonblocking(false)?;

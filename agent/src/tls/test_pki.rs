@@ -5,6 +5,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
 
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+
 use super::SERVER_NAME;
 
 /// A CA: its certificate (PEM) and an issuer for leaves.
@@ -65,4 +67,17 @@ pub fn kubelet_leaf(
     params.extended_key_usages = usages.to_vec();
     let cert = params.signed_by(&key, issuer).expect("signed");
     (cert.pem(), key.serialize_pem())
+}
+
+/// A server config presenting `cert` with `key` (PEM), asking for no client certificate.
+pub fn server_config(cert: &str, key: &str) -> rustls::ServerConfig {
+    rustls::ServerConfig::builder_with_provider(super::provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(cert.as_bytes()).expect("cert PEM")],
+            PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key PEM"),
+        )
+        .expect("a server config")
 }

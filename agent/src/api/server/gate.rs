@@ -2,23 +2,23 @@
 //! BPF socket filter on the listening socket (`SO_ATTACH_FILTER`, which needs no privilege)
 //! drops the SYNs of each peer that waits after abuse ([`super::backoff`]), and of each that
 //! holds `max_connections_per_peer` and keeps trying for more ([`HAMMERING`] refusals between
-//! two looks; it stays filtered while it holds its all). Refusing them at accept costs an accept, a reset and a close in
-//! this process for every attempt, and a good client's new connection waits behind them in the
-//! accept queue; dropped in the kernel (`tcp_filter` runs the listener's filter on each SYN),
-//! they cost the process nothing, and the peer's own stack retries (after 1 s, then longer).
+//! two looks; it stays filtered while it holds its all). Refusing them at accept costs an
+//! accept, a reset and a close in this process for every attempt, and a good client's new
+//! connection waits behind them in the accept queue; dropped in the kernel (`tcp_filter` runs
+//! the listener's filter on each SYN), they cost the process nothing, and the peer's own stack
+//! retries (after 1 s, then longer).
 //!
 //! Only a SYN without ACK is dropped: the connections a peer already has carry on. Accepted
 //! sockets inherit the listener's filter; each sheds it at once ([`shed`]), so that no old
-//! program lives on in a long connection. A peer is an IPv4
-//! address, an IPv6 address, or for back-off an IPv6 /64 as the back-off counts it. At most
-//! [`MAX_FILTERED`] peers are filtered at once (a program of at most 9 instructions each; the
-//! others are refused at accept as before). [`keep`] samples both sets every [`EVERY`], and at
-//! once when a peer is refused for the [`HAMMERING`]th time or sent into back-off, and attaches
-//! a new program when they changed: a peer is filtered within a few milliseconds of hammering
-//! at its limit or of abuse, and let through within [`EVERY`] of going below its limit or of its
-//! wait ending; a
-//! program the kernel refuses (a socket memory limit, `net.core.optmem_max`) leaves the previous
-//! one, and is counted.
+//! program lives on in a long connection. A peer is an IPv4 address, an IPv6 address, or for
+//! back-off an IPv6 /64 as the back-off counts it. At most [`MAX_FILTERED`] peers are filtered
+//! at once (a program of at most 9 instructions each; the others are refused at accept as
+//! before). [`keep`] looks at both sets every [`EVERY`], at once when a peer is refused for the
+//! [`HAMMERING`]th time or sent into back-off, and when a back-off wait ends, and attaches a new
+//! program when they changed: a peer is filtered within a few milliseconds of hammering at its
+//! limit or of abuse, and let through within [`EVERY`] of going below its limit or as its wait
+//! ends. A program the kernel refuses (a socket memory limit, `net.core.optmem_max`) is counted,
+//! and as many of the peers as it takes are filtered ([`settle`]), never a stale one.
 
 use std::{
     collections::BTreeSet,
@@ -181,28 +181,15 @@ fn words(words: &[u32]) -> Vec<sock_filter> {
     code
 }
 
-/// Attaches `program` to `socket`, replacing the one it had; with no peer, detaches it.
+/// Attaches the program of `peers` to `socket`, replacing the one it had; with no peer,
+/// detaches it.
 pub fn attach(socket: &OwnedFd, peers: &BTreeSet<Filtered>) -> io::Result<()> {
     let fd = socket.as_raw_fd();
     if peers.is_empty() {
-        // The kernel reads no value but wants an int's length (EINVAL below it).
-        let unused: libc::c_int = 0;
-        // SAFETY: a valid descriptor, and a value that outlives the call.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                SO_DETACH_FILTER,
-                std::ptr::addr_of!(unused).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        let err = io::Error::last_os_error();
-        // ENOENT: no filter was attached.
-        return match rc {
-            0 => Ok(()),
-            _ if err.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            _ => Err(err),
+        return match detach(socket) {
+            // ENOENT: no filter was attached.
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            other => other,
         };
     }
     let mut code = program(peers);
@@ -227,9 +214,9 @@ pub fn attach(socket: &OwnedFd, peers: &BTreeSet<Filtered>) -> io::Result<()> {
     }
 }
 
-/// The peers to filter at `now`: those in back-off; those at their limit that tried
-/// [`HAMMERING`] more connections since the last look, or were filtered (in `attached`) and
-/// still hold their all.
+/// The peers to filter at `now`, the first [`MAX_FILTERED`] of: those in back-off; those at
+/// their limit that tried [`HAMMERING`] more connections since the last look, or were filtered
+/// (in `attached`) and still hold their all.
 pub fn refused(
     serving: &Serving,
     now: Instant,
@@ -247,7 +234,8 @@ pub fn refused(
         .hammering(max, HAMMERING, kept)
         .into_iter()
         .map(Filtered::address);
-    waiting.chain(full).collect()
+    let all: BTreeSet<Filtered> = waiting.chain(full).collect();
+    all.into_iter().take(MAX_FILTERED).collect()
 }
 
 /// Every [`EVERY`], at once when woken, and when a back-off wait ends, until `stop` turns true:
@@ -301,7 +289,6 @@ async fn until(at: Option<Instant>) {
 /// other), then halves of the set, down to none (detached, so that no stale peer stays
 /// filtered). What is attached, and the kernel's first refusal if any.
 fn settle(socket: &OwnedFd, wanted: BTreeSet<Filtered>) -> (BTreeSet<Filtered>, Option<io::Error>) {
-    let wanted: BTreeSet<Filtered> = wanted.into_iter().take(MAX_FILTERED).collect();
     let first = match attach(socket, &wanted) {
         Ok(()) => return (wanted, None),
         Err(err) => err,
@@ -321,20 +308,30 @@ fn settle(socket: &OwnedFd, wanted: BTreeSet<Filtered>) -> (BTreeSet<Filtered>, 
 
 /// Takes off an accepted connection the filter it inherited from the listener: its segments
 /// are never bare SYNs, and the program it holds would otherwise stay in memory (and charged)
-/// for as long as it lives, one copy per version of the listener's filter.
+/// for as long as it lives, one copy per version of the listener's filter. A failure (ENOENT:
+/// it has none) leaves the connection as it was.
 pub fn shed(connection: &impl AsRawFd) {
+    let _ = detach(connection);
+}
+
+/// `SO_DETACH_FILTER` on `socket`.
+fn detach(socket: &impl AsRawFd) -> io::Result<()> {
     // The kernel reads no value but wants an int's length (EINVAL below it).
     let unused: libc::c_int = 0;
-    // SAFETY: a valid descriptor, and a value that outlives the call. A failure (ENOENT: no
-    // filter) leaves the connection as it was.
-    unsafe {
+    // SAFETY: a valid descriptor, and a value that outlives the call.
+    let rc = unsafe {
         libc::setsockopt(
-            connection.as_raw_fd(),
+            socket.as_raw_fd(),
             libc::SOL_SOCKET,
             SO_DETACH_FILTER,
             std::ptr::addr_of!(unused).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

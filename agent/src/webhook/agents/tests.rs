@@ -11,7 +11,6 @@ use hyper::{Request, Response, server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
 use rcgen::ExtendedKeyUsagePurpose;
 use rustls::ServerConfig;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
@@ -21,7 +20,7 @@ use tokio_rustls::TlsAcceptor;
 use super::*;
 use crate::tls::{
     SERVER_NAME,
-    test_pki::{ca, kubelet_leaf, leaf, named_leaf},
+    test_pki::{ca, kubelet_leaf, leaf, named_leaf, server_config},
 };
 use crate::webhook::agent_tls::AgentCertificates;
 use crate::webhook::{agent_pods::AgentPods, identity::POD_DOMAIN, pool::IDLE_TIMEOUT};
@@ -59,16 +58,11 @@ fn pki_with(
     ] {
         std::fs::write(path, pem).expect("write");
     }
-    let server = ServerConfig::builder_with_provider(crate::tls::provider())
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![CertificateDer::from_pem_slice(server_cert.as_bytes()).expect("cert PEM")],
-            PrivateKeyDer::from_pem_slice(server_key.as_bytes()).expect("key PEM"),
-        )
-        .expect("a server config");
-    (dir, files, Arc::new(server))
+    (
+        dir,
+        files,
+        Arc::new(server_config(&server_cert, &server_key)),
+    )
 }
 
 /// A stand-in agent answering every request with a verdict; it counts the connections it
@@ -417,34 +411,25 @@ async fn kubelet_identity_takes_the_dialled_nodes_serving_certificate_and_no_oth
         .to_string();
     assert!(text.contains("not valid for name"), "{text}");
     // The kubelet's client certificate has node A's subject but is not a server's.
-    let (_dir, files, server) = pki_with(
-        |issuer| {
-            kubelet_leaf(
-                issuer,
-                "node-a",
-                &[ExtendedKeyUsagePurpose::ClientAuth],
-                nodes,
-            )
-        },
-        AgentCertificates::Kubelet,
-    );
-    let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
-    let text = client_as(&files, Names::Kubelet)
-        .admit("node-a", agent.addr, body(), true)
-        .await
-        .expect_err("a client certificate does not serve")
-        .to_string();
+    let client_auth = &[ExtendedKeyUsagePurpose::ClientAuth];
+    let text = kubelet_refused(|issuer| kubelet_leaf(issuer, "node-a", client_auth, nodes)).await;
     assert!(text.contains("TLS handshake failed"), "{text}");
     // Another organization under node A's common name.
-    let (_dir, files, server) = pki_with(
-        |issuer| kubelet_leaf(issuer, "node-a", serving, Some("system:masters")),
-        AgentCertificates::Kubelet,
-    );
-    let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
-    let text = client_as(&files, Names::Kubelet)
-        .admit("node-a", agent.addr, body(), true)
-        .await
-        .expect_err("not the signer's organization")
-        .to_string();
+    let masters = Some("system:masters");
+    let text = kubelet_refused(|issuer| kubelet_leaf(issuer, "node-a", serving, masters)).await;
     assert!(text.contains("O=system:masters"), "{text}");
+}
+
+/// What node A's call says when its agent serves the certificate `server` makes, checked as
+/// its kubelet's serving certificate (it must be refused).
+async fn kubelet_refused(
+    server: impl FnOnce(&rcgen::Issuer<'static, rcgen::KeyPair>) -> (String, String),
+) -> String {
+    let (_dir, files, server) = pki_with(server, AgentCertificates::Kubelet);
+    let agent = stand(server, Duration::from_secs(60), Duration::ZERO).await;
+    client_as(&files, Names::Kubelet)
+        .admit("node-a", agent.addr, Bytes::from_static(POD), true)
+        .await
+        .expect_err("not node A's kubelet serving certificate")
+        .to_string()
 }

@@ -166,22 +166,13 @@ async fn under_per_pod_a_stream_ends_at_its_next_event_once_the_node_has_another
     use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 
     use crate::{
-        tls::test_pki::{ca, leaf, named_leaf},
+        tls::test_pki::{ca, leaf, named_leaf, server_config},
         webhook::{agent_pods::AgentPods, identity::POD_DOMAIN},
     };
     let (ca_pem, issuer) = ca("agents' CA");
     let pod_a = format!("agent-a.hugepage-agent.{POD_DOMAIN}");
     let (cert, key) = named_leaf(&issuer, &[&pod_a]);
-    let server = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![CertificateDer::from_pem_slice(cert.as_bytes()).expect("cert")],
-            PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key"),
-        )
-        .expect("a server config");
-    let addr = bookmarking(Arc::new(server)).await;
+    let addr = bookmarking(Arc::new(server_config(&cert, &key))).await;
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).expect("the CA"))
