@@ -105,11 +105,13 @@ pub struct FileStamp {
     mtime_ns: i128,
 }
 
-/// What the settings were read from: the kubelet process and every path looked at (present or
-/// not). Equal stamps: nothing to read again.
+/// What the settings were read from: the kubelet process, every process the last scan of
+/// `/proc` took for the host's kubelet (a second one makes the choice ambiguous), and every path
+/// looked at (present or not). Equal stamps: nothing to read again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stamp {
     pub kubelet: Option<KubeletProcess>,
+    pub hosts: Vec<KubeletProcess>,
     pub paths: Vec<(PathBuf, Option<FileStamp>)>,
 }
 
@@ -218,6 +220,7 @@ pub fn read(host: &HostFs, explicit: Option<&Path>) -> Reading {
     Reading {
         stamp: Stamp {
             kubelet,
+            hosts: hosts_of(&candidates),
             paths: stamp_paths(host, looked),
         },
         candidates,
@@ -227,14 +230,29 @@ pub fn read(host: &HostFs, explicit: Option<&Path>) -> Reading {
 
 /// The current stamp of what `previous` looked at, and whether a kubelet runs now. The kubelet
 /// found before is checked by its own `stat` alone (same pid, same start time); `/proc` is
-/// scanned again only when there was none or it is gone.
-pub fn restamp(host: &HostFs, previous: &Stamp) -> Stamp {
+/// scanned again when there was none, when it is gone, or when `scan` asks (the caller's
+/// period: a second process that looks like the host's kubelet is noticed then).
+pub fn restamp(host: &HostFs, previous: &Stamp, scan: bool) -> Stamp {
     let still = previous.kubelet.filter(|k| {
         let stat = host.read_string_opt(format!("/proc/{}/stat", k.pid));
         matches!(stat, Ok(Some(stat)) if start_time(&stat) == Some(k.start_time))
     });
+    let (kubelet, hosts) = match still {
+        Some(k) if !scan => (Some(k), previous.hosts.clone()),
+        _ => match candidates(host) {
+            Ok(found) => {
+                let kubelet = match decide(&found) {
+                    Decision::Kubelet(process) => Some(process),
+                    Decision::NoKubelet | Decision::Ambiguous(_) => None,
+                };
+                (kubelet, hosts_of(&found))
+            }
+            Err(_) => (None, Vec::new()),
+        },
+    };
     Stamp {
-        kubelet: still.or_else(|| find_kubelet(host).ok().flatten()),
+        kubelet,
+        hosts,
         paths: stamp_paths(
             host,
             previous.paths.iter().map(|(p, _)| p.clone()).collect(),
@@ -254,6 +272,17 @@ fn stamp_paths(host: &HostFs, paths: Vec<PathBuf>) -> Vec<(PathBuf, Option<FileS
             (path, stamp)
         })
         .collect()
+}
+
+/// The candidates taken for the host's kubelet, in pid order.
+fn hosts_of(candidates: &[Candidate]) -> Vec<KubeletProcess> {
+    let mut hosts: Vec<KubeletProcess> = candidates
+        .iter()
+        .filter(|c| c.refused.is_none())
+        .map(Candidate::process)
+        .collect();
+    hosts.sort_by_key(|k| k.pid);
+    hosts
 }
 
 /// The host's kubelet, when exactly one process named `kubelet` is the host's.

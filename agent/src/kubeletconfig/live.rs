@@ -137,7 +137,14 @@ pub struct LiveKubelet {
     view: Arc<ArcSwap<KubeletView>>,
     /// The refusal last logged: each is logged once, when it first applies.
     logged_refusal: Option<String>,
+    /// When `/proc` was last scanned for processes that look like the host's kubelet.
+    scanned: std::time::Instant,
 }
+
+/// How often `/proc` is scanned for a second process that looks like the host's kubelet while
+/// one is followed (a scan reads every process's `comm`; the followed one is checked at every
+/// tick by its own `stat`).
+pub const SCAN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl LiveKubelet {
     /// The first reading (logged in one line). Fails only when the flags alone are unusable
@@ -162,6 +169,7 @@ impl LiveKubelet {
             stamp: Stamp::default(),
             view: Arc::new(ArcSwap::from_pointee(fallback)),
             logged_refusal: None,
+            scanned: std::time::Instant::now(),
         };
         live.reload();
         let view = live.view.load();
@@ -181,10 +189,14 @@ impl LiveKubelet {
         self.view.clone()
     }
 
-    /// Checks for a new kubelet process or a changed file; reads again if either changed.
-    /// Returns whether the settings in use changed.
+    /// Checks for a new kubelet process, a second one, or a changed file; reads again if any
+    /// changed. Returns whether the settings in use changed.
     pub fn tick(&mut self) -> bool {
-        if discovery::restamp(&self.host, &self.stamp) == self.stamp {
+        let scan = self.scanned.elapsed() >= SCAN_EVERY;
+        if scan {
+            self.scanned = std::time::Instant::now();
+        }
+        if discovery::restamp(&self.host, &self.stamp, scan) == self.stamp {
             return false;
         }
         self.reload()

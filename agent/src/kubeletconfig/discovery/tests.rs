@@ -222,6 +222,57 @@ fn without_a_kubelet_the_usual_places_are_tried_and_else_the_kubelets_defaults()
     assert_eq!(s.policy.value, Policy::None);
 }
 
+/// A second process that looks like the host's kubelet, started while one is followed: the
+/// followed one's own `stat` does not show it, the periodic scan does, and the reading then
+/// follows neither.
+#[test]
+fn a_second_host_kubelet_appearing_is_seen_at_the_next_scan_and_then_none_is_followed() {
+    let (dir, host) = fake::tree(&[(
+        "/etc/kubelet.yaml",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n",
+    )]);
+    process(
+        dir.path(),
+        77,
+        "kubelet",
+        &["kubelet", "--config=/etc/kubelet.yaml"],
+        "/",
+        5,
+    );
+    let reading = read(&host, None);
+    assert!(reading.outcome.is_ok());
+    let stamp = reading.stamp;
+    assert_eq!(stamp.hosts.len(), 1);
+    process(
+        dir.path(),
+        90,
+        "kubelet",
+        &[
+            "kubelet",
+            "--feature-gates=MemoryManagerHugepagesVerification=false",
+        ],
+        "/",
+        9,
+    );
+    assert_eq!(
+        restamp(&host, &stamp, false),
+        stamp,
+        "between scans only the followed kubelet is looked at"
+    );
+    let scanned = restamp(&host, &stamp, true);
+    assert_ne!(scanned, stamp, "the scan sees the second one");
+    assert_eq!(scanned.kubelet, None);
+    assert_eq!(
+        scanned.hosts.iter().map(|k| k.pid).collect::<Vec<_>>(),
+        [77, 90]
+    );
+    let err = read(&host, None)
+        .outcome
+        .expect_err("ambiguous")
+        .to_string();
+    assert!(err.contains("77") && err.contains("90"), "{err}");
+}
+
 #[test]
 fn bad_input_is_one_error_naming_the_file_and_a_change_is_seen_in_the_stamp() {
     let (dir, host) = fake::tree(&[(
@@ -244,13 +295,14 @@ fn bad_input_is_one_error_naming_the_file_and_a_change_is_seen_in_the_stamp() {
     );
     // The file appearing is a change.
     let stamp = reading.stamp;
-    assert_eq!(restamp(&host, &stamp), stamp);
+    assert_eq!(restamp(&host, &stamp, false), stamp);
+    assert_eq!(restamp(&host, &stamp, true), stamp);
     fake::write(
         dir.path(),
         "/etc/missing.yaml",
         "topologyManagerPolicy: [\n",
     );
-    assert_ne!(restamp(&host, &stamp), stamp);
+    assert_ne!(restamp(&host, &stamp, false), stamp);
     let err = read(&host, None).outcome.expect_err("syntax").to_string();
     assert!(
         err.starts_with("/etc/missing.yaml: not YAML or JSON"),
