@@ -587,3 +587,258 @@ fn cstr(path: &Path) -> std::ffi::CString {
     use std::os::unix::ffi::OsStrExt;
     std::ffi::CString::new(path.as_os_str().as_bytes()).expect("a path without NUL")
 }
+
+/// The agent as the DaemonSet runs it: root with `CAP_BPF` and `CAP_PERFMON` alone (no
+/// `CAP_SYS_PTRACE`, no `CAP_DAC_READ_SEARCH`), `--ebpf` as given.
+fn agent_under_declared_capabilities(ebpf: &str) -> Agent {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--bounding-set=-all,+bpf,+perfmon", "--inh-caps=-all", "--"])
+        .arg(agent_bin())
+        .args(["run", "--ebpf", ebpf, "--host-root", "/"]);
+    let mut agent = Agent::start(cmd);
+    agent.wait_for("agent running", Duration::from_secs(30), |_| true);
+    agent
+}
+
+/// A holder as the two walks must agree on it: kind, inode or shmid, held bytes, and its users
+/// as (pid, maps, open descriptors).
+type Agreed = (String, u64, u64, Vec<(u64, bool, String)>);
+
+/// The holders `pid` uses in an answer, sorted.
+fn used_by(answer: &Value, pid: u32) -> Vec<Agreed> {
+    let mut out: Vec<_> = answer["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .filter(|h| {
+            h["users"]
+                .as_array()
+                .is_some_and(|u| u.iter().any(|u| u["pid"] == pid))
+        })
+        .map(|h| {
+            let id = h["inode"]
+                .as_u64()
+                .or(h["shmid"].as_u64())
+                .expect("an inode or a shmid");
+            let users = h["users"]
+                .as_array()
+                .expect("users")
+                .iter()
+                .map(|u| {
+                    let pid = u["pid"].as_u64().expect("a pid");
+                    (pid, u["maps"] == true, u["openFds"].to_string())
+                })
+                .collect();
+            (
+                h["kind"].as_str().expect("a kind").to_owned(),
+                id,
+                h["heldBytes"].as_u64().expect("held bytes"),
+                users,
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A child of this process that keeps what it inherited (mappings, descriptors, attached
+/// segments) as another user, `nobody`: its `/proc` is closed to an agent without
+/// `CAP_SYS_PTRACE`. Killed and reaped when dropped.
+struct OtherUser {
+    pid: libc::pid_t,
+}
+
+impl OtherUser {
+    fn fork() -> OtherUser {
+        let mut ends = [0; 2];
+        // SAFETY: a two-element array for the pipe's ends; checked.
+        assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+        // SAFETY: the child calls only async-signal-safe functions (system calls) and never
+        // returns into the test.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: as above; on any failure the child exits at once.
+            unsafe {
+                const NOBODY: libc::uid_t = 65_534;
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(NOBODY, NOBODY, NOBODY) != 0
+                    || libc::setresuid(NOBODY, NOBODY, NOBODY) != 0
+                {
+                    libc::_exit(1);
+                }
+                libc::write(ends[1], [1u8].as_ptr().cast(), 1);
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        let mut byte = [0u8];
+        // SAFETY: the pipe's read end and a one-byte buffer.
+        let read = unsafe { libc::read(ends[0], byte.as_mut_ptr().cast(), 1) };
+        // SAFETY: the pipe's two ends, closed once.
+        unsafe {
+            libc::close(ends[0]);
+            libc::close(ends[1]);
+        }
+        let child = OtherUser { pid };
+        assert_eq!(read, 1, "the child did not become nobody");
+        child
+    }
+}
+
+impl Drop for OtherUser {
+    fn drop(&mut self) {
+        // SAFETY: our own child, killed and reaped once.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// #45: the task iterators. A process of another user (`nobody`) maps an unlinked hugetlbfs
+/// file, attaches a segment, holds a memfd open and maps private anonymous hugepages. An agent
+/// under the DaemonSet's capabilities alone may not read its `/proc` (the ptrace access check);
+/// with its probes loaded, it names the same holders with the same users and bytes as an agent
+/// with every capability, which reads `/proc`, and says what it cannot tell (the nodes of their
+/// pages, the private pages). With `--ebpf off` the same agent does not see the memfd the child
+/// holds open: the iterators are what names it. (Some kernels let `CAP_PERFMON` read `maps` and
+/// `numa_maps` and refuse the descriptors' links alone; `tests/probes.rs` checks the iterators'
+/// records against `/proc` whatever the kernel lets the agent read.)
+#[test]
+fn under_the_declared_capabilities_the_task_iterators_name_what_the_proc_walk_names() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 8);
+    let mount = Mounted::new(&lock, "pagesize=2M", None);
+    let unlinked = mount.path("unlinked");
+    let len = (2 * MI2) as usize;
+    // SAFETY: a valid descriptor; the mappings are checked, written within their lengths, and
+    // unmapped once the child has them.
+    let (shared, private) = unsafe {
+        let fd = open(&unlinked);
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
+        let shared = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        );
+        assert_ne!(
+            shared,
+            libc::MAP_FAILED,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+        shared.cast::<u8>().write_volatile(1);
+        shared.cast::<u8>().add(MI2 as usize).write_volatile(1);
+        let private = libc::mmap(
+            std::ptr::null_mut(),
+            MI2 as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+            -1,
+            0,
+        );
+        assert_ne!(
+            private,
+            libc::MAP_FAILED,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+        private.cast::<u8>().write_volatile(1);
+        (shared, private)
+    };
+    fs::remove_file(&unlinked).expect("unlink the mapped file");
+    let mut segment = Segment::touched(2, 1, None);
+    // SAFETY: a NUL-terminated name; the descriptor is checked and owned.
+    let memfd = unsafe {
+        let fd = libc::memfd_create(
+            c"holders-iterated".as_ptr(),
+            libc::MFD_HUGETLB | libc::MFD_CLOEXEC,
+        );
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        OwnedFd::from_raw_fd(fd)
+    };
+    fault_file(&memfd, 1, MI2, None);
+    let memfd_number = memfd.as_raw_fd();
+    let child = OtherUser::fork();
+    // Now the child alone holds them.
+    // SAFETY: the mappings made above, of these lengths.
+    unsafe {
+        libc::munmap(shared, len);
+        libc::munmap(private, MI2 as usize);
+    }
+    segment.detach();
+    drop(memfd);
+    let pid = u32::try_from(child.pid).expect("a pid");
+
+    // Every capability: /proc is read for every process (and tracefs mounted, which the
+    // DaemonSet mounts into the pod and an agent without CAP_SYS_ADMIN cannot).
+    let full = agent_with_probes();
+    let by_proc = consumers(&full);
+    let mut narrow = agent_under_declared_capabilities("on");
+    narrow.wait_for(
+        "task iterators loaded (the holders' walk reads every process with them)",
+        Duration::from_secs(5),
+        |_| true,
+    );
+    let by_iterators = consumers(&narrow);
+    let blind = consumers(&agent_under_declared_capabilities("off"));
+    println!("{by_iterators:#}");
+
+    let expected = used_by(&by_proc, pid);
+    let kinds: Vec<&str> = expected.iter().map(|(k, ..)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["hugetlbfsFile", "memfd", "sysvSegment"],
+        "the /proc walk names the file, the memfd and the segment: {by_proc:#}"
+    );
+    assert_eq!(used_by(&by_iterators, pid), expected);
+    let file = holder(&by_iterators, |h| {
+        h["kind"] == "hugetlbfsFile" && h["users"][0]["pid"] == pid
+    })
+    .expect("the unlinked file");
+    assert_eq!(file["deleted"], true);
+    assert_eq!(file["heldBytes"], 2 * MI2);
+    let unread = by_iterators["unread"].to_string();
+    if unread.contains("the task iterators named what they map") {
+        // The child's maps were refused: its mappings are the iterators'.
+        assert_eq!(file["path"], "…/unlinked");
+        assert_eq!(file["nodesFrom"], "unknown");
+        assert!(
+            file["nodesNote"]
+                .as_str()
+                .is_some_and(|n| n.contains("task iterators")),
+            "{file:#}"
+        );
+        assert!(
+            unread.contains("the private hugetlb pages of"),
+            "the child also maps shared hugepages: its private ones are not told: {unread}"
+        );
+    } else {
+        // This kernel lets CAP_PERFMON read other processes' maps and numa_maps (6.18 here):
+        // only the descriptors' links are refused, and the iterators told those.
+        println!("the child's maps were readable under CAP_BPF and CAP_PERFMON on this kernel");
+        assert_eq!(file["path"], unlinked.to_string_lossy().as_ref());
+    }
+    let memfd_holder = holder(&by_iterators, |h| h["kind"] == "memfd").expect("the memfd");
+    assert_eq!(memfd_holder["path"], "/memfd:holders-iterated");
+    assert_eq!(memfd_holder["users"][0]["openFds"][0], memfd_number);
+    assert_eq!(account(&by_proc, MI2)["privateBytes"], MI2);
+
+    // Without the probes the same agent does not see what the child holds open, and says so.
+    assert!(
+        used_by(&blind, pid)
+            .iter()
+            .all(|(kind, ..)| kind != "memfd"),
+        "{blind:#}"
+    );
+    assert!(
+        blind["unread"].to_string().contains("Permission denied"),
+        "{blind:#}"
+    );
+    drop(child);
+}

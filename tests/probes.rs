@@ -366,3 +366,146 @@ fn a_paused_fault_program_reports_and_counts_nothing() {
         );
     });
 }
+
+/// #45: the task iterators' records of this process against its own `/proc`: every hugetlb
+/// mapping `maps` shows (a shared file of a mount, a segment, a private anonymous mapping), with
+/// its addresses, device, inode and sharing, the bytes each file holds (`st_blocks`), and every
+/// descriptor on a hugetlbfs file (a memfd), with its number; a segment's record carries the
+/// IPC namespace `/proc/self/ns/ipc` names; nothing of another file system.
+#[test]
+fn the_task_iterators_tell_this_process_s_hugetlb_mappings_and_descriptors_as_proc_does() {
+    use std::os::{
+        fd::{AsRawFd, FromRawFd},
+        unix::fs::MetadataExt,
+    };
+
+    use hugepage_agent::holders::{mounts::Dev, procs::maps_candidates};
+    use hugepage_agent_common::tasks::{flags, kind};
+    use hugepage_agent_tests::hugetlbfs::{Mounted, Segment, open};
+
+    const MI2: u64 = 2 << 20;
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 8);
+    let mount = Mounted::new(&lock, "pagesize=2M", None);
+    let file = open(&mount.path("mapped"));
+    let len = (2 * MI2) as usize;
+    // SAFETY: a valid descriptor; the mappings are checked, written within their lengths and
+    // unmapped below.
+    let (shared, private) = unsafe {
+        assert_eq!(libc::ftruncate(file.as_raw_fd(), len as libc::off_t), 0);
+        let shared = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        );
+        assert_ne!(shared, libc::MAP_FAILED);
+        shared.cast::<u8>().write_volatile(1);
+        let private = libc::mmap(
+            std::ptr::null_mut(),
+            MI2 as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+            -1,
+            0,
+        );
+        assert_ne!(private, libc::MAP_FAILED);
+        private.cast::<u8>().write_volatile(1);
+        (shared, private)
+    };
+    let segment = Segment::touched(2, 1, None);
+    // SAFETY: a NUL-terminated name; checked.
+    let memfd = unsafe {
+        let fd = libc::memfd_create(c"iterated".as_ptr(), libc::MFD_HUGETLB | libc::MFD_CLOEXEC);
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        std::os::fd::OwnedFd::from_raw_fd(fd)
+    };
+    hugepage_agent_tests::hugetlbfs::fault_file(&memfd, 1, MI2, None);
+
+    let (probes, _streams) = load();
+    let tasks = probes.tasks.clone().unwrap_or_else(|| {
+        panic!(
+            "the task iterators on this kernel: {:?}",
+            probes.tasks_unavailable
+        )
+    });
+    let records = tasks.read().expect("the iterators read");
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    // SAFETY: the mappings made above, of these lengths.
+    unsafe {
+        libc::munmap(shared, len);
+        libc::munmap(private, MI2 as usize);
+    }
+    assert!(!records.truncated);
+    let me = std::process::id();
+    let mine: Vec<_> = records.held.iter().filter(|h| h.tgid == me).collect();
+
+    let mount_dev = Dev::from_st_dev(std::fs::metadata(&mount.dir).expect("the mount").dev());
+    let from_proc = maps_candidates(&maps, |d| d == mount_dev);
+    let mut told: Vec<(u64, u64, Dev, u64, bool)> = mine
+        .iter()
+        .filter(|h| h.kind == kind::MAPPING)
+        .map(|h| {
+            (
+                h.start,
+                h.end,
+                Dev::from_kernel(h.dev),
+                h.ino,
+                h.flags & flags::SHARED != 0,
+            )
+        })
+        .collect();
+    told.sort();
+    told.dedup();
+    let mut shown: Vec<(u64, u64, Dev, u64, bool)> = from_proc
+        .iter()
+        .map(|m| (m.start, m.end, m.dev, m.inode, m.shared))
+        .collect();
+    shown.sort();
+    assert_eq!(
+        told, shown,
+        "the iterator's mappings are maps' hugetlb lines: {maps}"
+    );
+    assert_eq!(told.len(), 3, "the file, the segment, the private mapping");
+
+    let file_ino = std::fs::metadata(mount.path("mapped"))
+        .expect("the file")
+        .ino();
+    let f = mine
+        .iter()
+        .find(|h| h.kind == kind::MAPPING && h.ino == file_ino)
+        .expect("the file's mapping");
+    assert_eq!(
+        (f.page_size, f.held_bytes),
+        (MI2, MI2),
+        "one page written of two"
+    );
+    assert_eq!(&f.name[..7], b"mapped\0");
+    let s = mine
+        .iter()
+        .find(|h| h.kind == kind::MAPPING && h.flags & flags::SYSV != 0)
+        .expect("the segment's mapping");
+    assert_eq!(s.ino, u64::try_from(segment.id).expect("a shmid"));
+    let ns = std::fs::read_link("/proc/self/ns/ipc").expect("ns/ipc");
+    assert_eq!(ns.to_string_lossy(), format!("ipc:[{}]", s.ipc_ns));
+
+    let fds: Vec<_> = mine.iter().filter(|h| h.kind == kind::DESCRIPTOR).collect();
+    let m = fds
+        .iter()
+        .find(|h| i32::try_from(h.fd).ok() == Some(memfd.as_raw_fd()))
+        .unwrap_or_else(|| panic!("the memfd among {fds:?}"));
+    assert_eq!((m.page_size, m.held_bytes), (MI2, MI2));
+    assert!(m.name.starts_with(b"memfd:iterated"));
+    assert!(
+        fds.iter()
+            .any(|h| i32::try_from(h.fd).ok() == Some(file.as_raw_fd())),
+        "the mount's file held open"
+    );
+    assert_eq!(
+        fds.len(),
+        2,
+        "no descriptor of another file system: {fds:?}"
+    );
+}

@@ -214,6 +214,7 @@ fn start(
         Ok((probes, streams)) => {
             let rx = agent.probes.adopt(probes, streams, config.fault_scope)?;
             agent.book.watch_evictions(agent.probes.sees_evictions());
+            agent.book.read_tasks(agent.probes.tasks());
             agent.read_probe_losses();
             agent.refresher.set_source(Source::EbpfSysfs);
             (rx, "attached".to_owned())

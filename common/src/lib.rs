@@ -11,3 +11,4 @@ pub mod counters;
 pub mod hugetlbfs;
 pub mod offsets;
 pub mod page_fault_user;
+pub mod tasks;

@@ -49,6 +49,19 @@ pub struct KernelOffsets {
     pub ipc_ns_inum: u64,
     /// 1 when the IPC namespace chain above is known.
     pub ipc_ns_known: u64,
+    /// `vm_area_struct.vm_start` and `vm_end`.
+    pub vma_vm_start: u64,
+    pub vma_vm_end: u64,
+    /// `task_struct.tgid`.
+    pub task_tgid: u64,
+    /// `inode.i_blocks`.
+    pub inode_i_blocks: u64,
+    /// `inode.i_nlink`.
+    pub inode_i_nlink: u64,
+    /// `super_block.s_magic`.
+    pub super_block_s_magic: u64,
+    /// 1 when the task iterators' fields above (with the file chain) are known.
+    pub tasks_known: u64,
     /// `trace_event_raw_cgroup.root`.
     pub cgroup_root: u64,
     /// `trace_event_raw_cgroup.level`.
@@ -91,6 +104,13 @@ impl KernelOffsets {
         shm_file_data_ns: 0,
         ipc_ns_inum: 0,
         ipc_ns_known: 0,
+        vma_vm_start: 0,
+        vma_vm_end: 0,
+        task_tgid: 0,
+        inode_i_blocks: 0,
+        inode_i_nlink: 0,
+        super_block_s_magic: 0,
+        tasks_known: 0,
         cgroup_root: 0,
         cgroup_level: 0,
         cgroup_id: 0,

@@ -6,7 +6,10 @@
 //! `hugetlb_fault_done` (fexit) each such fault done, wherever the kernel runs fexit programs;
 //! `cgroup_mkdir`, `cgroup_rmdir`, `cgroup_attach_task` and `cgroup_release` report the cgroup
 //! lifecycle for the pod inventory; the `hugetlbfs_*` programs (kernels newer than 6.12) report
-//! hugetlbfs inodes made, evicted, fallocated and truncated, for the book of the pages' holders. Records go to ring buffers; every program counts what it
+//! hugetlbfs inodes made, evicted, fallocated and truncated, for the book of the pages' holders;
+//! `holders_vma` and `holders_files` (task iterators) tell every process's hugetlb mappings and
+//! hugetlbfs descriptors to the walk of the holders. Records go to ring buffers (the iterators'
+//! to their files); every program counts what it
 //! saw, skipped and lost in a per-CPU counter map. Layout that differs between kernels comes from
 //! [`shared::offsets`], filled in by the agent from BTF. On the host this crate only type-checks.
 #![cfg_attr(target_arch = "bpf", no_std)]
@@ -21,6 +24,7 @@ mod hugetlb_fault;
 mod hugetlbfs;
 mod page_fault_user;
 mod shared;
+mod tasks;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

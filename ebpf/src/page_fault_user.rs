@@ -76,9 +76,9 @@ impl VmaFile {
 /// `VM_MAYSHARE` (`include/linux/mm.h`), the same bit on every kernel: a `MAP_SHARED` mapping,
 /// even a read-only one (which has no `VM_SHARED`). hugetlb puts such a mapping's pages in the
 /// file's page cache (`hugetlb_no_page`), a private mapping's in the process alone.
-const VM_MAYSHARE: u64 = 0x80;
+pub(crate) const VM_MAYSHARE: u64 = 0x80;
 /// The first bytes of a SysV segment's file name (`ipc/shm.c`: `SYSV%08x`).
-const SYSV_NAME: u32 = u32::from_le_bytes(*b"SYSV");
+pub(crate) const SYSV_NAME: u32 = u32::from_le_bytes(*b"SYSV");
 
 /// `TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code)`.
 const ARG_ADDRESS: usize = 0;
@@ -296,7 +296,7 @@ pub(crate) fn vma_file(vma: *const u8, vm_flags: u64) -> VmaFile {
 /// The inode number of the IPC namespace of the segment whose attached file `vm_file` is
 /// (`((struct shm_file_data *)vm_file->private_data)->ns->ns.inum`), when known.
 #[inline(always)]
-fn segment_namespace(vm_file: *const u8) -> Option<u32> {
+pub(crate) fn segment_namespace(vm_file: *const u8) -> Option<u32> {
     if offset!(ipc_ns_known) == 0 {
         return None;
     }
@@ -315,8 +315,21 @@ pub(crate) fn hugetlb_page_size(vma: *const u8) -> u64 {
     if offset!(page_size_known) == 0 {
         return 0;
     }
+    match follow(vma, offset!(vma_vm_file)) {
+        Ok(file) => file_page_size(file),
+        Err(_) => 0,
+    }
+}
+
+/// The page size of a hugetlbfs file (`PAGE_SIZE << f_inode->i_sb->s_fs_info->hstate->order`),
+/// or 0 when unknown. Only for a file known to be hugetlbfs's: another file system's `s_fs_info`
+/// is something else.
+#[inline(always)]
+pub(crate) fn file_page_size(file: *const u8) -> u64 {
+    if offset!(page_size_known) == 0 {
+        return 0;
+    }
     let order = (|| -> Result<u32, i32> {
-        let file = follow(vma, offset!(vma_vm_file))?;
         let inode = follow(file, offset!(file_f_inode))?;
         let sb = follow(inode, offset!(inode_i_sb))?;
         let sbinfo = follow(sb, offset!(super_block_s_fs_info))?;

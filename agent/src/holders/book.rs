@@ -28,6 +28,7 @@ use super::{Holder, InCgroup, Kind, mounts::Dev, namespace_inode, process_cgroup
 use crate::{
     probes::{
         events::{FaultEvent, FileChange, FileEvent},
+        tasks::TaskIterators,
         watch::CgroupV2,
     },
     sysfs::HostFs,
@@ -95,6 +96,8 @@ struct Inner {
     evicted: VecDeque<(Dev, u64, Duration)>,
     /// The hugetlbfs programs are attached ([`Book::watch_evictions`]).
     evictions_seen: bool,
+    /// The task iterators the walk reads processes with ([`Book::read_tasks`]).
+    tasks: Option<Arc<TaskIterators>>,
 }
 
 /// The book, shared by the run loop (which writes it) and the API (which reads it).
@@ -279,6 +282,19 @@ impl Book {
         if let Ok(mut book) = self.0.lock() {
             book.evictions_seen = seen;
         }
+    }
+
+    /// The task iterators the walk reads what processes map and hold with, where the probes
+    /// loaded them ([`crate::probes::tasks`]).
+    pub fn read_tasks(&self, tasks: Option<Arc<TaskIterators>>) {
+        if let Ok(mut book) = self.0.lock() {
+            book.tasks = tasks;
+        }
+    }
+
+    /// The task iterators, when loaded.
+    pub fn tasks(&self) -> Option<Arc<TaskIterators>> {
+        self.0.lock().ok().and_then(|book| book.tasks.clone())
     }
 
     /// The page size of each segment of IPC namespace `ipc_ns` that faults were taken in.

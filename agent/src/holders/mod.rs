@@ -8,13 +8,14 @@
 //! One walk ([`walk`]) reads, through `--host-root`: the host's mounts (`/proc/1/mountinfo`), the
 //! files of each hugetlbfs mount (`st_blocks`, which hugetlbfs counts per page a file holds; the
 //! mount read where `--host-root` shows it, else through `/proc/1/root`),
-//! every process's hugetlb mappings and descriptors ([`procs`]), and `/proc/sysvipc/shm`
-//! ([`sysv`]). Pages are placed on their NUMA node where a process maps them (`numa_maps`); the
+//! every process's hugetlb mappings and descriptors ([`procs`]; the task iterators where
+//! `/proc` refuses the agent, [`iterated`]), and `/proc/sysvipc/shm` ([`sysv`]). Pages are placed on their NUMA node where a process maps them (`numa_maps`); the
 //! pages of a file no process maps are placed by a private read-only mapping of the agent's own
 //! for the time of one query ([`nodes`]); a segment nothing attaches cannot be placed, and the
 //! answer says so. The agent never deletes, detaches or writes anything it finds.
 
 pub mod book;
+pub mod iterated;
 pub mod mounts;
 pub mod nodes;
 pub mod procs;
@@ -161,7 +162,8 @@ pub struct Holder {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_note: Option<String>,
     /// A file's path: in the host's mount namespace for the files of its mounts, else as the
-    /// first process that maps or holds it sees it. A memfd's `/memfd:<name>`.
+    /// first process that maps or holds it sees it (`…/<name>` when only the task iterators
+    /// told it). A memfd's `/memfd:<name>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// The hugetlbfs mount it is in, as the host sees it.
@@ -315,11 +317,15 @@ struct Use {
     users: BTreeMap<u32, (bool, Vec<u32>)>,
     /// Per node, the most pages any one process maps there: a lower bound of the pages there.
     mapped: BTreeMap<NumaNode, u64>,
+    /// Bytes the file holds, as the task iterators read it (`i_blocks`), when they read a
+    /// process that maps it.
+    held: Option<u64>,
 }
 
 impl Use {
     fn map(&mut self, pid: u32, vma: &HugeVma) {
         self.users.entry(pid).or_default().0 = true;
+        self.held = self.held.max(vma.file_held);
         // A private mapping's pages may be its own copies: only a shared one places the file's.
         if !vma.map.shared {
             return;
@@ -384,7 +390,43 @@ pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Hol
     // Whether every process that may map a holder was read: only then is a holder no process
     // uses said to be held by nothing that runs.
     let mut all_read = true;
-    let (processes, unreadable) = match procs::walk(host, skip, &known, default_page) {
+    let tasks = book.tasks();
+    let mut told = Vec::new();
+    let iterate = || {
+        let read = tasks.as_ref()?.read();
+        match read {
+            Ok(records) => {
+                if records.truncated {
+                    told.push(Unread {
+                        what: format!(
+                            "what the task iterators told past {} mappings and descriptors: the \
+                             processes whose /proc the agent may not read are not listed",
+                            crate::probes::tasks::MAX_RECORDS
+                        ),
+                        error: "the walk's bound".into(),
+                    });
+                }
+                Some(iterated::gather(
+                    &records.held,
+                    records.truncated,
+                    &known,
+                    default_page,
+                ))
+            }
+            Err(e) => {
+                told.push(Unread {
+                    what: "the task iterators: the processes whose /proc the agent may not \
+                           read are not listed"
+                        .into(),
+                    error: e.to_string(),
+                });
+                None
+            }
+        }
+    };
+    let walked = procs::walk(host, skip, &known, default_page, iterate);
+    unread.append(&mut told);
+    let (processes, unreadable) = match walked {
         Ok(walked) => walked,
         Err(e) => {
             all_read = false;
@@ -417,6 +459,31 @@ pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Hol
         unread.push(Unread {
             what,
             error: unreadable.example.unwrap_or_default(),
+        });
+    }
+    // What the task iterators told in place of /proc: said in the answer, after the book's
+    // reconcile is decided (nothing was left unread for it).
+    let mut told = Vec::new();
+    if !unreadable.iterated.is_empty() {
+        told.push(Unread {
+            what: format!(
+                "the pages per NUMA node of {} processes whose /proc the agent may not read: the \
+                 task iterators named what they map and hold open, not the nodes of its pages",
+                unreadable.iterated.len()
+            ),
+            error: "numa_maps takes a ptrace access check the agent does not pass (no \
+                    CAP_SYS_PTRACE)"
+                .into(),
+        });
+    }
+    if unreadable.private_unknown > 0 {
+        told.push(Unread {
+            what: format!(
+                "the private hugetlb pages of {} of them (private mappings of files, or of more \
+                 than one page size): counted as unexplained",
+                unreadable.private_unknown
+            ),
+            error: "a private mapping's own pages are told only by numa_maps".into(),
         });
     }
     let mut segments_read = false;
@@ -488,6 +555,13 @@ pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Hol
         for u in &mut h.users {
             describe(host, u, &mut commands);
         }
+        let told_by_iterators = h.users.iter().any(|u| unreadable.iterated.contains(&u.pid));
+        if h.nodes_from == NodesFrom::Unknown && h.nodes_note.is_none() && told_by_iterators {
+            h.nodes_note = Some(
+                "its users were read by the task iterators, which do not place pages on nodes"
+                    .into(),
+            );
+        }
     }
     holders.sort_by(|a, b| {
         b.held_bytes
@@ -503,6 +577,7 @@ pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Hol
         files_seen,
     };
     book.annotate(host, &mut holders, own_ipc_ns, reconcile);
+    unread.append(&mut told);
     Holders {
         holders,
         accounts,
@@ -686,7 +761,9 @@ impl Found {
         *self.private.entry(vma.page_size).or_default() += private;
         if vma.map.path.starts_with("/anon_hugepage") {
             if vma.map.shared {
-                let mapped: u64 = vma.pages.values().sum::<u64>() * vma.page_size;
+                let mapped = vma
+                    .file_held
+                    .unwrap_or(vma.pages.values().sum::<u64>() * vma.page_size);
                 let most = self
                     .shared_anonymous
                     .entry(vma.page_size)
@@ -741,7 +818,7 @@ impl Found {
         for (key, seen) in files {
             let used = self.files.remove(&key).unwrap_or_default();
             let mapped: u64 = used.mapped.values().sum();
-            let held = seen.held.unwrap_or(mapped);
+            let held = seen.held.or(used.held).unwrap_or(mapped);
             if held == 0 && used.users.is_empty() {
                 continue;
             }
@@ -811,7 +888,8 @@ impl Found {
             .into_iter()
             .map(|((ns, shmid), (key, page_size, used))| {
                 let mapped: u64 = used.mapped.values().sum();
-                let mut h = Holder::new(Kind::SysvSegment, page_size, mapped);
+                let held = used.held.unwrap_or(mapped);
+                let mut h = Holder::new(Kind::SysvSegment, page_size, held);
                 h.shmid = Some(shmid);
                 h.key = Some(format!("0x{key}"));
                 h.ipc_namespace = Some(ns);

@@ -3,7 +3,8 @@
 //! pages mapped per NUMA node, joined by their start address) and its open descriptors on
 //! hugetlbfs files (`fd/*`, followed with `stat`, a device first seen asked with `statfs`).
 //! `numa_maps` walks the page tables, so it is read only for processes whose `maps` shows a
-//! mapping hugepages may back.
+//! mapping hugepages may back. A process whose `/proc` is refused is taken as the task iterators
+//! tell it, where they are loaded ([`super::iterated`]).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -29,6 +30,9 @@ pub struct HugeVma {
     pub pages: BTreeMap<NumaNode, u64>,
     /// Pages of the mapping that are anonymous (`anon=`): a private mapping's own copies.
     pub anon_pages: u64,
+    /// Bytes the file holds, when the mapping was read by the task iterators (`i_blocks`);
+    /// `None` from `/proc`.
+    pub file_held: Option<u64>,
 }
 
 /// A descriptor open on a hugetlbfs file.
@@ -55,11 +59,77 @@ pub struct Process {
     pub fds: Vec<HugeFd>,
 }
 
-/// What a walk of `/proc` could not read.
+impl Process {
+    /// Gives each mapping the bytes its file holds as the task iterators told them (`told`, the
+    /// same process): `numa_maps` counts only the pages this process has mapped, and a forked
+    /// child has none of a shared mapping's until it touches them.
+    fn held_as_told(&mut self, told: &Process) {
+        for vma in &mut self.vmas {
+            vma.file_held = told
+                .vmas
+                .iter()
+                .find(|t| t.map.start == vma.map.start && t.map.inode == vma.map.inode)
+                .and_then(|t| t.file_held);
+        }
+    }
+}
+
+/// What the task iterators told of every process, by pid ([`super::iterated::gather`]): for
+/// the processes whose `/proc` refuses the agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Told {
+    pub processes: HashMap<u32, Process>,
+    /// The iterators wrote more than the agent reads: a process not in `processes` may hold
+    /// hugepages all the same.
+    pub truncated: bool,
+}
+
+impl Told {
+    /// The process `pid` as the iterators told it, its private pages from its `status` (which
+    /// anyone may read) where that tells them alone: a process whose hugetlb mappings are all
+    /// private, anonymous and of one page size has exactly its `HugetlbPages` of them; `None` when the iterators saw nothing of it
+    /// hugetlb. The flag says its private pages are not known.
+    pub fn process(&self, host: &HostFs, pid: u32) -> Option<(Process, bool)> {
+        let mut p = self.processes.get(&pid)?.clone();
+        let private: Vec<usize> = (0..p.vmas.len())
+            .filter(|&i| !p.vmas[i].map.shared)
+            .collect();
+        if private.is_empty() {
+            return Some((p, false));
+        }
+        let one_size = p.vmas.iter().all(|v| v.page_size == p.vmas[0].page_size);
+        let all_anonymous = p
+            .vmas
+            .iter()
+            .all(|v| !v.map.shared && v.map.path.starts_with("/anon_hugepage"));
+        let hugetlb_bytes = host
+            .read_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| meminfo::kb_field(&s, "HugetlbPages"));
+        match (one_size && all_anonymous, hugetlb_bytes) {
+            (true, Some(bytes)) => {
+                p.vmas[private[0]].anon_pages = bytes / p.vmas[0].page_size.max(1);
+                Some((p, false))
+            }
+            _ => Some((p, true)),
+        }
+    }
+}
+
+/// What a walk of `/proc` could not read, and what the task iterators told instead.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Unreadable {
+    /// Processes whose `/proc` was refused and that the task iterators told instead: their
+    /// pages are on no node ([`super::iterated`]).
+    pub iterated: Vec<u32>,
+    /// Of those, the ones whose private pages are not known.
+    pub private_unknown: u64,
+    /// Processes whose mappings `/proc` gave and whose descriptors it refused (their links
+    /// take the ptrace access check when `maps` may not), told by the task iterators instead.
+    pub descriptors_iterated: u64,
     /// Processes whose `maps` or `fd/` was refused (a ptrace access check: the agent needs
-    /// `CAP_SYS_PTRACE` for processes whose capabilities are not a subset of its own).
+    /// `CAP_SYS_PTRACE` for processes whose capabilities are not a subset of its own) and that
+    /// no task iterator told.
     pub processes: u64,
     /// Of those, the ones whose `status` shows hugepages mapped (`HugetlbPages`), or could not
     /// be read either: they may map any holder.
@@ -75,37 +145,76 @@ pub type KnownDevs = HashMap<Dev, Option<u64>>;
 /// Every process of the host (its `/proc`, all but `skip`) that maps hugepages or holds a
 /// hugetlbfs file open. Devices not in `known` are asked with `statfs` (through a descriptor)
 /// or decided by `numa_maps`; `default_page_size` is a hugetlb mapping's page size when
-/// `numa_maps` prints none (no page of it mapped) and its device does not say.
+/// `numa_maps` prints none (no page of it mapped) and its device does not say. `iterate` runs
+/// the task iterators, where they are loaded, once the processes are listed (so every process
+/// listed was there when they ran): a process whose `/proc` is refused is then as they tell it,
+/// and one they did not see holds nothing hugetlb.
 pub fn walk(
     host: &HostFs,
     skip: Option<u32>,
     known: &KnownDevs,
     default_page_size: u64,
+    iterate: impl FnOnce() -> Option<Told>,
 ) -> Result<(Vec<Process>, Unreadable), SysfsError> {
     let mut devs = DevKinds(known.clone());
     let mut out = Vec::new();
     let mut unreadable = Unreadable::default();
-    for name in host.list("/proc")? {
-        let Ok(pid) = name.parse::<u32>() else {
-            continue;
-        };
-        if Some(pid) == skip {
-            continue;
-        }
+    let pids: Vec<u32> = host
+        .list("/proc")?
+        .iter()
+        .filter_map(|name| name.parse().ok())
+        .filter(|&pid| Some(pid) != skip)
+        .collect();
+    let iterated = iterate();
+    let told = iterated.as_ref().filter(|i| !i.truncated);
+    for pid in pids {
         match process(host, pid, &mut devs, default_page_size) {
-            Ok(Some(p)) => out.push(p),
-            Ok(None) => {}
-            Err(e) if gone(&e) => {}
-            Err(e) => {
-                unreadable.processes += 1;
-                if maps_hugepages(host, pid) != Some(false) {
-                    unreadable.mapping_hugepages += 1;
+            Ok((mut p, None)) => {
+                if let Some(t) = told.and_then(|i| i.processes.get(&pid)) {
+                    p.held_as_told(t);
                 }
-                unreadable.example.get_or_insert_with(|| e.to_string());
+                if !p.vmas.is_empty() || !p.fds.is_empty() {
+                    out.push(p);
+                }
             }
+            // Its mappings were read, its descriptors refused: those as the iterators tell them.
+            Ok((mut p, Some(refused))) => match told {
+                Some(told) => {
+                    let t = told.processes.get(&pid);
+                    p.fds = t.map(|t| t.fds.clone()).unwrap_or_default();
+                    if let Some(t) = t {
+                        p.held_as_told(t);
+                    }
+                    unreadable.descriptors_iterated += 1;
+                    if !p.vmas.is_empty() || !p.fds.is_empty() {
+                        out.push(p);
+                    }
+                }
+                None => unreadable.refused(host, pid, &refused),
+            },
+            Err(e) if gone(&e) => {}
+            Err(_) if told.is_some() => {
+                if let Some((p, private_unknown)) = told.and_then(|i| i.process(host, pid)) {
+                    unreadable.iterated.push(pid);
+                    unreadable.private_unknown += u64::from(private_unknown);
+                    out.push(p);
+                }
+            }
+            Err(e) => unreadable.refused(host, pid, &e),
         }
     }
     Ok((out, unreadable))
+}
+
+impl Unreadable {
+    /// Counts `pid`, whose `/proc` refused `error`.
+    fn refused(&mut self, host: &HostFs, pid: u32, error: &SysfsError) {
+        self.processes += 1;
+        if maps_hugepages(host, pid) != Some(false) {
+            self.mapping_hugepages += 1;
+        }
+        self.example.get_or_insert_with(|| error.to_string());
+    }
 }
 
 /// Whether `status` shows hugepages mapped by the process (`HugetlbPages`, readable without
@@ -147,21 +256,30 @@ impl DevKinds {
     }
 }
 
+/// What `/proc/<pid>` tells of one process, and the refusal of its descriptors' links when the
+/// kernel gave its mappings but not those (what it holds open is then not in it).
 fn process(
     host: &HostFs,
     pid: u32,
     devs: &mut DevKinds,
     default_page_size: u64,
-) -> Result<Option<Process>, SysfsError> {
+) -> Result<(Process, Option<SysfsError>), SysfsError> {
     // Descriptors first: a file on a mount only this process sees tells its device.
     let mut fds = Vec::new();
+    let mut refused = None;
     for name in host.list(format!("/proc/{pid}/fd"))? {
         let Ok(fd) = name.parse::<u32>() else {
             continue;
         };
         let link = format!("/proc/{pid}/fd/{fd}");
-        let Ok(target) = host.read_link(&link) else {
-            continue;
+        let target = match host.read_link(&link) {
+            Ok(target) => target,
+            Err(e) if denied(&e) => {
+                refused.get_or_insert(e);
+                break;
+            }
+            // Closed since it was listed.
+            Err(_) => continue,
         };
         let target = target.to_string_lossy().into_owned();
         // Sockets, pipes and anonymous inodes (`socket:[…]`) are no file's.
@@ -206,12 +324,19 @@ fn process(
         .then(|| host.read_link(format!("/proc/{pid}/ns/ipc")).ok())
         .flatten()
         .map(|l| l.to_string_lossy().into_owned());
-    Ok((!vmas.is_empty() || !fds.is_empty()).then_some(Process {
+    let p = Process {
         pid,
         ipc_ns,
         vmas,
         fds,
-    }))
+    };
+    Ok((p, refused))
+}
+
+/// The kernel refused the read (a permission check), as opposed to the file having gone.
+fn denied(e: &SysfsError) -> bool {
+    matches!(e, SysfsError::Read { source, .. }
+        if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EPERM)))
 }
 
 /// A mapping of `maps` that hugepages may back: an anonymous hugetlb mapping, a SysV segment, a
@@ -310,6 +435,7 @@ pub fn join(
                 page_size,
                 pages,
                 anon_pages,
+                file_held: None,
             })
         })
         .collect()

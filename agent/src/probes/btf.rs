@@ -53,6 +53,13 @@ pub enum BtfError {
     NoSuchFunctionType(String),
     #[error("no function `{0}` in BTF")]
     NoSuchFunction(String),
+    #[error("`{ty}.{member}` is at byte {found}, where the program reads byte {expected}")]
+    Layout {
+        ty: String,
+        member: String,
+        found: u64,
+        expected: u64,
+    },
     #[error("`{name}` takes {found:?}, expected {expected:?}")]
     Prototype {
         name: String,

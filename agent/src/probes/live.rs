@@ -98,6 +98,11 @@ impl LiveProbes {
             .is_some_and(|p| p.files_unavailable.is_none())
     }
 
+    /// The task iterators, when the probes loaded them.
+    pub fn tasks(&self) -> Option<std::sync::Arc<super::tasks::TaskIterators>> {
+        self.probes.as_ref().and_then(|p| p.tasks.clone())
+    }
+
     /// Whether the fault program filters by cgroup (so a rescan must keep its watch set).
     pub fn filtering(&self) -> bool {
         self.probes.as_ref().is_some_and(|p| !p.watches_all())
@@ -126,6 +131,14 @@ impl LiveProbes {
         match &probes.files_unavailable {
             None => info!("hugetlbfs probes attached"),
             Some(why) => info!(reason = %why, "hugetlbfs probes not attached"),
+        }
+        match &probes.tasks_unavailable {
+            None => {
+                info!("task iterators loaded (the holders' walk reads every process with them)")
+            }
+            Some(why) => {
+                info!(reason = %why, "task iterators not loaded: the holders' walk reads /proc alone")
+            }
         }
         match (scope, &self.v2) {
             (FaultScope::All, _) => {

@@ -16,10 +16,11 @@ pub mod live;
 pub mod offsets;
 pub mod retries;
 pub mod stream;
+pub mod tasks;
 mod tracefs;
 pub mod watch;
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, sync::Arc};
 
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
@@ -98,7 +99,7 @@ pub enum ProbeError {
         #[source]
         source: Box<ProgramError>,
     },
-    #[error("reading the kernel's BTF for fentry or fexit: {0}")]
+    #[error("reading the kernel's BTF for fentry, fexit or the task iterators: {0}")]
     TracingBtf(#[source] Box<aya::BtfError>),
     #[error("detaching eBPF program {program}: {source}")]
     Detach {
@@ -111,6 +112,8 @@ pub enum ProbeError {
         kind: &'static str,
         name: &'static str,
     },
+    #[error(transparent)]
+    Tasks(#[from] tasks::TasksError),
     #[error("eBPF map {name}: {source}")]
     Map {
         name: &'static str,
@@ -270,6 +273,10 @@ pub struct Probes {
     pub file_unavailable: Option<String>,
     /// Why the hugetlbfs programs are not attached, when they are not.
     pub files_unavailable: Option<String>,
+    /// The task iterators, for the walk of the holders; `None` where the kernel has none.
+    pub tasks: Option<Arc<tasks::TaskIterators>>,
+    /// Why the task iterators are not loaded, when they are not.
+    pub tasks_unavailable: Option<String>,
     /// Reads aya-log records of the programs; `None` when the object has no log map.
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
@@ -305,8 +312,25 @@ impl Probes {
             )),
             None => files::load(&mut ebpf).err().map(|e| e.explain()),
         };
-        let (fault_path, fault_fallback) =
-            load_fault(&mut ebpf, &btf_bytes, FaultPath::resolve(attach, host))?;
+        // aya's own BTF reader, for the BTF ids of fentry's function and the iterators' targets:
+        // parsed once when needed, and dropped before the programs attach.
+        let mut aya_btf = None;
+        let (fault_path, fault_fallback) = load_fault(
+            &mut ebpf,
+            &btf_bytes,
+            &mut aya_btf,
+            FaultPath::resolve(attach, host),
+        )?;
+        let (tasks, tasks_unavailable) = match &resolved.tasks_unavailable {
+            Some(why) => (None, Some(format!("the kernel's BTF: {why}"))),
+            None => match parsed(&mut aya_btf, &btf_bytes)
+                .and_then(|btf| tasks::TaskIterators::load(&mut ebpf, btf))
+            {
+                Ok(loaded) => (Some(Arc::new(loaded)), None),
+                Err(e) => (None, Some(e.explain())),
+            },
+        };
+        drop(aya_btf);
         drop(btf_bytes);
         tracefs::ensure_mounted()?;
         for (program, category, tracepoint) in CGROUP_PROGRAMS {
@@ -360,6 +384,8 @@ impl Probes {
                 (None, None) => None,
             },
             files_unavailable,
+            tasks,
+            tasks_unavailable,
             logger,
         };
         Ok((probes, streams))
@@ -535,23 +561,15 @@ where
 fn load_fault(
     ebpf: &mut Ebpf,
     btf_bytes: &[u8],
+    aya_btf: &mut Option<aya::Btf>,
     (first, fallback): (FaultPath, Option<FaultPath>),
 ) -> Result<(FaultPath, Option<String>), ProbeError> {
-    // aya's own BTF reader, for the function's BTF id: parsed only for fentry and fexit, and
-    // dropped before the programs attach.
-    let mut btf = None;
     let mut load = |path: FaultPath| -> Result<(), ProbeError> {
         let program = path.program();
         let loaded = match path {
             FaultPath::Tracepoint => self::program::<RawTracePoint>(ebpf, program)?.load(),
             FaultPath::Fentry | FaultPath::Fexit => {
-                let btf = match &mut btf {
-                    Some(parsed) => parsed,
-                    empty => empty.insert(
-                        aya::Btf::parse(btf_bytes, aya::Endianness::default())
-                            .map_err(|e| ProbeError::TracingBtf(Box::new(e)))?,
-                    ),
-                };
+                let btf = parsed(aya_btf, btf_bytes)?;
                 let function = FAULT_FENTRY.1;
                 if path == FaultPath::Fentry {
                     self::program::<FEntry>(ebpf, program)?.load(function, btf)
@@ -569,6 +587,17 @@ fn load_fault(
             Ok((fallback, Some(refused.to_string())))
         }
         (Err(e), _) => Err(e),
+    }
+}
+
+/// aya's BTF of the kernel, parsed from `bytes` the first time it is asked for.
+fn parsed<'b>(slot: &'b mut Option<aya::Btf>, bytes: &[u8]) -> Result<&'b aya::Btf, ProbeError> {
+    match slot {
+        Some(btf) => Ok(btf),
+        empty => Ok(empty.insert(
+            aya::Btf::parse(bytes, aya::Endianness::default())
+                .map_err(|e| ProbeError::TracingBtf(Box::new(e)))?,
+        )),
     }
 }
 

@@ -73,7 +73,22 @@ pub struct Resolved {
     pub ipc_ns_unavailable: Option<BtfError>,
     /// The hugetlbfs programs need the file chain and the tracepoints' prototypes.
     pub hugetlbfs_unavailable: Option<BtfError>,
+    /// The task iterators need the file chain, the fields of [`tasks_chain`] and the kernel's
+    /// iterator targets (`task_vma`, 5.12 and newer; `task_file`, 5.8) with the contexts their
+    /// programs read.
+    pub tasks_unavailable: Option<BtfError>,
 }
+
+/// The task iterators' contexts (`kernel/bpf/task_iter.c`), which a kernel describes in its BTF
+/// when it has the iterator, and where their programs read each member: (context, member,
+/// offset). The programs read the task, the VMA, the descriptor and the file there.
+pub const TASK_ITERATOR_CONTEXTS: [(&str, &str, u64); 5] = [
+    ("bpf_iter__task_vma", "task", 8),
+    ("bpf_iter__task_vma", "vma", 16),
+    ("bpf_iter__task_file", "task", 8),
+    ("bpf_iter__task_file", "fd", 16),
+    ("bpf_iter__task_file", "file", 24),
+];
 
 /// Looks every field up in `btf`. `base_page_size` is the system page size in bytes.
 pub fn resolve(btf: &Btf, base_page_size: u64) -> Result<Resolved, BtfError> {
@@ -137,12 +152,29 @@ pub fn resolve(btf: &Btf, base_page_size: u64) -> Result<Resolved, BtfError> {
     let hugetlbfs_unavailable = file_unavailable
         .clone()
         .or_else(|| check_hugetlbfs_args(btf).err());
+    let tasks = file_unavailable
+        .clone()
+        .map_or_else(|| tasks_chain(btf), Err);
+    let tasks_unavailable = match tasks {
+        Ok([vm_start, vm_end, tgid, i_blocks, i_nlink, s_magic]) => {
+            offsets.vma_vm_start = vm_start;
+            offsets.vma_vm_end = vm_end;
+            offsets.task_tgid = tgid;
+            offsets.inode_i_blocks = i_blocks;
+            offsets.inode_i_nlink = i_nlink;
+            offsets.super_block_s_magic = s_magic;
+            offsets.tasks_known = 1;
+            None
+        }
+        Err(err) => Some(err),
+    };
     Ok(Resolved {
         offsets,
         page_size_unavailable,
         file_unavailable,
         ipc_ns_unavailable,
         hugetlbfs_unavailable,
+        tasks_unavailable,
     })
 }
 
@@ -202,6 +234,31 @@ fn file_chain(btf: &Btf) -> Result<[u64; 7], BtfError> {
     ])
 }
 
+/// `vm_start`, `vm_end`, `task_struct.tgid`, `i_blocks`, `i_nlink` and `s_magic`: what the task
+/// iterators read beyond the file chain, once the kernel has both iterators with the contexts
+/// their programs expect.
+fn tasks_chain(btf: &Btf) -> Result<[u64; 6], BtfError> {
+    for (context, member, expected) in TASK_ITERATOR_CONTEXTS {
+        let found = btf.member_offset(context, member)?;
+        if found != expected {
+            return Err(BtfError::Layout {
+                ty: context.to_owned(),
+                member: member.to_owned(),
+                found,
+                expected,
+            });
+        }
+    }
+    Ok([
+        btf.member_offset("vm_area_struct", "vm_start")?,
+        btf.member_offset("vm_area_struct", "vm_end")?,
+        btf.member_offset("task_struct", "tgid")?,
+        btf.member_offset("inode", "i_blocks")?,
+        btf.member_offset("inode", "i_nlink")?,
+        btf.member_offset("super_block", "s_magic")?,
+    ])
+}
+
 /// `private_data`, `shm_file_data.ns` and `ns.inum`: the IPC namespace a SysV segment's shmid
 /// belongs to, as the segment's attached file holds it (`ipc/shm.c`).
 fn ipc_ns_chain(btf: &Btf) -> Result<[u64; 3], BtfError> {
@@ -243,7 +300,10 @@ mod tests {
             "this kernel (6.18) has the hugetlbfs tracepoints"
         );
         assert_eq!(resolved.ipc_ns_unavailable, None);
-        assert_eq!((o.file_known, o.ipc_ns_known), (1, 1));
+        assert_eq!(resolved.tasks_unavailable, None);
+        assert_eq!((o.file_known, o.ipc_ns_known, o.tasks_known), (1, 1, 1));
+        assert_eq!(o.vma_vm_end, o.vma_vm_start + 8);
+        assert!(o.task_tgid > 0 && o.inode_i_blocks > o.inode_i_ino);
         assert!(o.inode_i_ino.is_multiple_of(8) && o.inode_i_ino > o.inode_i_sb);
         assert!(o.super_block_s_dev.is_multiple_of(4));
     }

@@ -257,7 +257,7 @@ fn holders(e: &mut Encoder, held: Option<&Holders>) {
     const HELD: &str = "hugepage_agent_hugepages_held_bytes";
     e.family(HELD, Kind::Gauge, "Bytes of hugepages in use per page size and holder: private (running processes' private mappings), shared_anonymous, files (hugetlbfs), segments (SysV), memfds, and unexplained (in use, explained by none of these).");
     const UNREAD: &str = "hugepage_agent_hugepage_holders_unread";
-    e.family(UNREAD, Kind::Gauge, "Parts of the host the walk of the holders could not read (the host's mounts, a mount, other processes' mappings without CAP_SYS_PTRACE, /proc/sysvipc/shm; GET /v1/consumers says which): what they hold may be counted as unexplained. 0 when it read everything.");
+    e.family(UNREAD, Kind::Gauge, "Parts of the host the walk of the holders could not read (the host's mounts, a mount, other processes' mappings without CAP_SYS_PTRACE or the task iterators, the nodes of the pages the iterators told, /proc/sysvipc/shm; GET /v1/consumers says which): what they hold may be counted as unexplained. 0 when it read everything.");
     let Some(held) = held else {
         return;
     };
