@@ -7,6 +7,8 @@
 //! shared agent's probes saw taken in it. The probes' book names this process as the one that
 //! faulted the file's pages, and, on kernels with the hugetlbfs tracepoints (newer than 6.12),
 //! as the one that made the file; on 6.1 nobody is named as its maker (the check says which).
+//! The shared agent loaded the task iterators of the holders' walk (#45): the kernel's verifier
+//! took both programs.
 
 use hugepage_agent_tests::{
     Agent, HostLock, http,
@@ -21,7 +23,7 @@ const FILE_NODE: usize = 2;
 const SEGMENT_PAGES: u64 = 2;
 const SEGMENT_NODE: usize = 3;
 
-pub fn orphans(lock: &HostLock, agent: &Agent) -> CheckResult {
+pub fn orphans(lock: &HostLock, agent: &mut Agent) -> CheckResult {
     let mount = Mounted::new(lock, "pagesize=2M", None);
     let file = mount.path("rtemap_0");
     left_behind(&file, FILE_PAGES, sysfs::SIZE_2M, Some(FILE_NODE));
@@ -101,10 +103,22 @@ pub fn orphans(lock: &HostLock, agent: &Agent) -> CheckResult {
             "the segment: expected {seg_bytes} bytes held by nothing that runs, known by the faults this process took in it, node unknown: {s}"
         ));
     }
+    // The task iterators (#45): this kernel's verifier took them, or the check says why not.
+    if agent
+        .lines_with("task iterators loaded (the holders' walk reads every process with them)")
+        .is_empty()
+    {
+        let why =
+            agent.lines_with("task iterators not loaded: the holders' walk reads /proc alone");
+        return Err(format!(
+            "the task iterators did not load on this kernel: {why:?}"
+        ));
+    }
     Ok(format!(
         "file {path}: {want} bytes held by nothing that runs, all on node {FILE_NODE} (queried), \
          its {FILE_PAGES} faults seen, {made}; a 1 GiB file's page on node {SEGMENT_NODE}; \
-         segment {} known by its faults, {seg_bytes} bytes held by nothing that runs, node not known",
+         segment {} known by its faults, {seg_bytes} bytes held by nothing that runs, node not \
+         known; the task iterators loaded",
         segment.id
     ))
 }
