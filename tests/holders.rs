@@ -15,7 +15,7 @@ use std::{
 
 use hugepage_agent_tests::{
     Agent, HugepagePool, agent_bin, host_lock, http,
-    hugetlbfs::{Mounted, Segment, fault_file, left_behind, open},
+    hugetlbfs::{Mapping, Mounted, Segment, fault_file, left_behind, open},
     kernel_has_hugetlbfs_tracepoints,
 };
 use serde_json::Value;
@@ -712,45 +712,8 @@ fn under_the_declared_capabilities_the_task_iterators_name_what_the_proc_walk_na
     let _pool = HugepagePool::reserve(&lock, 8);
     let mount = Mounted::new(&lock, "pagesize=2M", None);
     let unlinked = mount.path("unlinked");
-    let len = (2 * MI2) as usize;
-    // SAFETY: a valid descriptor; the mappings are checked, written within their lengths, and
-    // unmapped once the child has them.
-    let (shared, private) = unsafe {
-        let fd = open(&unlinked);
-        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
-        let shared = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        );
-        assert_ne!(
-            shared,
-            libc::MAP_FAILED,
-            "{}",
-            std::io::Error::last_os_error()
-        );
-        shared.cast::<u8>().write_volatile(1);
-        shared.cast::<u8>().add(MI2 as usize).write_volatile(1);
-        let private = libc::mmap(
-            std::ptr::null_mut(),
-            MI2 as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
-            -1,
-            0,
-        );
-        assert_ne!(
-            private,
-            libc::MAP_FAILED,
-            "{}",
-            std::io::Error::last_os_error()
-        );
-        private.cast::<u8>().write_volatile(1);
-        (shared, private)
-    };
+    let shared = Mapping::shared(&open(&unlinked), 2, MI2, 2, None);
+    let private = Mapping::private_anonymous(1, MI2);
     fs::remove_file(&unlinked).expect("unlink the mapped file");
     let mut segment = Segment::touched(2, 1, None);
     // SAFETY: a NUL-terminated name; the descriptor is checked and owned.
@@ -766,11 +729,7 @@ fn under_the_declared_capabilities_the_task_iterators_name_what_the_proc_walk_na
     let memfd_number = memfd.as_raw_fd();
     let child = OtherUser::fork();
     // Now the child alone holds them.
-    // SAFETY: the mappings made above, of these lengths.
-    unsafe {
-        libc::munmap(shared, len);
-        libc::munmap(private, MI2 as usize);
-    }
+    drop((shared, private));
     segment.detach();
     drop(memfd);
     let pid = u32::try_from(child.pid).expect("a pid");

@@ -86,35 +86,85 @@ pub fn open(path: &Path) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
+/// Hugepages this process maps; unmapped when dropped.
+pub struct Mapping {
+    at: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    /// `pages` pages of `page` bytes of `fd` (sized to them) mapped shared, bound to `node` when
+    /// given, the first `touched` of them written.
+    pub fn shared(
+        fd: &OwnedFd,
+        pages: u64,
+        page: u64,
+        touched: u64,
+        node: Option<usize>,
+    ) -> Mapping {
+        let len = (pages * page) as usize;
+        // SAFETY: a valid descriptor, sized before it is mapped.
+        assert_eq!(
+            unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) },
+            0
+        );
+        Mapping::new(len, libc::MAP_SHARED, fd.as_raw_fd(), page, touched, node)
+    }
+
+    /// `pages` private anonymous hugepages of `page` bytes (`MAP_HUGETLB` of the default size),
+    /// each written.
+    pub fn private_anonymous(pages: u64, page: u64) -> Mapping {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB;
+        Mapping::new((pages * page) as usize, flags, -1, page, pages, None)
+    }
+
+    fn new(
+        len: usize,
+        flags: i32,
+        fd: i32,
+        page: u64,
+        touched: u64,
+        node: Option<usize>,
+    ) -> Mapping {
+        // SAFETY: the mapping is checked, then written within its length.
+        unsafe {
+            let at = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                0,
+            );
+            assert_ne!(
+                at,
+                libc::MAP_FAILED,
+                "mmap: {}",
+                std::io::Error::last_os_error()
+            );
+            let mapping = Mapping { at, len };
+            if let Some(node) = node {
+                crate::mbind::bind(at as usize, len, node).expect("mbind");
+            }
+            for i in 0..touched as usize {
+                at.cast::<u8>().add(i * page as usize).write_volatile(1);
+            }
+            mapping
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping this guard made, of its length, unmapped once.
+        unsafe { libc::munmap(self.at, self.len) };
+    }
+}
+
 /// Maps `pages` pages of `page` bytes of `fd` shared (bound to `node` when given), writes a
 /// byte in each, and unmaps them: the file holds the pages and this process nothing.
 pub fn fault_file(fd: &OwnedFd, pages: u64, page: u64, node: Option<usize>) {
-    let len = (pages * page) as usize;
-    // SAFETY: a valid descriptor; the mapping is checked, written within its length, unmapped.
-    unsafe {
-        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
-        let at = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        );
-        assert_ne!(
-            at,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        if let Some(node) = node {
-            crate::mbind::bind(at as usize, len, node).expect("mbind");
-        }
-        for i in 0..pages as usize {
-            at.cast::<u8>().add(i * page as usize).write_volatile(1);
-        }
-        assert_eq!(libc::munmap(at, len), 0);
-    }
+    drop(Mapping::shared(fd, pages, page, pages, node));
 }
 
 /// A file of `pages` pages written through a mapping by this process, which then keeps nothing

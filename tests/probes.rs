@@ -381,40 +381,15 @@ fn the_task_iterators_tell_this_process_s_hugetlb_mappings_and_descriptors_as_pr
 
     use hugepage_agent::holders::{mounts::Dev, procs::maps_candidates};
     use hugepage_agent_common::tasks::{flags, kind};
-    use hugepage_agent_tests::hugetlbfs::{Mounted, Segment, open};
+    use hugepage_agent_tests::hugetlbfs::{Mapping, Mounted, Segment, open};
 
     const MI2: u64 = 2 << 20;
     let lock = host_lock();
     let _pool = HugepagePool::reserve(&lock, 8);
     let mount = Mounted::new(&lock, "pagesize=2M", None);
     let file = open(&mount.path("mapped"));
-    let len = (2 * MI2) as usize;
-    // SAFETY: a valid descriptor; the mappings are checked, written within their lengths and
-    // unmapped below.
-    let (shared, private) = unsafe {
-        assert_eq!(libc::ftruncate(file.as_raw_fd(), len as libc::off_t), 0);
-        let shared = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        );
-        assert_ne!(shared, libc::MAP_FAILED);
-        shared.cast::<u8>().write_volatile(1);
-        let private = libc::mmap(
-            std::ptr::null_mut(),
-            MI2 as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
-            -1,
-            0,
-        );
-        assert_ne!(private, libc::MAP_FAILED);
-        private.cast::<u8>().write_volatile(1);
-        (shared, private)
-    };
+    let shared = Mapping::shared(&file, 2, MI2, 1, None);
+    let private = Mapping::private_anonymous(1, MI2);
     let segment = Segment::touched(2, 1, None);
     // SAFETY: a NUL-terminated name; checked.
     let memfd = unsafe {
@@ -433,11 +408,7 @@ fn the_task_iterators_tell_this_process_s_hugetlb_mappings_and_descriptors_as_pr
     });
     let records = tasks.read().expect("the iterators read");
     let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
-    // SAFETY: the mappings made above, of these lengths.
-    unsafe {
-        libc::munmap(shared, len);
-        libc::munmap(private, MI2 as usize);
-    }
+    drop((shared, private));
     assert!(!records.truncated);
     let me = std::process::id();
     let mine: Vec<_> = records.held.iter().filter(|h| h.tgid == me).collect();
