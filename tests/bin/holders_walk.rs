@@ -6,8 +6,10 @@
 //! nothing holds (the pool grown for them and restored after); then, for each count of
 //! `--processes`, that many `sleep` children run beside everything else on the host while the
 //! walk is made `--rounds` times in this process. Printed per count: the processes `/proc`
-//! holds, the walk's median and p99, its CPU time per walk (this thread's), and this process's
-//! peak memory. Each walk is checked to name every file held by nothing that runs.
+//! holds, the walk's median and p99, its CPU time per walk (this thread's), the median of one
+//! read of the task iterators alone (#45: the probes are loaded once, and the walk reads them as
+//! the agent's does), and this process's peak memory. Each walk is checked to name every file
+//! held by nothing that runs.
 //!
 //! `holders-walk [--processes 1,1000,2000] [--files 64] [--rounds 20]`
 
@@ -17,7 +19,8 @@ use std::{
 };
 
 use hugepage_agent::{
-    holders::{self, Kind},
+    holders::{self, Kind, book::Book},
+    probes::{Probes, flags::FaultAttach},
     sysfs::{HostFs, hugepages},
 };
 use hugepage_agent_tests::{
@@ -55,13 +58,23 @@ fn main() {
     }
     let host = HostFs::new("/");
     let pools = hugepages::read_table(&host).expect("the pools");
+    let (probes, _streams) = Probes::load(&host, FaultAttach::Auto)
+        .unwrap_or_else(|e| panic!("the probes on this kernel: {}", e.explain()));
+    let tasks = probes.tasks.clone().unwrap_or_else(|| {
+        panic!(
+            "the task iterators on this kernel: {:?}",
+            probes.tasks_unavailable
+        )
+    });
+    let book = Book::default();
+    book.read_tasks(Some(tasks.clone()));
     println!(
         "{files} files of one 2 MiB page held by nothing that runs in {}; {rounds} walks per row",
         mount.dir.display()
     );
     println!(
-        "{:>9} {:>12} {:>12} {:>14} {:>10}",
-        "processes", "median ms", "p99 ms", "CPU ms/walk", "peak MiB"
+        "{:>9} {:>12} {:>12} {:>14} {:>14} {:>10}",
+        "processes", "median ms", "p99 ms", "CPU ms/walk", "iterators ms", "peak MiB"
     );
     for count in counts {
         let sleepers = Sleepers(
@@ -84,7 +97,7 @@ fn main() {
         let cpu_before = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
         for _ in 0..rounds {
             let started = Instant::now();
-            let held = holders::walk(&host, &pools);
+            let held = holders::walk_with(&host, &pools, &book);
             took.push(started.elapsed());
             let orphans = held
                 .holders
@@ -97,13 +110,21 @@ fn main() {
             );
         }
         let cpu = Duration::from_nanos(clock_ns(libc::CLOCK_THREAD_CPUTIME_ID) - cpu_before);
+        let mut read = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let started = Instant::now();
+            tasks.read().expect("the task iterators");
+            read.push(started.elapsed());
+        }
         let p = Percentiles::of(&mut took);
+        let iterators = Percentiles::of(&mut read);
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         println!(
-            "{on_host:>9} {:>12.1} {:>12.1} {:>14.1} {:>10.1}",
+            "{on_host:>9} {:>12.1} {:>12.1} {:>14.1} {:>14.2} {:>10.1}",
             ms(p.median),
             ms(p.p99),
             ms(cpu) / rounds as f64,
+            ms(iterators.median),
             Footprint::of(std::process::id()).peak_rss_kib as f64 / 1024.0
         );
         drop(sleepers);
