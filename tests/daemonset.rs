@@ -1150,7 +1150,7 @@ fn the_holders_component_sees_the_host_s_segments_and_the_task_iterators_other_p
     let unread = without["unread"].to_string();
     assert!(
         unread.contains(
-            "the task iterators: they see the processes of the agent's own PID namespace alone"
+            "the task iterators, which would read them, are not loaded: the agent runs in a PID namespace of its own"
         ) && unread.contains("Permission denied"),
         "{without:#}"
     );

@@ -67,7 +67,7 @@ fn main() {
         )
     });
     let book = Book::default();
-    book.read_tasks(Some(tasks.clone()));
+    book.read_tasks(Some(Ok(tasks.clone())));
     println!(
         "{files} files of one 2 MiB page held by nothing that runs in {}; {rounds} walks per row",
         mount.dir.display()

@@ -96,8 +96,9 @@ struct Inner {
     evicted: VecDeque<(Dev, u64, Duration)>,
     /// The hugetlbfs programs are attached ([`Book::watch_evictions`]).
     evictions_seen: bool,
-    /// The task iterators the walk reads processes with ([`Book::read_tasks`]).
-    tasks: Option<Arc<TaskIterators>>,
+    /// The task iterators the walk reads processes with, or why they are not loaded
+    /// ([`Book::read_tasks`]); `None` without probes.
+    tasks: Option<Result<Arc<TaskIterators>, String>>,
 }
 
 /// The book, shared by the run loop (which writes it) and the API (which reads it).
@@ -284,16 +285,16 @@ impl Book {
         }
     }
 
-    /// The task iterators the walk reads what processes map and hold with, where the probes
-    /// loaded them ([`crate::probes::tasks`]).
-    pub fn read_tasks(&self, tasks: Option<Arc<TaskIterators>>) {
+    /// The task iterators the walk reads what processes map and hold with
+    /// ([`crate::probes::tasks`]), or why the probes did not load them.
+    pub fn read_tasks(&self, tasks: Option<Result<Arc<TaskIterators>, String>>) {
         if let Ok(mut book) = self.0.lock() {
             book.tasks = tasks;
         }
     }
 
-    /// The task iterators, when loaded.
-    pub fn tasks(&self) -> Option<Arc<TaskIterators>> {
+    /// The task iterators, or why they are not loaded; `None` without probes.
+    pub fn tasks(&self) -> Option<Result<Arc<TaskIterators>, String>> {
         self.0.lock().ok().and_then(|book| book.tasks.clone())
     }
 

@@ -391,22 +391,11 @@ pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Hol
     // uses said to be held by nothing that runs.
     let mut all_read = true;
     let mut told = Vec::new();
-    // A task iterator walks the tasks of the PID namespace of the process that reads it: the
-    // host's only when the agent's own pid is the one the host's /proc gives it (hostPID).
-    let tasks = book.tasks().filter(|_| {
-        let in_hosts = skip == Some(std::process::id());
-        if !in_hosts {
-            told.push(Unread {
-                what: "the task iterators: they see the processes of the agent's own PID \
-                       namespace alone, so the host's processes whose /proc the agent may not \
-                       read are not listed"
-                    .into(),
-                error: "the agent runs in a PID namespace of its own (a pod without hostPID)"
-                    .into(),
-            });
-        }
-        in_hosts
-    });
+    let (tasks, tasks_missing) = match book.tasks() {
+        Some(Ok(tasks)) => (Some(tasks), None),
+        Some(Err(why)) => (None, Some(why)),
+        None => (None, None),
+    };
     let iterate = || {
         let read = tasks.as_ref()?.read();
         match read {
@@ -470,6 +459,12 @@ pub fn walk_with(host: &HostFs, pools: &HugepageTable, book: &book::Book) -> Hol
                  mapping it is not seen",
                 unreadable.processes
             )
+        };
+        let what = match &tasks_missing {
+            Some(why) => {
+                format!("{what}; the task iterators, which would read them, are not loaded: {why}")
+            }
+            None => what,
         };
         unread.push(Unread {
             what,

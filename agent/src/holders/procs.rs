@@ -91,24 +91,20 @@ impl Told {
     /// hugetlb. The flag says its private pages are not known.
     pub fn process(&self, host: &HostFs, pid: u32) -> Option<(Process, bool)> {
         let mut p = self.processes.get(&pid)?.clone();
-        let private: Vec<usize> = (0..p.vmas.len())
-            .filter(|&i| !p.vmas[i].map.shared)
-            .collect();
-        if private.is_empty() {
+        if p.vmas.iter().all(|v| v.map.shared) {
             return Some((p, false));
         }
-        let one_size = p.vmas.iter().all(|v| v.page_size == p.vmas[0].page_size);
-        let all_anonymous = p
-            .vmas
-            .iter()
-            .all(|v| !v.map.shared && v.map.path.starts_with("/anon_hugepage"));
+        let size = p.vmas[0].page_size;
+        let alone = p.vmas.iter().all(|v| {
+            !v.map.shared && v.page_size == size && v.map.path.starts_with("/anon_hugepage")
+        });
         let hugetlb_bytes = host
             .read_string(format!("/proc/{pid}/status"))
             .ok()
             .and_then(|s| meminfo::kb_field(&s, "HugetlbPages"));
-        match (one_size && all_anonymous, hugetlb_bytes) {
+        match (alone, hugetlb_bytes) {
             (true, Some(bytes)) => {
-                p.vmas[private[0]].anon_pages = bytes / p.vmas[0].page_size.max(1);
+                p.vmas[0].anon_pages = bytes / size.max(1);
                 Some((p, false))
             }
             _ => Some((p, true)),

@@ -98,9 +98,14 @@ impl LiveProbes {
             .is_some_and(|p| p.files_unavailable.is_none())
     }
 
-    /// The task iterators, when the probes loaded them.
-    pub fn tasks(&self) -> Option<std::sync::Arc<super::tasks::TaskIterators>> {
-        self.probes.as_ref().and_then(|p| p.tasks.clone())
+    /// The task iterators, or why they are not loaded; `None` without probes.
+    pub fn tasks(&self) -> Option<Result<std::sync::Arc<super::tasks::TaskIterators>, String>> {
+        let p = self.probes.as_ref()?;
+        Some(
+            p.tasks
+                .clone()
+                .ok_or_else(|| p.tasks_unavailable.clone().unwrap_or_default()),
+        )
     }
 
     /// Whether the fault program filters by cgroup (so a rescan must keep its watch set).

@@ -321,15 +321,17 @@ impl Probes {
             &mut aya_btf,
             FaultPath::resolve(attach, host),
         )?;
-        let (tasks, tasks_unavailable) = match &resolved.tasks_unavailable {
-            Some(why) => (None, Some(format!("the kernel's BTF: {why}"))),
-            None => match parsed(&mut aya_btf, &btf_bytes)
-                .and_then(|btf| tasks::TaskIterators::load(&mut ebpf, btf))
-            {
-                Ok(loaded) => (Some(Arc::new(loaded)), None),
-                Err(e) => (None, Some(e.explain())),
-            },
-        };
+        let (tasks, tasks_unavailable) =
+            match (&resolved.tasks_unavailable, own_pid_namespace(host)) {
+                (Some(why), _) => (None, Some(format!("the kernel's BTF: {why}"))),
+                (None, Some(why)) => (None, Some(why)),
+                (None, None) => match parsed(&mut aya_btf, &btf_bytes)
+                    .and_then(|btf| tasks::TaskIterators::load(&mut ebpf, btf))
+                {
+                    Ok(loaded) => (Some(Arc::new(loaded)), None),
+                    Err(e) => (None, Some(e.explain())),
+                },
+            };
         drop(aya_btf);
         drop(btf_bytes);
         tracefs::ensure_mounted()?;
@@ -588,6 +590,21 @@ fn load_fault(
         }
         (Err(e), _) => Err(e),
     }
+}
+
+/// Why the task iterators would see the agent's own processes alone, when they would: an
+/// iterator walks the tasks of its reader's PID namespace, the host's only when the agent's pid
+/// is the one the host's `/proc` (under `--host-root`) gives it.
+fn own_pid_namespace(host: &HostFs) -> Option<String> {
+    let hosts: Option<u32> = host
+        .read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_string_lossy().parse().ok());
+    (hosts != Some(std::process::id())).then(|| {
+        "the agent runs in a PID namespace of its own (a pod without hostPID), and a task \
+         iterator sees its reader's namespace alone"
+            .to_owned()
+    })
 }
 
 /// aya's BTF of the kernel, parsed from `bytes` the first time it is asked for.
