@@ -113,36 +113,96 @@ fn capability(name: &str) -> u32 {
         .unwrap_or_else(|| panic!("unknown capability {name}"))
 }
 
-/// The rendered DaemonSet for this host's cgroup layout (the kubepods pressure files are where
-/// this host's cgroup v2 is).
+/// The rendered DaemonSet, the same for every node.
 fn rendered_agent() -> AgentPod {
     rendered_agent_with(&[])
 }
 
 /// [`rendered_agent`] with `components` too.
 fn rendered_agent_with(components: &[&str]) -> AgentPod {
-    let mount = v2().mount;
-    let mut all = components.to_vec();
-    match mount.as_str() {
-        "/sys/fs/cgroup/unified" => all.push("hybrid-cgroup"),
-        "/sys/fs/cgroup" => {}
-        other => panic!("cgroup v2 at {other}: no component of deploy/ for that layout"),
-    }
-    render(&all).agent()
+    render(components).agent()
 }
 
-/// A kubepods cgroup standing in for the kubelet's, removed on drop.
+/// The node's cgroup hierarchy, where the manifest mounts the host's `/sys/fs/cgroup`: this
+/// host's as it is (hybrid: v1 hierarchies and v2 at `unified`), or another layout made of this
+/// host's real hierarchies, so that the agent meets the kernel's own cgroup filesystems.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cgroups {
+    ThisHost,
+    /// cgroup v2 alone at `/sys/fs/cgroup` (EKS AL2023, GKE, AKS): this host's v2 hierarchy.
+    V2Only,
+    /// cgroup v1 alone (Amazon Linux 2): a directory holding this host's v1 hierarchies, each
+    /// bound at its name, and no v2 hierarchy.
+    V1Only,
+}
+
+impl Cgroups {
+    /// The kubepods cgroup `name`, as the agent finds it on this node.
+    fn kubepods(self, name: &str) -> Option<String> {
+        match self {
+            Cgroups::ThisHost => Some(format!("{}/{name}", v2().mount)),
+            Cgroups::V2Only => Some(format!("/sys/fs/cgroup/{name}")),
+            Cgroups::V1Only => None,
+        }
+    }
+}
+
+/// This host's cgroup v1 hierarchies: (name under `/sys/fs/cgroup`, mount point).
+fn v1_hierarchies() -> Vec<(String, PathBuf)> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("/proc/self/mountinfo");
+    let found: Vec<(String, PathBuf)> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (head, tail) = l.split_once(" - ")?;
+            (tail.split_whitespace().next() == Some("cgroup")).then_some(())?;
+            let point = head.split_whitespace().nth(4)?;
+            let name = point.strip_prefix("/sys/fs/cgroup/")?;
+            (!name.contains('/')).then(|| (name.to_owned(), PathBuf::from(point)))
+        })
+        .collect();
+    assert!(
+        !found.is_empty(),
+        "this host has no cgroup v1 hierarchy under /sys/fs/cgroup to make a v1 node of"
+    );
+    found
+}
+
+/// The kubelet's check of a hostPath volume's `type` before it starts the pod
+/// (pkg/volume/hostpath, "hostPath type check failed"), against what stands for the path here.
+fn kubelet_type_check(kind: &str, source: &Path) -> Result<(), String> {
+    let ok = match kind {
+        "" | "DirectoryOrCreate" => true,
+        "Directory" => source.is_dir(),
+        "File" => source.is_file(),
+        other => panic!("hostPath type {other}: not checked here"),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "hostPath type check failed: {} is not a {kind}",
+            source.display()
+        ))
+    }
+}
+
+/// A kubepods cgroup standing in for the kubelet's (the systemd driver's, `kubepods.slice`, or
+/// the cgroupfs driver's, `kubepods`, in this host's v2 hierarchy), removed on drop.
 struct Kubepods(PathBuf);
 
+/// The kubepods cgroup of the kubelet's systemd cgroup driver.
+const SYSTEMD_DRIVER: &str = "kubepods.slice";
+
 impl Kubepods {
-    fn create(_lock: &HostLock, dir: &Path) -> Kubepods {
+    fn create(_lock: &HostLock, name: &str) -> Kubepods {
+        let dir = PathBuf::from(format!("{}/{name}", v2().mount));
         assert!(
             !dir.exists(),
             "{} exists: this host runs a kubelet, whose cgroups this test must not touch",
             dir.display()
         );
-        fs::create_dir(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        Kubepods(dir.to_path_buf())
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Kubepods(dir)
     }
 }
 
@@ -331,6 +391,11 @@ struct Pod {
 
 impl Pod {
     fn new(agent: AgentPod) -> Pod {
+        Pod::on(agent, Cgroups::ThisHost)
+    }
+
+    /// The pod on a node whose cgroup hierarchy is `cgroups`.
+    fn on(agent: AgentPod, cgroups: Cgroups) -> Pod {
         let dir = tempfile::Builder::new()
             .prefix("hugepage-agent-pod-")
             .tempdir()
@@ -358,11 +423,29 @@ impl Pod {
         }
         certificates(&tls);
         let state_dir = agent.arg("--state-dir").expect("--state-dir").to_owned();
-        let binds = agent
+        let mut beneath = Vec::new();
+        let mut binds: Vec<Bind> = agent
             .mounts
             .iter()
             .map(|m| {
                 let source = match &m.source {
+                    Source::HostPath { path, .. } if path == "/sys/fs/cgroup" => match cgroups {
+                        Cgroups::ThisHost => PathBuf::from(path),
+                        Cgroups::V2Only => PathBuf::from(v2().mount),
+                        Cgroups::V1Only => {
+                            let v1 = dir.path().join("cgroup-v1");
+                            for (name, point) in v1_hierarchies() {
+                                fs::create_dir_all(v1.join(&name)).expect("a mount point");
+                                let mut at = m.clone();
+                                at.path = format!("{}/{name}", m.path);
+                                beneath.push(Bind {
+                                    mount: at,
+                                    source: point,
+                                });
+                            }
+                            v1
+                        }
+                    },
                     Source::HostPath { .. } if m.path == state_dir => state.clone(),
                     Source::HostPath { path, .. } if path == "/var/lib/kubelet" => kubelet.clone(),
                     // DirectoryOrCreate: the empty directory the kubelet would make, made here
@@ -377,6 +460,11 @@ impl Pod {
                     Source::HostPath { path, .. } => PathBuf::from(path),
                     Source::Secret { .. } => tls.join("secret"),
                 };
+                if let Source::HostPath { kind, .. } = &m.source
+                    && let Err(why) = kubelet_type_check(kind, &source)
+                {
+                    panic!("the kubelet would not start the pod, {}: {why}", m.name);
+                }
                 assert!(
                     source.exists(),
                     "{} (for {}) does not exist on this host",
@@ -389,6 +477,7 @@ impl Pod {
                 }
             })
             .collect();
+        binds.extend(beneath);
         let pod = Pod {
             agent,
             rootfs,
@@ -626,6 +715,13 @@ impl Pod {
         (status, value)
     }
 
+    /// `GET /v1/conditions`: the PSI conditions and triggers.
+    fn conditions(&self, running: &Running) -> Value {
+        let (status, psi) = self.api(running, "GET", "/v1/conditions", None);
+        assert_eq!(status, 200, "{psi}");
+        psi
+    }
+
     /// The same request without a client certificate: refused (handshake, 401 or 403).
     fn api_without_certificate(
         &self,
@@ -757,6 +853,27 @@ fn memory(agent: &AgentPod, which: &str) -> u64 {
     mi << 20
 }
 
+/// The memory and io pressure files of both scopes, as `/v1/conditions` names them.
+fn pressure_files(kubepods: &str) -> Vec<String> {
+    vec![
+        "/proc/pressure/memory".to_owned(),
+        "/proc/pressure/io".to_owned(),
+        format!("{kubepods}/memory.pressure"),
+        format!("{kubepods}/io.pressure"),
+    ]
+}
+
+/// The files of `/v1/conditions`'s triggers that are (or are not) `armed`.
+fn triggers(psi: &Value, armed: bool) -> Vec<String> {
+    psi["triggers"]
+        .as_array()
+        .expect("triggers")
+        .iter()
+        .filter(|t| t["armed"] == armed)
+        .filter_map(|t| t["file"].as_str().map(str::to_owned))
+        .collect()
+}
+
 /// A capability set as `/proc/<pid>/status` prints it.
 fn mask(capabilities: &[String]) -> String {
     let bits = capabilities
@@ -765,26 +882,11 @@ fn mask(capabilities: &[String]) -> String {
     format!("{bits:016x}")
 }
 
-/// The kubepods cgroup whose `memory.pressure` the manifest mounts for the agent's PSI trigger.
-fn kubepods_dir(agent: &AgentPod) -> PathBuf {
-    agent
-        .mounts
-        .iter()
-        .find_map(|m| match &m.source {
-            Source::HostPath { path, .. } if m.name == "kubepods-memory-pressure" => {
-                Path::new(path).parent().map(Path::to_path_buf)
-            }
-            _ => None,
-        })
-        .expect("the kubepods memory.pressure volume")
-}
-
 #[test]
 fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
     let lock = host_lock();
     let agent = rendered_agent();
-    let kubepods_dir = kubepods_dir(&agent);
-    let _kubepods = Kubepods::create(&lock, &kubepods_dir);
+    let _kubepods = Kubepods::create(&lock, SYSTEMD_DRIVER);
     let _pool = HugepagePool::reserve(&lock, 8);
     let pod = Pod::new(agent);
     let declared = pod.agent.capabilities.clone();
@@ -923,28 +1025,18 @@ fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
         ),
     }
 
-    // PSI: a trigger armed on every pressure file the manifest made writable; every condition
-    // evaluated.
-    let (status, psi) = pod.api(&running, "GET", "/v1/conditions", None);
-    assert_eq!(status, 200, "{psi}");
-    let armed: Vec<&str> = psi["triggers"]
-        .as_array()
-        .expect("triggers")
-        .iter()
-        .filter(|t| t["armed"] == true)
-        .filter_map(|t| t["file"].as_str())
-        .collect();
-    let kubepods = kubepods_dir.display();
-    assert_eq!(
-        armed,
-        [
-            "/proc/pressure/memory".to_owned(),
-            "/proc/pressure/io".to_owned(),
-            format!("{kubepods}/memory.pressure"),
-            format!("{kubepods}/io.pressure")
-        ],
-        "{psi}"
-    );
+    // PSI: the pressure files are read-only to the agent, so no trigger is armed and each says
+    // why; every condition is evaluated from the files read every --psi-interval.
+    let psi = pod.conditions(&running);
+    let kubepods = Cgroups::ThisHost
+        .kubepods(SYSTEMD_DRIVER)
+        .expect("a kubepods cgroup");
+    assert_eq!(triggers(&psi, true), Vec::<String>::new(), "{psi}");
+    assert_eq!(triggers(&psi, false), pressure_files(&kubepods), "{psi}");
+    for t in psi["triggers"].as_array().expect("triggers") {
+        let why = t["why"].as_str().unwrap_or_default();
+        assert!(why.contains("mounted read-only"), "{t}");
+    }
     for condition in psi["conditions"].as_array().expect("conditions") {
         assert_ne!(condition["status"], "Unknown", "{condition}");
     }
@@ -1018,8 +1110,7 @@ fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
 fn each_declared_capability_is_needed_and_its_absence_is_named() {
     let lock = host_lock();
     let agent = rendered_agent();
-    let kubepods_dir = kubepods_dir(&agent);
-    let _kubepods = Kubepods::create(&lock, &kubepods_dir);
+    let _kubepods = Kubepods::create(&lock, SYSTEMD_DRIVER);
     let pod = Pod::new(agent);
     let declared = pod.agent.capabilities.clone();
     assert!(!declared.is_empty(), "the manifest adds capabilities");
@@ -1053,8 +1144,7 @@ fn the_realtime_map_thread_component_runs_the_map_thread_under_sched_fifo_with_s
     let lock = host_lock();
     let agent = rendered_agent_with(&["realtime-map-thread"]);
     assert_eq!(agent.arg("--map-thread-priority"), Some("1"));
-    let kubepods_dir = kubepods_dir(&agent);
-    let _kubepods = Kubepods::create(&lock, &kubepods_dir);
+    let _kubepods = Kubepods::create(&lock, SYSTEMD_DRIVER);
     let pod = Pod::new(agent);
     let declared = pod.agent.capabilities.clone();
     assert_eq!(declared, ["BPF", "PERFMON", "SYS_NICE"]);
@@ -1109,8 +1199,7 @@ fn the_holders_component_sees_the_host_s_segments_and_the_task_iterators_other_p
     hugetlbfs::fault_file(&memfd, 1, MI2, None);
     let seen = |components: &[&str]| {
         let agent = rendered_agent_with(components);
-        let kubepods_dir = kubepods_dir(&agent);
-        let _kubepods = Kubepods::create(&lock, &kubepods_dir);
+        let _kubepods = Kubepods::create(&lock, SYSTEMD_DRIVER);
         let pod = Pod::new(agent);
         let declared = pod.agent.capabilities.clone();
         let mut running = pod.start(&declared);
@@ -1153,5 +1242,105 @@ fn the_holders_component_sees_the_host_s_segments_and_the_task_iterators_other_p
             "the task iterators, which would read them, are not loaded: the agent runs in a PID namespace of its own"
         ) && unread.contains("Permission denied"),
         "{without:#}"
+    );
+}
+
+/// A node of cgroup v2 alone (this host's v2 hierarchy at `/sys/fs/cgroup`) with the
+/// `psi-triggers` component: the same DaemonSet finds the kubepods cgroup of either kubelet
+/// cgroup driver at that layout's place and arms a kernel trigger on each memory and io pressure
+/// file, the host's cgroup hierarchy and `/proc/pressure` being writable to it, and nothing else
+/// more.
+#[test]
+fn the_psi_triggers_component_arms_a_trigger_on_every_pressure_file_of_a_cgroup_v2_node() {
+    let lock = host_lock();
+    let base = rendered_agent();
+    let agent = rendered_agent_with(&["psi-triggers"]);
+    let writable = |a: &AgentPod| -> BTreeSet<String> {
+        a.mounts
+            .iter()
+            .filter(|m| !m.read_only)
+            .map(|m| m.path.clone())
+            .collect()
+    };
+    let added: Vec<String> = writable(&agent)
+        .difference(&writable(&base))
+        .cloned()
+        .collect();
+    assert_eq!(added, ["/host/proc/pressure", "/host/sys/fs/cgroup"]);
+    assert_eq!(agent.capabilities, base.capabilities);
+    let pod = Pod::on(agent, Cgroups::V2Only);
+    let declared = pod.agent.capabilities.clone();
+    for driver in [SYSTEMD_DRIVER, "kubepods"] {
+        let _kubepods = Kubepods::create(&lock, driver);
+        let mut running = pod.start(&declared);
+        running.wait_for("agent running", Duration::from_secs(20), |l| {
+            l["source"] == "ebpf+sysfs"
+        });
+        pod.ready(&running);
+        let psi = pod.conditions(&running);
+        let kubepods = Cgroups::V2Only.kubepods(driver).expect("a kubepods cgroup");
+        assert_eq!(triggers(&psi, true), pressure_files(&kubepods), "{psi}");
+        for condition in psi["conditions"].as_array().expect("conditions") {
+            assert_ne!(condition["status"], "Unknown", "{condition}");
+        }
+        let (status, log) = running.terminate(grace(&pod.agent));
+        assert!(status.success(), "{status:?}: {log:#?}");
+        let warnings: Vec<&Value> = log.iter().filter(|l| l["level"] == "WARN").collect();
+        assert!(warnings.is_empty(), "{driver}: {warnings:#?}");
+    }
+}
+
+/// A cgroup v1 node (Amazon Linux 2's layout, made of this host's v1 hierarchies): the same
+/// DaemonSet starts (no host path it mounts is missing there), the probes attach, admission is
+/// verified, and the two kubepods conditions are Unknown saying that cgroup v1 has no pressure
+/// files, while the system's are evaluated; its one warning is the fault probe's, which cannot
+/// filter by cgroup there.
+#[test]
+fn on_a_cgroup_v1_node_the_same_daemonset_starts_and_names_what_it_cannot_read() {
+    let lock = host_lock();
+    let _pool = HugepagePool::reserve(&lock, 4);
+    let pod = Pod::on(rendered_agent(), Cgroups::V1Only);
+    let declared = pod.agent.capabilities.clone();
+    let mut running = pod.start(&declared);
+    running.wait_for("agent running", Duration::from_secs(20), |l| {
+        l["source"] == "ebpf+sysfs"
+    });
+    let body = pod.ready(&running);
+    assert!(body.contains("\"probes\":\"attached\""), "{body}");
+    let asks = format!(
+        r#"{{"pod":{{"namespace":"t","name":"p","uid":"17000000-0000-4000-8000-000000000017"}},"containers":[{{"name":"c","resources":{{"hugepages-2Mi":"{}"}}}}],"numaNodes":[0]}}"#,
+        format_binary(2 * MI2)
+    );
+    let (status, admitted) = pod.api(&running, "POST", "/v1/admit", Some(&asks));
+    assert_eq!(
+        (status, &admitted["allowed"]),
+        (200, &json!(true)),
+        "{admitted}"
+    );
+    let psi = pod.conditions(&running);
+    for condition in psi["conditions"].as_array().expect("conditions") {
+        let kind = condition["type"].as_str().expect("a type");
+        if kind.starts_with("Kubepods") {
+            assert_eq!(condition["status"], "Unknown", "{condition}");
+            let message = condition["message"].as_str().unwrap_or_default();
+            assert!(message.contains("cgroup v1"), "{condition}");
+        } else {
+            assert_ne!(condition["status"], "Unknown", "{condition}");
+        }
+    }
+    let (status, log) = running.terminate(grace(&pod.agent));
+    assert!(status.success(), "{status:?}: {log:#?}");
+    // What it warns of is what a v1 node lacks, and nothing else.
+    let warnings: Vec<&str> = log
+        .iter()
+        .filter(|l| l["level"] == "WARN")
+        .filter_map(|l| l["message"].as_str())
+        .collect();
+    assert_eq!(
+        warnings,
+        [
+            "no cgroup v2 hierarchy: the fault probe cannot filter by cgroup and inspects every process"
+        ],
+        "{log:#?}"
     );
 }

@@ -80,4 +80,8 @@ pub enum PsiError {
         "{path}: not a kernel pressure file: it is on {filesystem}, and PSI triggers are taken on procfs (0x00009fa0) and cgroup2 (0x63677270) only; nothing is written to it"
     )]
     NotKernelPressure { path: PathBuf, filesystem: String },
+    #[error(
+        "{path}: mounted read-only, so no trigger can be written into it; it is read every --psi-interval (a writable mount of it arms a trigger)"
+    )]
+    ReadOnlyMount { path: PathBuf },
 }

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use super::{
-    Resource, Scope,
+    PsiError, Resource, Scope,
     condition::{Event, EventType, NodeCondition, Status, Tracker},
     parse::Pressure,
     source::{self, Scopes},
@@ -231,10 +231,17 @@ impl Monitor {
                         armed.push(t);
                     }
                     Err(err) => {
-                        warn!(
-                            "PSI trigger unavailable, {file} is read every {:?} only: {err}",
-                            self.config.interval
-                        );
+                        if matches!(err, PsiError::ReadOnlyMount { .. }) {
+                            info!(
+                                "PSI trigger not armed, {file} is read every {:?}: {err}",
+                                self.config.interval
+                            );
+                        } else {
+                            warn!(
+                                "PSI trigger unavailable, {file} is read every {:?} only: {err}",
+                                self.config.interval
+                            );
+                        }
                         self.triggers.push(TriggerState {
                             file,
                             armed: false,

@@ -4,7 +4,8 @@
 //!
 //! The kernel accepts windows of 500 ms to 10 s, one trigger per open file, and (for
 //! unprivileged writers) windows that are multiples of 2 s; a refusal is returned as an error
-//! naming the file, and the caller falls back to periodic reads.
+//! naming the file, and the caller falls back to periodic reads. A pressure file on a read-only
+//! mount (the DaemonSet's default) is [`PsiError::ReadOnlyMount`], the expected case, not a fault.
 //!
 //! Only a real pressure file takes a trigger. The file is first opened with `O_PATH` (neither
 //! read nor written), the filesystem of that descriptor is checked (`fstatfs`: procfs or cgroup2,
@@ -118,7 +119,10 @@ impl Trigger {
             .write(true)
             .custom_flags(libc::O_NONBLOCK)
             .open(format!("/proc/self/fd/{}", located.as_raw_fd()))
-            .map_err(|e| err(format!("reopening for writing the trigger: {e}")))?;
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EROFS) => PsiError::ReadOnlyMount { path: path.clone() },
+                _ => err(format!("reopening for writing the trigger: {e}")),
+            })?;
         drop(located);
         let spec = spec(percent);
         f.write_all(spec.as_bytes()).map_err(|e| {
