@@ -1,4 +1,4 @@
-//! `cargo xtask docs [--check]`: the documentation's two machine checks.
+//! `cargo xtask docs [--check]`: the documentation's three machine checks.
 //!
 //! * `docs/reference/` is written from the code by the tests crate's `reference` binary (it
 //!   needs the agent's library, which xtask does not build); `--check` fails when what is
@@ -7,6 +7,8 @@
 //!   repository and, for `#anchor`, the target page has a heading of that slug (GitHub's: lower
 //!   case, punctuation but `-` and `_` dropped, spaces to `-`, repeats numbered `-1`, `-2`).
 //!   Nothing points outside the repository. Code blocks and code spans are not read for links.
+//! * Every figure quoted beside the bench it comes from is the one that bench's section of
+//!   `docs/benchmarks.md` records ([`figures`]).
 
 use std::{
     collections::BTreeMap,
@@ -16,7 +18,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::cmd::{self, Env};
+use crate::{
+    cmd::{self, Env},
+    figures,
+};
 
 /// Writes the reference (or with `check` compares it), then checks every link.
 pub fn run(env: &Env, check: bool) -> Result<()> {
@@ -49,6 +54,22 @@ pub fn run(env: &Env, check: bool) -> Result<()> {
         );
     }
     println!("every relative link of README.md and docs/ resolves");
+    let pages = pages(&root)?;
+    let relative: Vec<&Path> = pages
+        .iter()
+        .filter_map(|p| p.strip_prefix(&root).ok())
+        .collect();
+    let wrong = figures::check(&root, &relative)?;
+    for line in &wrong {
+        eprintln!("  {line}");
+    }
+    if !wrong.is_empty() {
+        bail!(
+            "{} figure(s) of README.md and docs/ not as their bench's section of docs/benchmarks.md records them (above)",
+            wrong.len()
+        );
+    }
+    println!("every figure quoted beside its bench is the one docs/benchmarks.md records");
     Ok(())
 }
 

@@ -38,6 +38,7 @@
 mod bench;
 mod cmd;
 mod docs;
+mod figures;
 mod fuzz;
 mod group;
 mod host;
