@@ -133,11 +133,7 @@ fn a_program_the_kernel_refuses_degrades_to_sysfs_with_one_warning_naming_it() {
     });
     let (status, log) = agent.terminate();
     assert!(status.success(), "{status:?}: {log:#?}");
-    let warnings: Vec<&str> = log
-        .iter()
-        .filter(|l| l["level"] == "WARN")
-        .filter_map(|l| l["message"].as_str())
-        .collect();
+    let warnings = hugepage_agent_tests::warnings_in(&log);
     assert_eq!(warnings.len(), 1, "exactly one warning: {warnings:#?}");
     assert!(warnings[0].starts_with("eBPF unavailable, running on sysfs only: eBPF program cgroup_mkdir refused by the kernel"), "{}", warnings[0]);
     assert!(

@@ -49,7 +49,7 @@ use hugepage_agent_tests::{
     HostLock, HugepagePool, LogLines, TestCgroup, Toucher, host_lock, hugetlbfs, node0_checkpoint,
     read_u64,
     rendered::{AgentPod, Mount, Source, render},
-    thread_schedules, v2,
+    thread_schedules, v2, warnings_in,
 };
 use serde_json::{Value, json};
 
@@ -1093,7 +1093,7 @@ fn the_agent_does_everything_under_exactly_what_the_daemonset_declares() {
             .all(|l| l["message"] != "mounted tracefs for tracepoint attachment"),
         "the agent mounted tracefs itself: {log:#?}"
     );
-    let warnings: Vec<&Value> = log.iter().filter(|l| l["level"] == "WARN").collect();
+    let warnings = warnings_in(&log);
     assert!(warnings.is_empty(), "{warnings:#?}");
     let mut running = pod.start(&declared);
     running.wait_for("agent running", Duration::from_secs(20), |_| true);
@@ -1285,7 +1285,7 @@ fn the_psi_triggers_component_arms_a_trigger_on_every_pressure_file_of_a_cgroup_
         }
         let (status, log) = running.terminate(grace(&pod.agent));
         assert!(status.success(), "{status:?}: {log:#?}");
-        let warnings: Vec<&Value> = log.iter().filter(|l| l["level"] == "WARN").collect();
+        let warnings = warnings_in(&log);
         assert!(warnings.is_empty(), "{driver}: {warnings:#?}");
     }
 }
@@ -1331,13 +1331,8 @@ fn on_a_cgroup_v1_node_the_same_daemonset_starts_and_names_what_it_cannot_read()
     let (status, log) = running.terminate(grace(&pod.agent));
     assert!(status.success(), "{status:?}: {log:#?}");
     // What it warns of is what a v1 node lacks, and nothing else.
-    let warnings: Vec<&str> = log
-        .iter()
-        .filter(|l| l["level"] == "WARN")
-        .filter_map(|l| l["message"].as_str())
-        .collect();
     assert_eq!(
-        warnings,
+        warnings_in(&log),
         [
             "no cgroup v2 hierarchy: the fault probe cannot filter by cgroup and inspects every process"
         ],

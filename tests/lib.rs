@@ -33,7 +33,7 @@ mod stats;
 pub mod watcher;
 pub use flags::BenchFlags;
 pub use host_tree::{QUIET_PRESSURE, numa_nodes, put, quiet_pressure, two_numa_nodes};
-pub use log::LogLines;
+pub use log::{LogLines, warnings_in};
 pub use pressure::MemoryPressure;
 pub use stats::Percentiles;
 

@@ -85,3 +85,11 @@ impl LogLines {
         }
     }
 }
+
+/// The messages of the warnings among `log`'s lines.
+pub fn warnings_in(log: &[Value]) -> Vec<&str> {
+    log.iter()
+        .filter(|l| l["level"] == "WARN")
+        .filter_map(|l| l["message"].as_str())
+        .collect()
+}
