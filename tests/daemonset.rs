@@ -17,14 +17,17 @@
 //! Host paths are the host's, but for three stand-ins: the state directory (a fresh directory,
 //! as every test's agent gets), the kubelet's directory (this machine runs no kubelet: a
 //! directory holding a Memory Manager checkpoint the test writes as the kubelet does), and the
-//! TLS Secret (certificates made with `openssl`). The kubepods cgroup whose pressure files the
-//! manifest mounts is created for the test (`kubepods.slice` under this host's cgroup v2) and
-//! removed after it.
+//! TLS Secret (certificates made with `openssl`). A kubepods cgroup is created for the test
+//! (`kubepods.slice`, or the cgroupfs driver's `kubepods`, under this host's cgroup v2) and
+//! removed after it. Every host path first passes the kubelet's `type` check; where the
+//! manifest mounts the host's `/sys/fs/cgroup`, a test may bind instead a v2-only or a v1-only
+//! hierarchy made of this host's real ones, to start the same DaemonSet on those node kinds.
 //!
 //! Under that the probes attach, a child faulting hugepages is seen, admission over mTLS (curl
 //! in the agent's network namespace, with a client certificate from the same CA) answers with
-//! KEP-5759's message, PSI triggers are armed on every pressure file and the conditions
-//! evaluated, a replaced kubelet checkpoint is followed, and a reservation survives a restart.
+//! KEP-5759's message, every PSI condition is evaluated from pressure files the manifest keeps
+//! read-only (with the `psi-triggers` component, triggers armed on each), a replaced kubelet
+//! checkpoint is followed, and a reservation survives a restart.
 //! Then each declared capability is removed in turn: the probes are refused, the agent runs on
 //! sysfs, and its warning names the capability it lacks. Seccomp is not applied here (no
 //! container runtime runs on these machines); docs/security.md cites the runtimes' default profiles.
@@ -1318,7 +1321,17 @@ fn on_a_cgroup_v1_node_the_same_daemonset_starts_and_names_what_it_cannot_read()
         "{admitted}"
     );
     let psi = pod.conditions(&running);
-    for condition in psi["conditions"].as_array().expect("conditions") {
+    let conditions = psi["conditions"].as_array().expect("conditions");
+    let kubepods = conditions
+        .iter()
+        .filter(|c| {
+            c["type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("Kubepods"))
+        })
+        .count();
+    assert_eq!((conditions.len(), kubepods), (4, 2), "{psi}");
+    for condition in conditions {
         let kind = condition["type"].as_str().expect("a type");
         if kind.starts_with("Kubepods") {
             assert_eq!(condition["status"], "Unknown", "{condition}");
