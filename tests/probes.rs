@@ -400,12 +400,10 @@ fn the_task_iterators_tell_this_process_s_hugetlb_mappings_and_descriptors_as_pr
     hugepage_agent_tests::hugetlbfs::fault_file(&memfd, 1, MI2, None);
 
     let (probes, _streams) = load();
-    let tasks = probes.tasks.clone().unwrap_or_else(|| {
-        panic!(
-            "the task iterators on this kernel: {:?}",
-            probes.tasks_unavailable
-        )
-    });
+    let tasks = probes
+        .tasks
+        .clone()
+        .unwrap_or_else(|why| panic!("the task iterators on this kernel: {why}"));
     let records = tasks.read().expect("the iterators read");
     let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
     drop((shared, private));

@@ -60,12 +60,10 @@ fn main() {
     let pools = hugepages::read_table(&host).expect("the pools");
     let (probes, _streams) = Probes::load(&host, FaultAttach::Auto)
         .unwrap_or_else(|e| panic!("the probes on this kernel: {}", e.explain()));
-    let tasks = probes.tasks.clone().unwrap_or_else(|| {
-        panic!(
-            "the task iterators on this kernel: {:?}",
-            probes.tasks_unavailable
-        )
-    });
+    let tasks = probes
+        .tasks
+        .clone()
+        .unwrap_or_else(|why| panic!("the task iterators on this kernel: {why}"));
     let book = Book::default();
     book.read_tasks(Some(Ok(tasks.clone())));
     println!(

@@ -100,12 +100,7 @@ impl LiveProbes {
 
     /// The task iterators, or why they are not loaded; `None` without probes.
     pub fn tasks(&self) -> Option<Result<std::sync::Arc<super::tasks::TaskIterators>, String>> {
-        let p = self.probes.as_ref()?;
-        Some(
-            p.tasks
-                .clone()
-                .ok_or_else(|| p.tasks_unavailable.clone().unwrap_or_default()),
-        )
+        self.probes.as_ref().map(|p| p.tasks.clone())
     }
 
     /// Whether the fault program filters by cgroup (so a rescan must keep its watch set).
@@ -137,11 +132,11 @@ impl LiveProbes {
             None => info!("hugetlbfs probes attached"),
             Some(why) => info!(reason = %why, "hugetlbfs probes not attached"),
         }
-        match &probes.tasks_unavailable {
-            None => {
+        match &probes.tasks {
+            Ok(_) => {
                 info!("task iterators loaded (the holders' walk reads every process with them)")
             }
-            Some(why) => {
+            Err(why) => {
                 info!(reason = %why, "task iterators not loaded: the holders' walk reads /proc alone")
             }
         }

@@ -273,10 +273,8 @@ pub struct Probes {
     pub file_unavailable: Option<String>,
     /// Why the hugetlbfs programs are not attached, when they are not.
     pub files_unavailable: Option<String>,
-    /// The task iterators, for the walk of the holders; `None` where the kernel has none.
-    pub tasks: Option<Arc<tasks::TaskIterators>>,
-    /// Why the task iterators are not loaded, when they are not.
-    pub tasks_unavailable: Option<String>,
+    /// The task iterators, for the walk of the holders, or why they are not loaded.
+    pub tasks: Result<Arc<tasks::TaskIterators>, String>,
     /// Reads aya-log records of the programs; `None` when the object has no log map.
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
@@ -321,17 +319,14 @@ impl Probes {
             &mut aya_btf,
             FaultPath::resolve(attach, host),
         )?;
-        let (tasks, tasks_unavailable) =
-            match (&resolved.tasks_unavailable, own_pid_namespace(host)) {
-                (Some(why), _) => (None, Some(format!("the kernel's BTF: {why}"))),
-                (None, Some(why)) => (None, Some(why)),
-                (None, None) => match parsed(&mut aya_btf, &btf_bytes)
-                    .and_then(|btf| tasks::TaskIterators::load(&mut ebpf, btf))
-                {
-                    Ok(loaded) => (Some(Arc::new(loaded)), None),
-                    Err(e) => (None, Some(e.explain())),
-                },
-            };
+        let tasks = match (&resolved.tasks_unavailable, own_pid_namespace(host)) {
+            (Some(why), _) => Err(format!("the kernel's BTF: {why}")),
+            (None, Some(why)) => Err(why),
+            (None, None) => parsed(&mut aya_btf, &btf_bytes)
+                .and_then(|btf| tasks::TaskIterators::load(&mut ebpf, btf))
+                .map(Arc::new)
+                .map_err(|e| e.explain()),
+        };
         drop(aya_btf);
         drop(btf_bytes);
         tracefs::ensure_mounted()?;
@@ -387,7 +382,6 @@ impl Probes {
             },
             files_unavailable,
             tasks,
-            tasks_unavailable,
             logger,
         };
         Ok((probes, streams))
