@@ -231,16 +231,15 @@ impl Monitor {
                         armed.push(t);
                     }
                     Err(err) => {
+                        let message = format!(
+                            "PSI trigger unavailable, {file} is read every {:?} only: {err}",
+                            self.config.interval
+                        );
+                        // A read-only mount is how the DaemonSet ships: said, not warned of.
                         if matches!(err, PsiError::ReadOnlyMount { .. }) {
-                            info!(
-                                "PSI trigger not armed, {file} is read every {:?}: {err}",
-                                self.config.interval
-                            );
+                            info!("{message}");
                         } else {
-                            warn!(
-                                "PSI trigger unavailable, {file} is read every {:?} only: {err}",
-                                self.config.interval
-                            );
+                            warn!("{message}");
                         }
                         self.triggers.push(TriggerState {
                             file,
