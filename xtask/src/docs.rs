@@ -21,6 +21,7 @@ use anyhow::{Context, Result, bail};
 use crate::{
     cmd::{self, Env},
     figures,
+    markdown::{prose, without_code},
 };
 
 /// Writes the reference (or with `check` compares it), then checks every link.
@@ -43,33 +44,32 @@ pub fn run(env: &Env, check: bool) -> Result<()> {
         args.push("--check");
     }
     cmd::cargo(env, &args)?;
-    let broken = check_links(&root)?;
-    for line in &broken {
-        eprintln!("  {line}");
-    }
-    if !broken.is_empty() {
-        bail!(
-            "{} broken link(s) in README.md and docs/ (above)",
-            broken.len()
-        );
-    }
+    fail_on(
+        &check_links(&root)?,
+        "broken link(s) in README.md and docs/",
+    )?;
     println!("every relative link of README.md and docs/ resolves");
     let pages = pages(&root)?;
     let relative: Vec<&Path> = pages
         .iter()
         .filter_map(|p| p.strip_prefix(&root).ok())
         .collect();
-    let wrong = figures::check(&root, &relative)?;
-    for line in &wrong {
+    fail_on(
+        &figures::check(&root, &relative)?,
+        "figure(s) of README.md and docs/ not as their bench's section of docs/benchmarks.md records them",
+    )?;
+    println!("every figure quoted beside its bench is the one docs/benchmarks.md records");
+    Ok(())
+}
+
+/// Prints each finding and fails naming how many of `what` there are; nothing when none.
+fn fail_on(findings: &[String], what: &str) -> Result<()> {
+    for line in findings {
         eprintln!("  {line}");
     }
-    if !wrong.is_empty() {
-        bail!(
-            "{} figure(s) of README.md and docs/ not as their bench's section of docs/benchmarks.md records them (above)",
-            wrong.len()
-        );
+    if !findings.is_empty() {
+        bail!("{} {what} (above)", findings.len());
     }
-    println!("every figure quoted beside its bench is the one docs/benchmarks.md records");
     Ok(())
 }
 
@@ -169,32 +169,11 @@ fn normalize(path: &Path) -> PathBuf {
     out
 }
 
-/// The text of a page outside fenced code blocks, line by line.
-fn prose(text: &str) -> impl Iterator<Item = &str> {
-    let mut fenced = false;
-    text.lines().filter(move |line| {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            return false;
-        }
-        !fenced
-    })
-}
-
-/// `line` without its code spans.
-fn without_code(line: &str) -> String {
-    line.split('`')
-        .enumerate()
-        .filter(|(i, _)| i % 2 == 0)
-        .map(|(_, part)| part)
-        .collect()
-}
-
 /// The targets of the inline links (`[text](target)`, images too) outside code.
 fn links(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     for line in prose(text) {
-        let line = without_code(line);
+        let line = without_code(line, |_| false);
         let mut rest = line.as_str();
         while let Some(at) = rest.find("](") {
             // `\]` is a literal bracket, as Markdown escapes it: no link ends there.

@@ -16,6 +16,8 @@ use std::{
 
 use anyhow::{Context, Result};
 
+use crate::markdown::{prose, without_code};
+
 /// The units a measured figure is quoted in.
 const UNITS: [&str; 6] = ["µs", "ms", "KiB", "MiB", "MB", "GB"];
 
@@ -41,32 +43,33 @@ pub fn check(root: &Path, pages: &[&Path]) -> Result<Vec<String>> {
         let text =
             fs::read_to_string(root.join(page)).with_context(|| format!("reading {name}"))?;
         for passage in passages(&text) {
-            for bench in commands(&passage) {
-                if !sections.contains_key(bench) {
-                    wrong.push(format!(
-                        "{name}: bench {bench}: no section `{bench}` in {}",
-                        SOURCES[0]
-                    ));
-                }
+            let commands = names_after(&passage, COMMAND);
+            for bench in commands.iter().filter(|b| !sections.contains_key(**b)) {
+                wrong.push(format!(
+                    "{name}: bench {bench}: no section `{bench}` in {}",
+                    SOURCES[0]
+                ));
             }
-            let cited: Vec<&String> = sections
-                .keys()
-                .filter(|bench| cites(&passage, bench))
+            let mut cited: Vec<&str> = commands
+                .into_iter()
+                .chain(names_after(&passage, LINK))
+                .filter(|b| sections.contains_key(*b))
                 .collect();
+            cited.sort_unstable();
+            cited.dedup();
             if cited.is_empty() {
                 continue;
             }
             for (number, unit) in figures(&passage) {
                 let found = cited.iter().any(|bench| {
-                    recorded[bench]
+                    recorded[&bench.to_string()]
                         .get(number)
                         .is_some_and(|units| units.contains(unit) || units.contains(""))
                 });
                 if !found {
-                    let benches: Vec<&str> = cited.iter().map(|b| b.as_str()).collect();
                     wrong.push(format!(
                         "{name}: bench {}: {number} {unit}",
-                        benches.join(", ")
+                        cited.join(", ")
                     ));
                 }
             }
@@ -95,89 +98,58 @@ fn sections(text: &str) -> BTreeMap<String, String> {
     out
 }
 
-/// The passages of a page outside fenced code, code spans removed: its paragraphs, each list
-/// item and each table row.
+/// The passages of a page outside fenced code, code spans removed but for those that name a
+/// bench (which say where the passage's figures come from), white space runs as one space: its
+/// paragraphs, each list item and each table row.
 fn passages(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
+    let mut gathered = Vec::new();
     let mut current = String::new();
-    let mut fenced = false;
-    for line in text.lines() {
+    for line in prose(text) {
         let trimmed = line.trim();
-        if trimmed.starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
         let starts = trimmed.is_empty()
             || trimmed.starts_with('|')
             || trimmed.starts_with("* ")
             || trimmed.starts_with("- ")
             || trimmed.starts_with('#');
-        if starts && !current.trim().is_empty() {
-            out.push(std::mem::take(&mut current));
-        }
         if starts {
-            current.clear();
+            gathered.push(std::mem::take(&mut current));
         }
         current.push_str(trimmed);
         current.push(' ');
         if trimmed.starts_with('|') {
-            out.push(std::mem::take(&mut current));
+            gathered.push(std::mem::take(&mut current));
         }
     }
-    if !current.trim().is_empty() {
-        out.push(current);
-    }
-    out.iter().map(|p| without_code(p)).collect()
-}
-
-/// `passage` without its code spans, but for those that name a bench (`cargo xtask bench NAME`),
-/// which say where the passage's figures come from; runs of white space as one space.
-fn without_code(passage: &str) -> String {
-    let kept: Vec<&str> = passage
-        .split('`')
-        .enumerate()
-        .filter(|(i, part)| {
-            i % 2 == 0
-                || part
-                    .split_whitespace()
+    gathered.push(current);
+    gathered
+        .iter()
+        .map(|p| {
+            let kept = without_code(p, |span| {
+                span.split_whitespace()
                     .take(3)
-                    .eq(["cargo", "xtask", "bench"])
+                    .eq(COMMAND.split_whitespace())
+            });
+            kept.split_whitespace().collect::<Vec<_>>().join(" ")
         })
-        .map(|(_, part)| part)
-        .collect();
-    kept.join(" ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The benches `passage` names by their command (lower case: `NAME` is a placeholder).
-fn commands(passage: &str) -> Vec<&str> {
-    passage
-        .match_indices("cargo xtask bench ")
-        .map(|(at, m)| {
-            let rest = &passage[at + m.len()..];
-            let end = rest
-                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
-                .unwrap_or(rest.len());
-            &rest[..end]
-        })
-        .filter(|name| !name.is_empty() && !name.starts_with('-'))
+        .filter(|p| !p.is_empty())
         .collect()
 }
 
-/// Whether `passage` cites `bench`, by its command or a link to its section.
-fn cites(passage: &str, bench: &str) -> bool {
-    let ends = |rest: &str| !rest.starts_with(|c: char| c.is_alphanumeric() || c == '-');
-    let by = |prefix: &str| {
-        passage
-            .match_indices(&format!("{prefix}{bench}"))
-            .any(|(at, m)| ends(&passage[at + m.len()..]))
-    };
-    by("cargo xtask bench ") || by("benchmarks.md#")
+/// How a passage names a bench by its command, and by a link to its section.
+const COMMAND: &str = "cargo xtask bench ";
+const LINK: &str = "benchmarks.md#";
+
+/// The names after each `prefix` in `text` (lower case, digits and `-`: `NAME` is a placeholder).
+fn names_after<'t>(text: &'t str, prefix: &str) -> Vec<&'t str> {
+    text.match_indices(prefix)
+        .filter_map(|(at, _)| {
+            let rest = &text[at + prefix.len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+                .unwrap_or(rest.len());
+            (end > 0 && !rest.starts_with('-')).then(|| &rest[..end])
+        })
+        .collect()
 }
 
 /// Every number of `text` with the unit that follows it, empty where none of [`UNITS`] does.
@@ -297,8 +269,8 @@ mod tests {
     fn a_code_span_across_lines_keeps_the_passage_s_citation() {
         let passage =
             &passages("a 1.5 ms (`cargo xtask\nbench psi`, `--rounds\n20 ms`) b 2 ms\n")[0];
-        assert_eq!(passage, "a 1.5 ms ( cargo xtask bench psi , ) b 2 ms");
-        assert_eq!(commands(passage), ["psi"]);
+        assert_eq!(passage, "a 1.5 ms (cargo xtask bench psi, ) b 2 ms");
+        assert_eq!(names_after(passage, COMMAND), ["psi"]);
         assert_eq!(figures(passage), [("1.5", "ms"), ("2", "ms")]);
     }
 }

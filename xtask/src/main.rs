@@ -45,6 +45,7 @@ mod host;
 mod image;
 mod layers;
 mod manifests;
+mod markdown;
 mod release;
 mod sbom;
 mod setup;
